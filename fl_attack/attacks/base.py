@@ -1,0 +1,223 @@
+"""The shared attack harness: one interface, one registry and one optimisation loop.
+
+Each attack (IG, SME, NL-SME, PI-SME) only says how it builds its surrogate gradient G(X_hat) and
+which extra variables it learns. Adam over X_hat and those variables, the box clamp, the learning
+rate schedule and the trace live here once (PISME.md, "Optimisation").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+from ..update import unflatten
+
+_EPS = 1e-12
+
+
+@dataclass
+class AttackConfig:
+    """Every hyperparameter of the attacks. Defaults are the paper's (PISME.md) unless noted.
+
+    iterations: Adam steps K. nodes: Gauss-Legendre nodes m (PI-SME). lr_images, lr_control_point,
+    lr_calibration, lr_position: Adam learning rates of X_hat, P1, d and the path position
+    (SME's alpha, NL-SME's t). control_point_optimizer: "adam" or "sgd" for P1.
+    tv_weight (lambda_tv), tv_reduction ("mean" as SME's code, or "sum" as eq. 9),
+    control_point_weight (lambda_p), calibration_weight (lambda_d), calibration bounds [0.1, 10].
+    box_clamp: clamp X_hat to the valid pixel box after each step. lr_decay: x0.1 at 3/8, 5/8 and
+    7/8 of the iterations. trace_every: record the trace every N iterations. seed: X_hat's init.
+    """
+
+    iterations: int = 1000
+    nodes: int = 7
+    lr_images: float = 1.0
+    lr_control_point: float = 1e-5  # not the paper's 1e-3: see docs/attack-core.md
+    control_point_optimizer: str = "adam"
+    lr_calibration: float = 2.5e-3
+    lr_position: float = 1e-3
+    tv_weight: float = 1e-2
+    tv_reduction: str = "mean"
+    control_point_weight: float = 1e-3
+    calibration_weight: float = 1e-6
+    calibration_min: float = 0.1
+    calibration_max: float = 10.0
+    box_clamp: bool = True
+    lr_decay: bool = True
+    trace_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        if int(self.iterations) < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"the number of quadrature nodes m must be an integer >= 1, got {self.nodes!r}")
+        if self.tv_reduction not in ("mean", "sum"):
+            raise ValueError(f"tv_reduction must be 'mean' or 'sum', got {self.tv_reduction!r}")
+        if self.control_point_optimizer not in ("adam", "sgd"):
+            raise ValueError(f"control_point_optimizer must be 'adam' or 'sgd', got {self.control_point_optimizer!r}")
+        if not 0 < self.calibration_min <= 1 <= self.calibration_max:
+            raise ValueError("calibration bounds must satisfy 0 < calibration_min <= 1 <= calibration_max")
+        for f in ("lr_images", "lr_control_point", "lr_calibration", "lr_position"):
+            if not getattr(self, f) >= 0:
+                raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+        if int(self.trace_every) < 1:
+            raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
+
+    @classmethod
+    def from_overrides(cls, config: "AttackConfig | None" = None, **overrides) -> "AttackConfig":
+        """A copy of ``config`` (or the defaults) with ``overrides``; unknown names raise ValueError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown attack setting(s) {unknown}; known: {sorted(known)}")
+        base = asdict(config) if config is not None else {}
+        base.update(overrides)
+        return cls(**base)
+
+
+def lsim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine dissimilarity 1 - <a,b>/(|a||b|) of two flat vectors (eq. 3), in [0, 2]."""
+    return 1 - (a * b).sum() / (a.norm() * b.norm() + _EPS)
+
+
+def total_variation(x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Anisotropic TV of (N,C,H,W) images (eq. 9): mean (SME's code) or sum of |neighbour differences|."""
+    dh = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs()
+    dw = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs()
+    if reduction == "sum":
+        return dh.sum() + dw.sum()
+    return dh.mean() + dw.mean()
+
+
+def node_gradients(model: torch.nn.Module, shapes, weights: torch.Tensor, coeffs: torch.Tensor,
+                   x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """G = sum_i c_i * grad_w CE(f_{w_i}(x), y), differentiable in x and in the weights (eq. 8).
+
+    weights: (m, P) flat weights of the m nodes; coeffs: (m,) quadrature weights. All m forward
+    passes run as one batched (vmapped) pass, and one autograd call returns every node's gradient
+    (the gradient of sum_i c_i * loss_i with respect to w_i is c_i * grad loss_i). Returns (P,).
+    """
+
+    if not weights.requires_grad:  # e.g. IG's fixed w0: only X_hat is learned
+        weights = weights.detach().requires_grad_(True)
+
+    def loss_at(w):
+        return F.cross_entropy(functional_call(model, unflatten(w, shapes), (x,)), y)
+
+    losses = vmap(loss_at)(weights)
+    grads = torch.autograd.grad((coeffs * losses).sum(), weights, create_graph=True)[0]
+    return grads.sum(0)
+
+
+class Attack:
+    """Base class: a surrogate gradient G(X_hat) matched to delta_w = w0 - wT under cosine loss.
+
+    Subclasses set ``name`` and implement ``surrogate_gradient``; those that learn more than X_hat
+    override ``param_groups``, ``regularizer``, ``project`` and ``summary``. ``calibration`` is the
+    per-coordinate vector d when the attack uses one (NL-SME, PI-SME), else None.
+    """
+
+    name = "base"
+
+    def __init__(self, model, w0: torch.Tensor, wT: torch.Tensor, shapes, config: AttackConfig):
+        self.model, self.w0, self.wT, self.shapes, self.config = model, w0, wT, shapes, config
+        self.delta_w = w0 - wT
+        self.calibration = None
+
+    def param_groups(self) -> list[dict]:
+        return []
+
+    def surrogate_gradient(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def regularizer(self) -> torch.Tensor:
+        return self.w0.new_zeros(())
+
+    @torch.no_grad()
+    def project(self) -> None:
+        """Clamp the learnable variables to their valid sets after each step."""
+
+    def summary(self) -> dict:
+        return {}
+
+    def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """The loss to minimise (eq. 10 for PI-SME) and its parts, as a dict of scalar tensors.
+
+        "loss" is differentiable; "lsim_honest" is Lsim(G, delta_w) with d = 1 and
+        "lsim_calibrated" is Lsim(d * G, delta_w) (both detached).
+        """
+        g = self.surrogate_gradient(x, y)
+        tv = total_variation(x, self.config.tv_reduction)
+        if self.calibration is not None:
+            matched = lsim(self.calibration * g, self.delta_w)
+            honest = lsim(g.detach(), self.delta_w)
+        else:
+            matched = lsim(g, self.delta_w)
+            honest = matched.detach()
+        loss = matched + self.config.tv_weight * tv + self.regularizer()
+        return {"loss": loss, "lsim_honest": honest, "lsim_calibrated": matched.detach(), "tv": tv.detach()}
+
+
+class BezierMixin:
+    """Learnable control point P1 (eq. 4) and calibration d (eq. 10), shared by NL-SME and PI-SME."""
+
+    def _init_bezier(self):
+        self.anchor = (self.w0 + self.wT) / 2
+        self.control_point = self.anchor.clone().requires_grad_(True)
+        self.calibration = torch.ones_like(self.w0, requires_grad=True)
+
+    def _bezier_groups(self) -> list[dict]:
+        c = self.config
+        return [{"params": [self.control_point], "lr": c.lr_control_point, "optimizer": c.control_point_optimizer},
+                {"params": [self.calibration], "lr": c.lr_calibration}]
+
+    def regularizer(self):
+        c = self.config
+        return (c.control_point_weight * (self.control_point - self.anchor).pow(2).sum()
+                + c.calibration_weight * (self.calibration - 1).pow(2).sum())
+
+    @torch.no_grad()
+    def _project_calibration(self):
+        self.calibration.clamp_(self.config.calibration_min, self.config.calibration_max)
+
+    def _bezier_summary(self) -> dict:
+        with torch.no_grad():
+            return {"control_point_shift": float((self.control_point - self.anchor).norm() / (self.delta_w.norm() + _EPS)),
+                    "calibration_mean": float(self.calibration.mean())}
+
+
+ATTACKS: dict[str, type[Attack]] = {}
+
+
+def register(cls: type[Attack]) -> type[Attack]:
+    """Class decorator: add an attack to the registry under ``cls.name``."""
+    ATTACKS[cls.name] = cls
+    return cls
+
+
+def get_attack(name: str) -> type[Attack]:
+    """The attack class registered as ``name``; ValueError listing the choices otherwise."""
+    if name not in ATTACKS:
+        raise ValueError(f"unknown attack method '{name}'; choose from: {', '.join(sorted(ATTACKS))}")
+    return ATTACKS[name]
+
+
+def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> list[torch.optim.Optimizer]:
+    """Adam over X_hat and the attack's variables (an SGD optimiser where a group asks for it)."""
+    adam_groups = [{"params": [x], "lr": config.lr_images}]
+    sgd_groups = []
+    for group in attack.param_groups():
+        group = dict(group)
+        (sgd_groups if group.pop("optimizer", "adam") == "sgd" else adam_groups).append(group)
+    optimizers = [torch.optim.Adam(adam_groups)]
+    if sgd_groups:
+        optimizers.append(torch.optim.SGD(sgd_groups))
+    return optimizers
+
+
+def lr_milestones(iterations: int) -> list[int]:
+    """SME's schedule: the learning rates drop x0.1 at 3/8, 5/8 and 7/8 of the iterations."""
+    return sorted({math.floor(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)})

@@ -1,0 +1,17 @@
+"""IG (Geiping et al., NeurIPS 2020): cosine matching of the single gradient at w0, plus TV."""
+from __future__ import annotations
+
+import torch
+
+from .base import Attack, node_gradients, register
+
+
+@register
+class InvertingGradients(Attack):
+    """G(X_hat) = grad_w CE(f_w0(X_hat), Y): treats the multi-step update as one step at w0."""
+
+    name = "ig"
+
+    def surrogate_gradient(self, x, y):
+        one = torch.ones(1, dtype=self.w0.dtype, device=self.w0.device)
+        return node_gradients(self.model, self.shapes, self.w0.unsqueeze(0), one, x, y)

@@ -1,0 +1,35 @@
+"""SME (Zhu, Yao and Blaschko, ICML 2023): the gradient at a learnable point on the line w0 -> wT.
+
+SME's code differentiates alpha by hand; here autograd goes through the functional call.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..quadrature import linear_path
+from .base import Attack, node_gradients, register
+
+
+@register
+class SurrogateModelExtension(Attack):
+    """G(X_hat, alpha) = grad_w CE(f_{w0 + alpha (wT - w0)}(X_hat), Y), alpha in [0,1], init 0.5."""
+
+    name = "sme"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.alpha = torch.tensor(0.5, dtype=self.w0.dtype, device=self.w0.device, requires_grad=True)
+
+    def param_groups(self):
+        return [{"params": [self.alpha], "lr": self.config.lr_position}]
+
+    def surrogate_gradient(self, x, y):
+        w = linear_path(self.alpha, self.w0, self.wT).unsqueeze(0)
+        return node_gradients(self.model, self.shapes, w, torch.ones_like(self.alpha).reshape(1), x, y)
+
+    @torch.no_grad()
+    def project(self):
+        self.alpha.clamp_(0.0, 1.0)
+
+    def summary(self):
+        return {"alpha": float(self.alpha)}

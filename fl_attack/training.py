@@ -1,0 +1,71 @@
+"""Victim training: one client's FedAvg local epochs under the paper protocol (PISME.md).
+
+Plain SGD (no momentum), mean cross-entropy, batches reshuffled every epoch, model in eval mode.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .data import get_spec
+from .update import ObservedUpdate, TrainingMetadata
+
+
+@dataclass
+class LocalResult:
+    """Result of ``train_local``.
+
+    update: the ObservedUpdate (w0, wT, metadata) the server sees.
+    train_loss: mean cross-entropy over all local steps.
+    states: w0, w1, ..., wT as flat-able state dicts when ``record_states`` (for path-consistency
+    experiments; never given to the attacker). batches: the index tensor of each step's batch.
+    """
+
+    update: ObservedUpdate
+    train_loss: float
+    states: list = field(default_factory=list)
+    batches: list = field(default_factory=list)
+
+
+def train_local(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *, dataset: str,
+                lr: float = 0.004, batch_size: int = 10, local_epochs: int = 20, seed: int = 0,
+                record_states: bool = False, client: dict | None = None) -> LocalResult:
+    """Run E local epochs of SGD on one client's k samples and return (w0, wT, metadata).
+
+    images: (k,C,H,W) float in [0,1] (normalised here with the dataset's mean/std); labels: (k,)
+    int64. The model is trained in place, starting from its current weights (w0).
+    T = E * ceil(k/B) steps; the last batch of an epoch may be smaller.
+    Raises ValueError for B > k or mismatched images/labels, before training starts.
+    """
+    if images.dim() != 4 or images.shape[0] != labels.shape[0]:
+        raise ValueError(f"images must be (k,C,H,W) with one label each, got {tuple(images.shape)} and {tuple(labels.shape)}")
+    k = images.shape[0]
+    metadata = TrainingMetadata(dataset=dataset, lr=lr, batch_size=batch_size, local_epochs=local_epochs, num_samples=k)
+    spec = get_spec(dataset)
+    device = next(model.parameters()).device
+    x = spec.normalize(images.float()).to(device)
+    y = labels.long().to(device)
+    model.eval()  # the CNNs have no batch norm; the paper keeps eval mode
+    w0 = OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items())
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+    gen = torch.Generator().manual_seed(int(seed))
+    states = [w0] if record_states else []
+    batches, losses = [], []
+    for _ in range(local_epochs):
+        order = torch.randperm(k, generator=gen)
+        for start in range(0, k, batch_size):
+            idx = order[start:start + batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if record_states:
+                batches.append(idx)
+                states.append(OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items()))
+    wT = OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items())
+    update = ObservedUpdate(w0, wT, metadata, dict(client or {}))
+    return LocalResult(update=update, train_loss=float(sum(losses) / len(losses)), states=states, batches=batches)
