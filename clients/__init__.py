@@ -1,0 +1,1 @@
+"""Flower ClientApp: each simulated node trains the victim model on its own private partition."""

@@ -1,0 +1,175 @@
+"""The federation's run config (``[tool.flwr.app.config]``), parsed and checked in one place.
+
+Flower hands the run config to both apps as a flat dict with kebab-case keys and TOML types.
+``RunSettings.from_run_config`` turns it into typed settings and raises ValueError with a clear
+message for any bad value, so the ServerApp can fail before the first round starts. It needs no
+Flower import: the library stays usable without Flower.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+from .attacks import ATTACKS, AttackConfig
+from .data import get_spec
+
+
+def _parse_overrides(text: str) -> dict:
+    """"tv_weight=0.02,lr_control_point=1e-5" -> AttackConfig overrides (typed like the defaults)."""
+    defaults = asdict(AttackConfig())
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if "=" not in item:
+            raise ValueError(f"attack-options: expected key=value, got '{item}'")
+        key, value = (s.strip() for s in item.split("=", 1))
+        if key not in defaults:
+            raise ValueError(f"attack-options: unknown attack setting '{key}'; known: {sorted(defaults)}")
+        kind = type(defaults[key])
+        out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    AttackConfig.from_overrides(**out)  # validates the combination
+    return out
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Typed view of the run config. Field names are the keys with '-' replaced by '_'."""
+
+    dataset: str = "femnist"
+    data_dir: str = ""
+    num_server_rounds: int = 2
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0
+    local_epochs: int = 5
+    batch_size: int = 8
+    lr: float = 0.004
+    samples_per_client: int = 16
+    classes_per_client: int = 0
+    client_threads: int = 1
+    attack_method: str = "pisme"
+    attack_clients: str = "fraction:0.5"
+    attack_iterations: int = 200
+    attack_nodes: int = 3
+    attack_labels: str = "recovered"
+    attack_num_gpus: float = 0.0
+    attack_actors: int = 1
+    attack_threads: int = 0
+    attack_timeout: float = 600.0
+    attack_device: str = "auto"
+    attack_options: str = ""
+    results_dir: str = "results"
+    run_name: str = ""
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    # Convenience views -------------------------------------------------------------------
+    @property
+    def samples(self) -> int:
+        return self.samples_per_client
+
+    @property
+    def classes(self) -> int | None:
+        return self.classes_per_client or None
+
+    @property
+    def threads(self) -> int:
+        return max(1, self.client_threads)
+
+    @property
+    def methods(self) -> list[str]:
+        return [m.strip() for m in self.attack_method.split(",") if m.strip()]
+
+    def attack_config(self) -> AttackConfig:
+        """The AttackConfig for every attack of this run."""
+        return AttackConfig.from_overrides(iterations=self.attack_iterations, nodes=self.attack_nodes,
+                                           seed=self.seed, **_parse_overrides(self.attack_options))
+
+    def attack_thread_count(self) -> int:
+        """Torch threads for the attacker: all the machine's cores unless attack-threads says otherwise."""
+        return self.attack_threads if self.attack_threads > 0 else (os.cpu_count() or 1)
+
+    def select_clients(self, partition_ids: list[int], server_round: int) -> list[int]:
+        """Which of this round's partitions to attack: "all", "fraction:F" (seeded per round) or "0,3,5"."""
+        spec = self.attack_clients.strip()
+        if spec == "all":
+            return sorted(partition_ids)
+        if spec in ("none", ""):
+            return []
+        if spec.startswith("fraction:"):
+            import numpy as np
+
+            frac = float(spec.split(":", 1)[1])
+            count = max(1, round(frac * len(partition_ids))) if partition_ids else 0
+            rng = np.random.default_rng([self.seed, server_round])
+            return sorted(int(p) for p in rng.choice(sorted(partition_ids), size=count, replace=False))
+        wanted = {int(p) for p in spec.split(",")}
+        return sorted(p for p in partition_ids if p in wanted)
+
+    # Parsing --------------------------------------------------------------------------------
+    @classmethod
+    def from_run_config(cls, run_config) -> "RunSettings":
+        """Parse Flower's run config; unknown keys are kept in ``extra`` (defenses read them).
+
+        Raises ValueError with the offending key for every invalid value.
+        """
+        known = {f.name: f for f in fields(cls) if f.name != "extra"}
+        values, extra = {}, {}
+        for key, value in dict(run_config).items():
+            name = key.replace("-", "_")
+            if name in known:
+                kind = type(getattr(cls, name))
+                try:
+                    values[name] = kind(value)
+                except (TypeError, ValueError):
+                    raise ValueError(f"run config '{key}' must be {kind.__name__}, got {value!r}") from None
+            else:
+                extra[key] = value
+        settings = cls(**values, extra=extra)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        spec = get_spec(self.dataset)
+        checks = [
+            (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
+            (0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
+            (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
+            (self.local_epochs >= 1, "local-epochs must be >= 1"),
+            (self.samples_per_client >= 1, "samples-per-client must be >= 1"),
+            (1 <= self.batch_size <= self.samples_per_client,
+             f"batch-size must be in 1..samples-per-client ({self.samples_per_client}), got {self.batch_size}"),
+            (self.lr > 0, "lr must be > 0"),
+            (0 <= self.classes_per_client <= spec.num_classes,
+             f"classes-per-client must be in 0..{spec.num_classes} (0 = unrestricted)"),
+            (self.classes_per_client == 0 or self.dataset == "cifar100",
+             "classes-per-client only applies to cifar100 (FEMNIST clients are writers)"),
+            (self.attack_iterations >= 1, "attack-iterations must be >= 1"),
+            (self.attack_nodes >= 1, f"attack-nodes (m) must be >= 1, got {self.attack_nodes}"),
+            (self.attack_labels in ("recovered", "oracle"), "attack-labels must be 'recovered' or 'oracle'"),
+            (self.attack_num_gpus >= 0, "attack-num-gpus must be >= 0"),
+            (self.attack_actors >= 1, "attack-actors must be >= 1"),
+            (self.attack_timeout > 0, "attack-timeout must be > 0 seconds"),
+            (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
+            (self.results_dir != "", "results-dir must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"invalid run config: {message}")
+        for method in self.methods:
+            if method not in ATTACKS:
+                raise ValueError(f"invalid run config: unknown attack-method '{method}'; "
+                                 f"choose from: {', '.join(sorted(ATTACKS))}")
+        clients = self.attack_clients.strip()
+        if clients.startswith("fraction:"):
+            try:
+                frac = float(clients.split(":", 1)[1])
+            except ValueError:
+                frac = -1
+            if not 0 < frac <= 1:
+                raise ValueError("invalid run config: attack-clients 'fraction:F' needs F in (0, 1]")
+        elif clients not in ("all", "none", ""):
+            try:
+                [int(p) for p in clients.split(",")]
+            except ValueError:
+                raise ValueError("invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
+                                 f"or comma-separated partition ids, got '{clients}'") from None
+        self.attack_config()  # checks attack-options

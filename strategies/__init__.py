@@ -1,0 +1,1 @@
+"""Server side: the honest-but-curious FedAvg strategy, the attacker actors and the evaluator."""

@@ -1,0 +1,76 @@
+"""The evaluator: the simulation's ground-truth role, separate from the attacker.
+
+It alone loads a client's private samples (by partition id, with the same partitioning as the
+ClientApp), and only after that client's reconstruction has come back. It scores the
+reconstruction with the fl_attack metrics, saves the image grid and appends one row to
+attacks.csv per (round, client, method).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.images import save_comparison_grid
+from fl_attack.metrics import evaluate_reconstruction, get_lpips, label_count_accuracy
+from fl_attack.records import append_csv_row
+from fl_attack.run_config import RunSettings
+
+from .attacker import AttackOutcome
+
+ATTACK_COLUMNS = ["round", "node_id", "partition_id", "client_id", "method", "dataset", "defense", "local_steps",
+                  "nodes", "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
+                  "lsim_calibrated", "label_accuracy", "attack_seconds", "status", "error", "image"]
+_METRICS = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
+
+
+class Evaluator:
+    """Scores attack outcomes against the private ground truth and writes them to ``run_dir``."""
+
+    def __init__(self, settings: RunSettings, run_dir: str | Path):
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self.spec = get_spec(settings.dataset)
+        self._lpips = None
+
+    def private_train_set(self, partition_id: int):
+        """The client's private training samples (images in [0,1] NCHW, labels)."""
+        s = self.settings
+        pool = load_pool(s.dataset, s.data_dir or None)
+        return client_partition(pool, partition_id, s.samples, s.classes, seed=s.seed).train
+
+    def oracle_labels(self, partition_id: int):
+        """True labels, for runs that ask for attack-labels = "oracle" (an explicit leak, recorded)."""
+        return self.private_train_set(partition_id).labels
+
+    def record(self, outcome: AttackOutcome) -> dict:
+        """Score one outcome (if it succeeded) and append its row; returns the row."""
+        tags = outcome.tags
+        row = {"round": tags.get("round"), "node_id": tags.get("node_id"), "partition_id": tags.get("partition_id"),
+               "client_id": tags.get("client_id", ""), "method": outcome.method, "dataset": self.settings.dataset,
+               "defense": tags.get("defense", "none"), "local_steps": tags.get("local_steps"),
+               "nodes": tags.get("nodes"), "iterations": tags.get("iterations"),
+               "labels": outcome.label_source or self.settings.attack_labels,
+               "lsim_honest": outcome.lsim_honest, "lsim_calibrated": outcome.lsim_calibrated,
+               "attack_seconds": round(outcome.seconds, 3) if not math.isnan(outcome.seconds) else float("nan"),
+               "status": outcome.status, "error": outcome.error, "image": "",
+               **{m: float("nan") for m in _METRICS}}
+        if outcome.status == "ok":
+            try:
+                row.update(self._score(outcome))
+            except Exception as exc:  # a scoring bug must not lose the run either
+                row.update(status="failed", error=f"evaluation: {type(exc).__name__}: {exc}")
+        append_csv_row(self.run_dir / "attacks.csv", row, ATTACK_COLUMNS)
+        return row
+
+    def _score(self, outcome: AttackOutcome) -> dict:
+        tags = outcome.tags
+        truth = self.private_train_set(int(tags["partition_id"]))
+        if self._lpips is None:
+            self._lpips = get_lpips("cpu")
+        scores = evaluate_reconstruction(outcome.images, truth.images, lpips=self._lpips)
+        rel = Path("images") / f"round-{tags['round']}" / outcome.method / f"client-{tags['partition_id']}.png"
+        save_comparison_grid(truth.images, scores["matched_recon"], self.run_dir / rel)
+        label_acc = label_count_accuracy(outcome.labels, truth.labels, self.spec.num_classes)
+        return {"psnr": scores["psnr"], "ssim": scores["ssim"], "fsim": scores["fsim"], "lpips": scores["lpips"],
+                "label_accuracy": label_acc, "image": rel.as_posix()}

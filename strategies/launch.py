@@ -1,0 +1,135 @@
+"""The checked entry point: run one federation, wait for it, report, and clean up.
+
+    python -m strategies.launch [--run-config 'key=value ...'] [--federation-config '...']
+
+Plain ``flwr run`` returns 0 even when the run failed and leaves a detached SuperLink behind
+(../shared/FLOWER.md). This launcher:
+1. starts its own local SuperLink (through ``flwr run``) on free ports, with runtime dependency
+   installation off, telemetry off, FLWR_HOME inside the project and FL_ATTACK_HOME set so the
+   packaged app finds the bundled data;
+2. streams the run, then asks ``flwr ls`` for its final status;
+3. stops the SuperLink it started, writes the HTML report of the run and prints where it is;
+4. exits 0 only when the run completed and wrote its leakage record.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_FEDERATION = "num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment() -> dict:
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")  # flwr spawns flower-superlink by name
+    env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"  # offline: no `uv sync` per run
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    env["FL_ATTACK_HOME"] = str(ROOT)
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
+    env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    return env
+
+
+def _run_config(text: str) -> tuple[str, str, Path]:
+    """Add a run-name when none is given, so the launcher knows the run folder."""
+    pairs = dict(re.findall(r'([\w-]+)=("[^"]*"|\S+)', text))
+    if "run-name" not in pairs:
+        pairs["run-name"] = f'"{time.strftime("%Y%m%d-%H%M%S")}-launch"'
+    name = pairs["run-name"].strip('"')
+    results = pairs.get("results-dir", '"results"').strip('"')
+    results_dir = Path(results) if Path(results).is_absolute() else ROOT / results
+    return " ".join(f"{k}={v}" for k, v in pairs.items()), name, results_dir / name
+
+
+def _stop_superlink(control_port: str) -> None:
+    """Stop the SuperLink this launcher started (found by its control-API port)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flower-superlink" in cmd and f":{control_port}" in cmd:
+            try:
+                os.kill(int(proc.name), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _final_status(run_id: str, env: dict) -> str:
+    out = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=env,
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    try:
+        runs = json.loads(out.stdout[out.stdout.find("{"):]).get("runs", [])
+        return str(runs[0].get("status", "unknown")) if runs else "unknown"
+    except (json.JSONDecodeError, AttributeError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m strategies.launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-config", default="", help="run config overrides, e.g. 'dataset=\"cifar100\" num-server-rounds=3'")
+    parser.add_argument("--federation-config", default=DEFAULT_FEDERATION,
+                        help=f"simulation options (default: '{DEFAULT_FEDERATION}')")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is abandoned")
+    parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    args = parser.parse_args(argv)
+
+    env = _environment()
+    run_config, name, run_dir = _run_config(args.run_config)
+    cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config,
+           "--federation-config", args.federation_config]
+    print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
+    run_id, started = None, time.time()
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            match = re.search(r"started run (\d+)", line)
+            run_id = run_id or (match.group(1) if match else None)
+            if time.time() - started > args.timeout:
+                proc.kill()
+                print(f"fl-attack: run abandoned after {args.timeout:.0f} s", file=sys.stderr)
+                break
+        proc.wait()
+        status = _final_status(run_id, env) if run_id else "not started"
+    finally:
+        _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
+    seconds = time.time() - started
+    ok = status.endswith("completed") and (run_dir / "rounds.csv").exists()
+    print(f"fl-attack: run {run_id} {status} in {seconds:.0f} s", flush=True)
+    if not ok:
+        print(f"fl-attack: error: the federation did not complete (status: {status}); see the log above"
+              + (f" and {run_dir}" if run_dir.exists() else ""), file=sys.stderr)
+        return 1
+    print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
+    if not args.no_report:
+        from analysis.report import main as report_main
+
+        report_main([str(run_dir), "--out", str(run_dir / "report")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The Flower ServerApp: a FedAvg federation whose server attacks client updates as they arrive.
+
+Run with ``flwr run .`` (see README). The run config is checked before the first round; results go
+to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.log, images/).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import time
+from dataclasses import asdict
+from importlib import metadata
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fl_attack import __version__
+from fl_attack.data import load_pool, num_partitions
+from fl_attack.models import build_model
+from fl_attack.paths import resolve_in_project
+from fl_attack.records import write_json_atomic
+from fl_attack.run_config import RunSettings
+
+from .strategy import LeakageFedAvg
+
+log = logging.getLogger(__name__)
+app = ServerApp()
+
+
+def _versions() -> dict:
+    out = {"fl_attack": __version__, "python": platform.python_version()}
+    for dist in ("flwr", "torch", "ray", "lpips", "piq"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def run_name(settings: RunSettings) -> str:
+    if settings.run_name:
+        return settings.run_name
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
+
+
+def check_partitions(settings: RunSettings, num_nodes: int) -> None:
+    """Fail before round 1 when the data cannot give every node its own partition."""
+    pool = load_pool(settings.dataset, settings.data_dir or None)
+    available = num_partitions(pool, settings.samples, settings.classes)
+    if num_nodes > available:
+        raise ValueError(f"{num_nodes} clients asked for, but the {settings.dataset} data has only {available} "
+                         f"partitions of {settings.samples} samples; lower num-supernodes or samples-per-client")
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    settings = RunSettings.from_run_config(context.run_config)
+    num_nodes = len(list(grid.get_node_ids()))
+    check_partitions(settings, num_nodes)
+    run_dir = resolve_in_project(settings.results_dir) / run_name(settings)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", {
+        "run_config": dict(context.run_config), "seed": settings.seed, "run_name": run_dir.name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
+        "attack_config": asdict(settings.attack_config()), "defense": settings.extra.get("defense", "none")})
+    print(f"fl-attack: leakage record in {run_dir}", flush=True)
+
+    model = build_model(settings.dataset, seed=settings.seed)
+    strategy = LeakageFedAvg(settings, run_dir, fraction_train=settings.fraction_train,
+                             fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
+                             min_evaluate_nodes=1 if settings.fraction_evaluate > 0 else 0, min_available_nodes=1)
+    started = time.time()
+    try:
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+                       num_rounds=settings.num_server_rounds, train_config=ConfigRecord({}))
+    finally:
+        # Ray shuts down when main() returns: collect every attack first.
+        waves = math.ceil(strategy.dispatcher.in_flight / max(1, settings.attack_actors))
+        strategy.collect(timeout=settings.attack_timeout * waves + 60)
+        strategy.dispatcher.shutdown()
+        ok = sum(r["status"] == "ok" for r in strategy.rows)
+        write_json_atomic(run_dir / "summary.json", {
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
+            "attacks": len(strategy.rows), "attacks_ok": ok, "attacks_failed": len(strategy.rows) - ok,
+            "cuda": torch.cuda.is_available()})
+    print(f"fl-attack: {ok}/{len(strategy.rows)} attacks succeeded; results in {run_dir}", flush=True)

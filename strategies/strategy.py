@@ -1,0 +1,146 @@
+"""An honest-but-curious FedAvg: aggregates exactly like FedAvg and attacks every chosen update.
+
+``configure_train`` sees each round's global arrays (w0). ``aggregate_train`` sees every client's
+reply (wT, public metrics) before aggregation; it builds the attacker-facing ObservedUpdate from
+public information only, dispatches the attacks without waiting for them, then aggregates with
+the unchanged FedAvg code. Finished attacks go to the evaluator whenever the strategy next runs.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.records import append_csv_row
+from fl_attack.run_config import RunSettings
+
+from .attacker import AttackDispatcher, AttackJob
+from .evaluator import Evaluator
+
+log = logging.getLogger(__name__)
+
+ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy", "attacks_in_flight", "seconds"]
+
+
+def observed_update(w0: ArrayRecord, reply: Message, dataset: str, tags: dict) -> ObservedUpdate:
+    """The attacker's view of one reply: (w0, wT, public metadata). Raises ValueError on bad input.
+
+    Only the ArrayRecord and the public training metrics are read; the reply's "simulation"
+    record (partition id, for the evaluator) is not part of it.
+    """
+    metrics = reply.content["metrics"]
+    meta = TrainingMetadata(dataset=dataset, lr=float(metrics["lr"]), batch_size=int(metrics["batch-size"]),
+                            local_epochs=int(metrics["local-epochs"]), num_samples=int(metrics["num-examples"]),
+                            local_steps=int(metrics["local-steps"]))
+    wT = reply.content["arrays"]
+    return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, tags)
+
+
+class LeakageFedAvg(FedAvg):
+    """FedAvg that hands each selected client update to the attacker, round after round."""
+
+    def __init__(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None = None,
+                 evaluator: Evaluator | None = None, **fedavg_kwargs):
+        super().__init__(**fedavg_kwargs)
+        self.settings = settings
+        self.run_dir = run_dir
+        self.attack_config = settings.attack_config()
+        self.dispatcher = dispatcher or AttackDispatcher(
+            num_actors=settings.attack_actors, num_gpus=settings.attack_num_gpus,
+            threads=settings.attack_thread_count(), device=settings.attack_device)
+        self.evaluator = evaluator or Evaluator(settings, run_dir)
+        self.global_arrays: dict[int, ArrayRecord] = {}
+        self.submitted: list[AttackJob] = []
+        self.rows: list[dict] = []
+        self._train_loss: dict[int, float] = {}
+        self._clients: dict[int, int] = {}
+        self._round_start: dict[int, float] = {}
+        self._jobs = 0
+
+    # -- rounds ---------------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        self._round_start[server_round] = time.time()
+        self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
+        self._event(f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight")
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        self._dispatch(server_round, [r for r in replies if not r.has_error()])
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        self._clients[server_round] = sum(1 for r in replies if not r.has_error())
+        if metrics is not None and "train-loss" in metrics:
+            self._train_loss[server_round] = float(metrics["train-loss"])
+        self.collect()
+        return arrays, metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        metrics = super().aggregate_evaluate(server_round, replies)
+        row = {"round": server_round, "clients": self._clients.get(server_round, 0),
+               "train_loss": self._train_loss.get(server_round), "attacks_in_flight": self.dispatcher.in_flight,
+               "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2)}
+        if metrics is not None:
+            row["eval_loss"] = float(metrics["eval-loss"]) if "eval-loss" in metrics else None
+            row["eval_accuracy"] = float(metrics["eval-accuracy"]) if "eval-accuracy" in metrics else None
+        append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
+        self.collect()
+        return metrics
+
+    # -- attacks --------------------------------------------------------------------------------
+    def _dispatch(self, server_round: int, replies: list[Message]) -> None:
+        w0 = self.global_arrays.get(server_round)
+        by_partition = {}
+        for reply in replies:
+            sim = reply.content.get("simulation")
+            if sim is not None and "partition-id" in sim:
+                by_partition[int(sim["partition-id"])] = reply
+        targets = self.settings.select_clients(list(by_partition), server_round)
+        for partition_id in targets:
+            reply = by_partition[partition_id]
+            tags = {"round": server_round, "node_id": int(reply.metadata.src_node_id), "partition_id": partition_id,
+                    "client_id": str(reply.content["simulation"].get("client-id", "")),
+                    "nodes": self.attack_config.nodes, "iterations": self.attack_config.iterations}
+            for method in self.settings.methods:
+                self._jobs += 1
+                try:
+                    update = observed_update(w0, reply, self.settings.dataset, {"round": server_round,
+                                                                                  "node_id": tags["node_id"]})
+                    tags["local_steps"] = update.metadata.local_steps
+                    labels = (self.evaluator.oracle_labels(partition_id)
+                              if self.settings.attack_labels == "oracle" else "recovered")
+                except Exception as exc:  # e.g. a NaN update: recorded as failed, the round goes on
+                    from .attacker import AttackOutcome
+
+                    self.rows.append(self.evaluator.record(AttackOutcome(
+                        self._jobs, method, dict(tags), "failed", error=f"{type(exc).__name__}: {exc}",
+                        label_source=self.settings.attack_labels)))
+                    continue
+                job = AttackJob(self._jobs, update, method, self.attack_config, labels,
+                                time_limit=self.settings.attack_timeout, tags=dict(tags))
+                self.submitted.append(job)
+                self.dispatcher.submit(job)
+        self._event(f"round {server_round}: dispatched attacks on partitions {targets} "
+                    f"({self.dispatcher.in_flight} in flight)")
+
+    def collect(self, timeout: float | None = None) -> list[dict]:
+        """Evaluate and record every finished attack; with ``timeout``, wait for all of them."""
+        outcomes = self.dispatcher.poll() if timeout is None else self.dispatcher.drain(timeout)
+        rows = [self.evaluator.record(o) for o in outcomes]
+        for row in rows:
+            self._event(f"attack done: round {row['round']} partition {row['partition_id']} {row['method']} "
+                        f"{row['status']} psnr={row['psnr']:.2f}" if row["status"] == "ok" else
+                        f"attack failed: round {row['round']} partition {row['partition_id']} {row['method']}: "
+                        f"{row['error']}")
+        self.rows.extend(rows)
+        return rows
+
+    def _event(self, text: str) -> None:
+        log.info(text)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "events.log", "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")

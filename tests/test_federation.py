@@ -1,0 +1,231 @@
+"""The honest-but-curious strategy with constructed Flower Messages, outside the Flower runtime."""
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+
+from fl_attack.data import client_partition, load_pool
+from fl_attack.models import build_model
+from fl_attack.run_config import RunSettings
+from fl_attack.training import train_local
+from strategies.attacker import AttackDispatcher, AttackJob
+from strategies.strategy import LeakageFedAvg, observed_update
+
+SETTINGS = dict(dataset="femnist", samples_per_client=10, batch_size=5, local_epochs=1, attack_iterations=2,
+                attack_nodes=2, attack_clients="all", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+
+
+def _round(settings: RunSettings, partitions=(0, 1), poison=None):
+    """Global arrays w0 and one real client reply per partition (the ClientApp's training code)."""
+    w0_model = build_model(settings.dataset, seed=settings.seed)
+    w0 = ArrayRecord(w0_model.state_dict())
+    pool = load_pool(settings.dataset)
+    replies, truth = [], {}
+    for p in partitions:
+        split = client_partition(pool, p, settings.samples)
+        model = build_model(settings.dataset)
+        model.load_state_dict(w0.to_torch_state_dict())
+        res = train_local(model, split.train.images, split.train.labels, dataset=settings.dataset,
+                          lr=settings.lr, batch_size=settings.batch_size, local_epochs=settings.local_epochs, seed=p)
+        state = model.state_dict()
+        if poison == p:
+            state["fc2.bias"][0] = float("nan")
+        instruction = Message(content=RecordDict({"arrays": w0, "config": ConfigRecord({"server-round": 1})}),
+                              message_type="train", dst_node_id=100 + p)
+        meta = res.update.metadata
+        content = RecordDict({
+            "arrays": ArrayRecord(state),
+            "metrics": MetricRecord({"num-examples": meta.num_samples, "local-steps": meta.local_steps,
+                                     "lr": meta.lr, "batch-size": meta.batch_size, "local-epochs": meta.local_epochs,
+                                     "train-loss": res.train_loss}),
+            "simulation": ConfigRecord({"partition-id": p, "client-id": split.train.client_id})})
+        replies.append(Message(content=content, reply_to=instruction))
+        truth[p] = split.train
+    return w0, replies, truth
+
+
+class RecordingDispatcher(AttackDispatcher):
+    """The in-process dispatcher, keeping every job it was given."""
+
+    def __init__(self):
+        super().__init__(use_ray=False, device="cpu")
+        self.jobs: list[AttackJob] = []
+
+    def submit(self, job):
+        self.jobs.append(job)
+        super().submit(job)
+
+
+def _strategy(tmp_path, **overrides):
+    settings = RunSettings(**{**SETTINGS, **overrides})
+    dispatcher = RecordingDispatcher()
+    strategy = LeakageFedAvg(settings, tmp_path, dispatcher=dispatcher, min_train_nodes=1, min_available_nodes=1)
+    return settings, strategy, dispatcher
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_observed_update_is_w0_and_the_returned_arrays(tmp_path):
+    settings, strategy, dispatcher = _strategy(tmp_path)
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    assert len(dispatcher.jobs) == 2
+    for job, reply in zip(sorted(dispatcher.jobs, key=lambda j: j.tags["partition_id"]), replies):
+        sent_w0, sent_wT = job.update.w0, job.update.wT
+        for key, value in w0.to_torch_state_dict().items():
+            assert torch.equal(sent_w0[key], value)
+        for key, value in reply.content["arrays"].to_torch_state_dict().items():
+            assert torch.equal(sent_wT[key], value)
+        assert job.update.metadata.local_steps == 2 and job.update.metadata.num_samples == 10
+
+
+def test_the_attacker_gets_no_private_data(tmp_path):
+    settings, strategy, dispatcher = _strategy(tmp_path)
+    w0, replies, truth = _round(settings)
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    for job in dispatcher.jobs:
+        assert set(vars(job.update)) == {"w0", "wT", "metadata", "client"}
+        assert set(job.update.client) <= {"round", "node_id"}  # no partition id, no client id
+        assert job.labels == "recovered"
+        private = truth[job.tags["partition_id"]].images
+        tensors = [*job.update.w0.values(), *job.update.wT.values()]
+        assert not any(t.shape == private.shape for t in tensors)
+
+
+def test_aggregation_is_plain_fedavg(tmp_path):
+    settings, strategy, _ = _strategy(tmp_path)
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    ours, our_metrics = strategy.aggregate_train(1, replies)
+    theirs, their_metrics = FedAvg(min_train_nodes=1, min_available_nodes=1).aggregate_train(1, replies)
+    for key, value in theirs.to_torch_state_dict().items():
+        assert torch.equal(ours.to_torch_state_dict()[key], value)
+    assert dict(our_metrics) == dict(their_metrics)
+
+
+def test_each_attack_is_scored_and_recorded(tmp_path):
+    settings, strategy, _ = _strategy(tmp_path, attack_method="pisme,ig")
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    strategy.collect(timeout=60)
+    rows = _rows(tmp_path / "attacks.csv")
+    assert sorted((r["partition_id"], r["method"]) for r in rows) == [("0", "ig"), ("0", "pisme"),
+                                                                       ("1", "ig"), ("1", "pisme")]
+    for r in rows:
+        assert r["status"] == "ok", r["error"]
+        assert math.isfinite(float(r["psnr"])) and -1 <= float(r["ssim"]) <= 1
+        assert 0 <= float(r["label_accuracy"]) <= 1 and r["labels"] == "recovered"
+        assert (tmp_path / r["image"]).is_file()
+
+
+def test_selection_by_partition_ids(tmp_path):
+    settings, strategy, dispatcher = _strategy(tmp_path, attack_clients="1")
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    assert [j.tags["partition_id"] for j in dispatcher.jobs] == [1]
+
+
+def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
+    settings, strategy, dispatcher = _strategy(tmp_path)
+    w0, replies, _ = _round(settings, poison=0)
+    strategy.global_arrays = {1: w0}
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    strategy.collect(timeout=60)
+    rows = {r["partition_id"]: r for r in _rows(tmp_path / "attacks.csv")}
+    assert rows["0"]["status"] == "failed" and "NaN" in rows["0"]["error"]
+    assert rows["1"]["status"] == "ok"
+
+
+def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypatch):
+    settings, strategy, _ = _strategy(tmp_path, attack_timeout=1e-9)
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    strategy.collect(timeout=60)
+    rows = _rows(tmp_path / "attacks.csv")
+    assert {r["status"] for r in rows} == {"failed"}
+    assert all("TimeoutError" in r["error"] for r in rows)
+
+    import strategies.attacker as attacker
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(attacker, "reconstruct", broken)
+    settings, strategy, _ = _strategy(tmp_path / "b")
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    strategy.collect(timeout=60)
+    assert all(r["status"] == "failed" and "boom" in r["error"] for r in _rows(tmp_path / "b" / "attacks.csv"))
+
+
+def test_run_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="unknown attack-method 'foo'"):
+        RunSettings.from_run_config({"attack-method": "pisme,foo"})
+    with pytest.raises(ValueError, match="attack-nodes"):
+        RunSettings.from_run_config({"attack-nodes": 0})
+    with pytest.raises(ValueError, match="batch-size"):
+        RunSettings.from_run_config({"batch-size": 64, "samples-per-client": 16})
+    with pytest.raises(ValueError, match="unknown dataset"):
+        RunSettings.from_run_config({"dataset": "mnist"})
+    with pytest.raises(ValueError, match="attack-options: unknown attack setting 'foo'"):
+        RunSettings.from_run_config({"attack-options": "foo=1"})
+    with pytest.raises(ValueError, match="attack-clients"):
+        RunSettings.from_run_config({"attack-clients": "fraction:2"})
+
+
+def test_fraction_selection_is_seeded_per_round():
+    s = RunSettings(attack_clients="fraction:0.5", seed=3)
+    first = s.select_clients(list(range(8)), 1)
+    assert len(first) == 4 and first == s.select_clients(list(range(8)), 1)
+    assert any(s.select_clients(list(range(8)), r) != first for r in range(2, 6))
+
+
+def test_ray_dispatch_does_not_block(tmp_path):
+    """submit() returns at once while the attack runs on a num_cpus=0 actor."""
+    ray = pytest.importorskip("ray")
+    import time
+
+    settings = RunSettings(**SETTINGS)
+    w0, replies, _ = _round(settings, partitions=(0,))
+    update = observed_update(w0, replies[0], "femnist", {"round": 1})
+    class CpuHolder:  # defined here so that Ray pickles it by value
+        def ping(self):
+            return True
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        holder = ray.remote(num_cpus=1)(CpuHolder).remote()  # holds every CPU, as Flower's client pool does
+        ray.get(holder.ping.remote())
+        dispatcher = AttackDispatcher(num_actors=1, threads=1, device="cpu")
+        config = settings.attack_config()
+        config.iterations = 40
+        start = time.perf_counter()
+        dispatcher.submit(AttackJob(1, update, "pisme", config, tags={"round": 1}))
+        assert time.perf_counter() - start < 5 and dispatcher.in_flight == 1
+        outcomes = dispatcher.drain(timeout=240)
+        assert [o.status for o in outcomes] == ["ok"] and outcomes[0].images.shape == (10, 1, 28, 28)
+        dispatcher.shutdown()
+    finally:
+        ray.shutdown()
