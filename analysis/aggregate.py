@@ -1,0 +1,320 @@
+"""Tables and sentences from loaded runs: per round, per client, across runs.
+
+Failed attacks (status "failed") are counted in n_attacks/n_failed and never averaged in.
+Metric statistics use the ok rows whose value is a number (lpips may be NaN even when ok).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .load import Run
+
+METRICS = ("psnr", "ssim", "fsim", "lpips", "lsim_honest", "label_accuracy")
+STATS = ("mean", "median", "ci95_low", "ci95_high")
+# Known attacks first, in the paper's order; any other method follows alphabetically.
+METHOD_ORDER = ("pisme", "nlsme", "sme", "ig")
+
+# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (used without scipy).
+_T975 = (12.706204736, 4.30265273, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
+         2.306004135, 2.262157163, 2.228138852, 2.20098516, 2.17881283, 2.160368656, 2.144786688,
+         2.131449546, 2.119905299, 2.109815578, 2.10092204, 2.093024054, 2.085963447, 2.079613845,
+         2.073873068, 2.06865761, 2.063898562, 2.059538553, 2.055529439, 2.051830516, 2.048407142,
+         2.045229642, 2.042272456)
+
+
+def t_quantile_975(dof: int) -> float:
+    """Student's t 0.975 quantile for `dof` >= 1 degrees of freedom (scipy when importable)."""
+    if dof < 1:
+        raise ValueError(f"dof must be >= 1, got {dof}")
+    try:
+        from scipy.stats import t
+    except ImportError:
+        return _t975_fallback(dof)
+    return float(t.ppf(0.975, dof))
+
+
+def _t975_fallback(dof: int) -> float:
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    # Cornish-Fisher expansion around the normal quantile; error < 1e-6 beyond 30 dof.
+    z = 1.959963984540054
+    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
+
+
+def mean_ci95(values) -> tuple[float, float, float]:
+    """(mean, low, high) of the 95% t-interval of the mean: mean ± t(0.975, n-1)·sd/√n.
+
+    NaNs are dropped first. mean is NaN for n=0; low and high are NaN for n<2 or when a value
+    is infinite (the mean is then inf).
+    """
+    x = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype="float64")
+    n = x.size
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    with np.errstate(invalid="ignore"):
+        mean = float(x.mean())
+    # One value has no spread; an infinite value (PSNR of an exact reconstruction) has no interval.
+    if n < 2 or not np.isfinite(x).all():
+        return mean, math.nan, math.nan
+    half = t_quantile_975(n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def method_sort_key(method: str) -> tuple[int, str]:
+    """Sort key putting pisme, nlsme, sme, ig first, then other methods by name."""
+    method = str(method)
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
+def sorted_methods(attacks: pd.DataFrame) -> list[str]:
+    """The distinct methods in `attacks`, in METHOD_ORDER."""
+    if attacks.empty:
+        return []
+    return sorted({str(m) for m in attacks["method"].dropna()}, key=method_sort_key)
+
+
+def _ok(attacks: pd.DataFrame) -> pd.DataFrame:
+    return attacks[attacks["status"] == "ok"]
+
+
+def per_round_columns() -> list[str]:
+    """Column names of `per_round`'s table."""
+    return (["round", "method", "n_attacks", "n_ok", "n_failed"]
+            + [f"{metric}_{stat}" for metric in METRICS for stat in STATS])
+
+
+def per_round(attacks: pd.DataFrame) -> pd.DataFrame:
+    """Per (round, method) leakage statistics.
+
+    Input: an attacks table (Run.attacks). Output: one row per (round, method), sorted, with
+    n_attacks, n_ok, n_failed and for each metric in METRICS: {metric}_mean, _median,
+    _ci95_low, _ci95_high over ok rows (interval NaN when fewer than 2 values).
+    """
+    rows = []
+    if not attacks.empty:
+        for (round_, method), group in attacks.groupby(["round", "method"], sort=False):
+            ok = _ok(group)
+            row = {"round": round_, "method": method, "n_attacks": len(group), "n_ok": len(ok),
+                   "n_failed": int((group["status"] == "failed").sum())}
+            for metric in METRICS:
+                values = ok[metric].dropna()
+                mean, low, high = mean_ci95(values)
+                row.update({f"{metric}_mean": mean,
+                            f"{metric}_median": float(values.median()) if len(values) else math.nan,
+                            f"{metric}_ci95_low": low, f"{metric}_ci95_high": high})
+            rows.append(row)
+    table = pd.DataFrame(rows, columns=per_round_columns())
+    return _sort_round_method(table)
+
+
+def _sort_round_method(table: pd.DataFrame) -> pd.DataFrame:
+    if table.empty:
+        return table.astype({"n_attacks": "int64", "n_ok": "int64", "n_failed": "int64"})
+    order = table["method"].map(method_sort_key)
+    table = table.assign(_order=order).sort_values(["round", "_order"], kind="stable")
+    return table.drop(columns="_order").reset_index(drop=True)
+
+
+PER_CLIENT_COLUMNS = ["partition_id", "method", "rounds_attacked", "n_ok", "n_failed", "first_round",
+                      "last_round", "psnr_mean", "psnr_min", "psnr_max", "psnr_first", "psnr_last"]
+
+
+def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
+    """Per (partition_id, method) leakage over the run.
+
+    Output columns PER_CLIENT_COLUMNS: rounds_attacked (distinct rounds with an attack row, failed
+    included), n_ok, n_failed, first_round/last_round attacked, psnr mean/min/max over ok rows,
+    psnr_first/psnr_last: mean ok psnr in the first/last attacked round (NaN when that attack failed).
+    """
+    rows = []
+    if not attacks.empty:
+        for (partition, method), group in attacks.groupby(["partition_id", "method"], sort=False,
+                                                            dropna=False):
+            ok = _ok(group)
+            psnr = ok["psnr"].dropna()
+            first, last = group["round"].min(), group["round"].max()
+            rows.append({
+                "partition_id": partition, "method": method,
+                "rounds_attacked": group["round"].nunique(), "n_ok": len(ok),
+                "n_failed": int((group["status"] == "failed").sum()),
+                "first_round": first, "last_round": last,
+                "psnr_mean": psnr.mean() if len(psnr) else math.nan,
+                "psnr_min": psnr.min() if len(psnr) else math.nan,
+                "psnr_max": psnr.max() if len(psnr) else math.nan,
+                "psnr_first": _mean_or_nan(ok.loc[ok["round"] == first, "psnr"]),
+                "psnr_last": _mean_or_nan(ok.loc[ok["round"] == last, "psnr"]),
+            })
+    table = pd.DataFrame(rows, columns=PER_CLIENT_COLUMNS)
+    if table.empty:
+        return table
+    table = table.assign(_order=table["method"].map(method_sort_key))
+    table = table.sort_values(["_order", "partition_id"], kind="stable", na_position="last")
+    return table.drop(columns="_order").reset_index(drop=True)
+
+
+def _mean_or_nan(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def run_labels(runs: Sequence[Run]) -> list[str]:
+    """One distinct label per run: its name, with " (folder)" added where names repeat."""
+    names = [run.name for run in runs]
+    labels = []
+    for run in runs:
+        label = run.name
+        if names.count(run.name) > 1:
+            label = f"{run.name} ({run.path})"
+        labels.append(label)
+    # Same name and same folder given twice: number them.
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label} #{seen[label]}"
+    return labels
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+
+def differing_keys(runs: Sequence[Run]) -> list[str]:
+    """run_config keys whose value is not the same in every run (missing counts as a value)."""
+    keys: list[str] = []
+    for run in runs:
+        keys += [key for key in run.run_config if key not in keys]
+    differing = []
+    for key in keys:
+        values = {_canonical(run.run_config[key]) if key in run.run_config else "<missing>" for run in runs}
+        if len(values) > 1:
+            differing.append(key)
+    return differing
+
+
+COMPARE_COLUMNS = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean",
+                   "ssim_mean", "lpips_mean", "label_accuracy_mean", "final_eval_accuracy"]
+
+
+def final_eval_accuracy(run: Run) -> float:
+    """eval_accuracy of the last round that has one; NaN when none."""
+    accuracy = run.rounds.dropna(subset=["eval_accuracy"]) if not run.rounds.empty else run.rounds
+    if accuracy.empty:
+        return math.nan
+    return float(accuracy.sort_values("round")["eval_accuracy"].iloc[-1])
+
+
+def rounds_seen(run: Run) -> int:
+    """The highest round number in rounds.csv or attacks.csv (0 when both are empty)."""
+    rounds = [frame["round"].max() for frame in (run.rounds, run.attacks) if not frame.empty]
+    return int(max(rounds)) if rounds else 0
+
+
+def compare_runs(runs: Sequence[Run]) -> pd.DataFrame:
+    """One row per run: COMPARE_COLUMNS, then one column per differing run_config key.
+
+    Means are over ok attacks. name is `run_labels` (distinct). dataset comes from the run
+    config, else from attacks.csv. Keys equal in all runs get no column; a key that differs but
+    is already a fixed column ("dataset") is not repeated. Raises ValueError for no runs.
+    """
+    if not runs:
+        raise ValueError("compare_runs needs at least one run")
+    keys = [key for key in differing_keys(runs) if key not in COMPARE_COLUMNS]
+    rows = []
+    for label, run in zip(run_labels(runs), runs):
+        attacks = run.attacks
+        ok = _ok(attacks)
+        dataset = run.run_config.get("dataset")
+        if dataset is None and not attacks.empty and attacks["dataset"].notna().any():
+            dataset = ", ".join(sorted({str(d) for d in attacks["dataset"].dropna()}))
+        row = {
+            "name": label, "dataset": dataset,
+            "methods": ", ".join(sorted_methods(attacks)),
+            "rounds": rounds_seen(run), "n_attacks": len(attacks),
+            "n_failed": int((attacks["status"] == "failed").sum()) if not attacks.empty else 0,
+        }
+        for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
+            row[f"{metric}_mean"] = _mean_or_nan(ok[metric]) if not ok.empty else math.nan
+        row["final_eval_accuracy"] = final_eval_accuracy(run)
+        for key in keys:
+            value = run.run_config.get(key)
+            row[key] = _canonical(value) if isinstance(value, (list, dict)) else value
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS + keys)
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return f"{value:.{digits}f}"
+
+
+def _accuracy_text(value: float) -> str:
+    # Flower reports accuracy as a fraction; show it as a percentage then.
+    return f"{value * 100:.1f}%" if 0.0 <= value <= 1.0 else f"{value:.3g}"
+
+
+def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
+    """Plain-language findings for one run.
+
+    First one overall sentence per method (or "No attacks yet: ..." for a run without attack
+    rows), the final eval accuracy, and a note when fewer rounds finished than configured; then
+    one sentence per (round, method), e.g. "Round 3: pisme recovered 5 of 8 attacked clients with
+    PSNR > 20 dB (mean 23.1 dB)." Recovered: an ok attack with PSNR > threshold (dB).
+    """
+    attacks = run.attacks
+    sentences, round_sentences = [], []
+    limit = f"{threshold:g} dB"
+    if attacks.empty:
+        sentences.append("No attacks yet: attacks.csv has no rows.")
+    else:
+        for (round_, method), group in _round_method_groups(attacks):
+            ok = _ok(group)
+            psnr = ok["psnr"].dropna()
+            clients = group["partition_id"].nunique(dropna=False)
+            recovered = ok.loc[ok["psnr"] > threshold, "partition_id"].nunique(dropna=False)
+            text = f"Round {round_}: {method} recovered {recovered} of {clients} attacked clients with PSNR > {limit}"
+            text += f" (mean {_fmt(psnr.mean())} dB)." if len(psnr) else " (no PSNR values)."
+            failed = int((group["status"] == "failed").sum())
+            if failed:
+                text += f" {failed} attack{'s' if failed > 1 else ''} failed."
+            round_sentences.append(text)
+        for method in sorted_methods(attacks):
+            group = attacks[attacks["method"] == method]
+            ok = _ok(group)
+            psnr = ok["psnr"].dropna()
+            above = int((psnr > threshold).sum())
+            n_rounds = group["round"].nunique()
+            text = (f"Overall, {method} exceeded {limit} in {above} of {len(group)} attacks "
+                    f"over {n_rounds} round{'s' if n_rounds != 1 else ''}")
+            if len(psnr):
+                by_round = ok.groupby("round")["psnr"].mean().dropna()
+                best_round = int(by_round.idxmax())
+                text += (f"; mean PSNR {_fmt(psnr.mean())} dB, best round {best_round} "
+                         f"(mean {_fmt(by_round.max())} dB).")
+            else:
+                text += "; no attack produced a PSNR."
+            sentences.append(text)
+    accuracy = final_eval_accuracy(run)
+    if not math.isnan(accuracy):
+        accurate = run.rounds.dropna(subset=["eval_accuracy"]).sort_values("round")
+        sentences.append(f"Model utility: eval accuracy {_accuracy_text(accuracy)} after round "
+                         f"{int(accurate['round'].iloc[-1])}.")
+    planned = run.run_config.get("num-server-rounds")
+    finished = int(run.rounds["round"].max()) if not run.rounds.empty else 0
+    if isinstance(planned, (int, float)) and finished < planned:
+        sentences.append(f"Incomplete run: {finished} of {int(planned)} configured rounds in rounds.csv.")
+    return sentences + round_sentences
+
+
+def _round_method_groups(attacks: pd.DataFrame):
+    keys = sorted({(int(r), str(m)) for r, m in zip(attacks["round"], attacks["method"])},
+                  key=lambda key: (key[0], method_sort_key(key[1])))
+    for round_, method in keys:
+        yield (round_, method), attacks[(attacks["round"] == round_) & (attacks["method"] == method)]
