@@ -4,12 +4,20 @@ Each simulated node takes partition ``context.node_config["partition-id"]``: a F
 a CIFAR-100 k-sample (optionally class-restricted) client. ``train`` runs E local epochs of plain
 SGD from the received global weights (fl_attack.training, the paper protocol) and returns the new
 weights plus public metrics. ``evaluate`` scores the global model on the client's held-out samples.
+
+Defenses (run config ``defense``): training goes through the mods of clients/defenses.py, each
+switched on by the run config. Under ``secagg`` the server runs Flower's legacy SecAgg+ workflow,
+so both handlers hand the message to ``LEGACY_APP``, a NumPyClient doing the same work.
 """
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client import ClientApp as LegacyClientApp
+from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
 from fl_attack.data import client_partition, get_spec, load_pool
@@ -17,6 +25,7 @@ from fl_attack.models import build_model
 from fl_attack.run_config import RunSettings
 from fl_attack.training import train_local
 
+from .defenses import TRAIN_MODS
 
 app = ClientApp()
 
@@ -26,31 +35,53 @@ def _load_split(settings: RunSettings, partition_id: int):
     return client_partition(pool, partition_id, settings.samples, settings.classes, seed=settings.seed)
 
 
-def _model_from(msg: Message, dataset: str) -> torch.nn.Module:
+def _model(dataset: str, state: dict) -> torch.nn.Module:
     model = build_model(dataset)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.load_state_dict(state)
     return model
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """One round of local training; replies with wT and public metrics."""
-    settings = RunSettings.from_run_config(context.run_config)
+def local_training(settings: RunSettings, partition_id: int, server_round: int, w0: dict):
+    """E local epochs from ``w0``: returns (wT state dict, public metrics, simulation bookkeeping)."""
     torch.set_num_threads(settings.threads)
-    partition_id = int(context.node_config["partition-id"])
     split = _load_split(settings, partition_id)
-    server_round = int(msg.content["config"]["server-round"])
-    model = _model_from(msg, settings.dataset)
+    model = _model(settings.dataset, w0)
     result = train_local(model, split.train.images, split.train.labels, dataset=settings.dataset,
                          lr=settings.lr, batch_size=settings.batch_size, local_epochs=settings.local_epochs,
                          seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id)
     meta = result.update.metadata
-    metrics = MetricRecord({"num-examples": meta.num_samples, "local-steps": meta.local_steps, "lr": meta.lr,
-                            "batch-size": meta.batch_size, "local-epochs": meta.local_epochs,
-                            "train-loss": result.train_loss})
+    metrics = {"num-examples": meta.num_samples, "local-steps": meta.local_steps, "lr": meta.lr,
+               "batch-size": meta.batch_size, "local-epochs": meta.local_epochs, "train-loss": result.train_loss}
+    simulation = {"partition-id": partition_id, "client-id": split.train.client_id}
+    return model.state_dict(), metrics, simulation
+
+
+def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) -> dict:
+    """Loss and accuracy of ``weights`` on the client's held-out samples (its train set if it has none)."""
+    torch.set_num_threads(settings.threads)
+    split = _load_split(settings, partition_id)
+    model = _model(settings.dataset, weights)
+    test = split.test if len(split.test.labels) else split.train
+    with torch.no_grad():
+        logits = model(get_spec(settings.dataset).normalize(test.images))
+        loss = F.cross_entropy(logits, test.labels).item()
+        accuracy = (logits.argmax(1) == test.labels).float().mean().item()
+    return {"num-examples": len(test.labels), "eval-loss": loss, "eval-accuracy": accuracy}
+
+
+@app.train(mods=TRAIN_MODS)
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training; replies with wT and public metrics."""
+    settings = RunSettings.from_run_config(context.run_config)
+    if settings.defense.secagg:
+        return LEGACY_APP(msg, context)
+    partition_id = int(context.node_config["partition-id"])
+    server_round = int(msg.content["config"]["server-round"])
+    wT, metrics, simulation = local_training(settings, partition_id, server_round,
+                                             msg.content["arrays"].to_torch_state_dict())
     # Simulation bookkeeping for the evaluator role only; the strategy never hands it to the attacker.
-    simulation = ConfigRecord({"partition-id": partition_id, "client-id": split.train.client_id})
-    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics, "simulation": simulation})
+    content = RecordDict({"arrays": ArrayRecord(wT), "metrics": MetricRecord(metrics),
+                          "simulation": ConfigRecord(simulation)})
     return Message(content=content, reply_to=msg)
 
 
@@ -58,13 +89,41 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the global model on the client's held-out samples."""
     settings = RunSettings.from_run_config(context.run_config)
-    torch.set_num_threads(settings.threads)
-    split = _load_split(settings, int(context.node_config["partition-id"]))
-    model = _model_from(msg, settings.dataset)
-    test = split.test if len(split.test.labels) else split.train
-    with torch.no_grad():
-        logits = model(get_spec(settings.dataset).normalize(test.images))
-        loss = F.cross_entropy(logits, test.labels).item()
-        accuracy = (logits.argmax(1) == test.labels).float().mean().item()
-    metrics = MetricRecord({"num-examples": len(test.labels), "eval-loss": loss, "eval-accuracy": accuracy})
-    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+    if settings.defense.secagg:
+        return LEGACY_APP(msg, context)
+    metrics = local_evaluation(settings, int(context.node_config["partition-id"]),
+                               msg.content["arrays"].to_torch_state_dict())
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+class SecAggClient(NumPyClient):
+    """The same training and evaluation for Flower's legacy path (SecAgg+ needs a NumPyClient).
+
+    Weights travel as a list of arrays in the model's state-dict order. Public metrics, and the
+    simulation bookkeeping (partition-id, client-id) for the evaluator, go in the FitRes metrics,
+    which SecAgg+ leaves in plaintext.
+    """
+
+    def __init__(self, context: Context):
+        self.settings = RunSettings.from_run_config(context.run_config)
+        self.partition_id = int(context.node_config["partition-id"])
+        self.keys = list(build_model(self.settings.dataset).state_dict())
+
+    def _state(self, parameters) -> dict:
+        return OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters, strict=True))
+
+    def fit(self, parameters, config):
+        wT, metrics, simulation = local_training(self.settings, self.partition_id, int(config["server-round"]),
+                                                 self._state(parameters))
+        return [v.numpy() for v in wT.values()], int(metrics["num-examples"]), {**metrics, **simulation}
+
+    def evaluate(self, parameters, config):
+        metrics = local_evaluation(self.settings, self.partition_id, self._state(parameters))
+        return float(metrics["eval-loss"]), int(metrics["num-examples"]), metrics
+
+
+def _secagg_client(context: Context):
+    return SecAggClient(context).to_client()
+
+
+LEGACY_APP = LegacyClientApp(client_fn=_secagg_client)

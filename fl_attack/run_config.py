@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from .attacks import ATTACKS, AttackConfig
 from .data import get_spec
+from .defenses import DefenseSettings
 
 
 def _parse_overrides(text: str) -> dict:
@@ -32,7 +33,11 @@ def _parse_overrides(text: str) -> dict:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Typed view of the run config. Field names are the keys with '-' replaced by '_'."""
+    """Typed view of the run config. Field names are the keys with '-' replaced by '_'.
+
+    The defense keys ("defense", "defense-*", "secagg-*") are parsed into ``defense``, a
+    DefenseSettings (fl_attack/defenses.py).
+    """
 
     dataset: str = "femnist"
     data_dir: str = ""
@@ -59,6 +64,7 @@ class RunSettings:
     results_dir: str = "results"
     run_name: str = ""
     seed: int = 0
+    defense: DefenseSettings = field(default_factory=DefenseSettings)
     extra: dict = field(default_factory=dict)
 
     # Convenience views -------------------------------------------------------------------
@@ -79,9 +85,10 @@ class RunSettings:
         return [m.strip() for m in self.attack_method.split(",") if m.strip()]
 
     def attack_config(self) -> AttackConfig:
-        """The AttackConfig for every attack of this run."""
+        """The AttackConfig for every attack of this run (attack-options override the defense's adaptation)."""
+        overrides = {"observed_only": self.defense.observed_only, **_parse_overrides(self.attack_options)}
         return AttackConfig.from_overrides(iterations=self.attack_iterations, nodes=self.attack_nodes,
-                                           seed=self.seed, **_parse_overrides(self.attack_options))
+                                           seed=self.seed, **overrides)
 
     def attack_thread_count(self) -> int:
         """Torch threads for the attacker: all the machine's cores unless attack-threads says otherwise."""
@@ -107,13 +114,15 @@ class RunSettings:
     # Parsing --------------------------------------------------------------------------------
     @classmethod
     def from_run_config(cls, run_config) -> "RunSettings":
-        """Parse Flower's run config; unknown keys are kept in ``extra`` (defenses read them).
+        """Parse Flower's run config; the defense keys go to DefenseSettings, unknown keys to ``extra``.
 
         Raises ValueError with the offending key for every invalid value.
         """
-        known = {f.name: f for f in fields(cls) if f.name != "extra"}
+        known = {f.name: f for f in fields(cls) if f.name not in ("extra", "defense")}
         values, extra = {}, {}
         for key, value in dict(run_config).items():
+            if DefenseSettings.owns(key):
+                continue
             name = key.replace("-", "_")
             if name in known:
                 kind = type(getattr(cls, name))
@@ -123,7 +132,7 @@ class RunSettings:
                     raise ValueError(f"run config '{key}' must be {kind.__name__}, got {value!r}") from None
             else:
                 extra[key] = value
-        settings = cls(**values, extra=extra)
+        settings = cls(**values, defense=DefenseSettings.from_run_config(run_config), extra=extra)
         settings.validate()
         return settings
 
@@ -173,3 +182,8 @@ class RunSettings:
                 raise ValueError("invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
                                  f"or comma-separated partition ids, got '{clients}'") from None
         self.attack_config()  # checks attack-options
+        self.defense.validate()
+        if self.defense.low_rank:
+            from .models import build_model
+
+            self.defense.check_model(build_model(self.dataset).state_dict())

@@ -4,11 +4,18 @@ It alone loads a client's private samples (by partition id, with the same partit
 ClientApp), and only after that client's reconstruction has come back. It scores the
 reconstruction with the fl_attack metrics, saves the image grid and appends one row to
 attacks.csv per (round, client, method).
+
+An attack on a SecAgg+ aggregate (tags "participants": the partition ids in the aggregate) is
+scored against the union of all participants' images, in partition order: the attack
+reconstructs as many images as the participants hold in total, so the Hungarian matching is
+one-to-one over the union.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
+
+import torch
 
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.images import save_comparison_grid
@@ -43,6 +50,15 @@ class Evaluator:
         """True labels, for runs that ask for attack-labels = "oracle" (an explicit leak, recorded)."""
         return self.private_train_set(partition_id).labels
 
+    def truth(self, tags: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The private images and labels an attack is scored against: one client's, or for an
+        aggregate (tags "participants", e.g. "0,1,3") the union of the participants', concatenated."""
+        if tags.get("participants"):
+            sets = [self.private_train_set(int(p)) for p in str(tags["participants"]).split(",")]
+            return torch.cat([s.images for s in sets]), torch.cat([s.labels for s in sets])
+        one = self.private_train_set(int(tags["partition_id"]))
+        return one.images, one.labels
+
     def record(self, outcome: AttackOutcome) -> dict:
         """Score one outcome (if it succeeded) and append its row; returns the row."""
         tags = outcome.tags
@@ -65,12 +81,13 @@ class Evaluator:
 
     def _score(self, outcome: AttackOutcome) -> dict:
         tags = outcome.tags
-        truth = self.private_train_set(int(tags["partition_id"]))
+        images, labels = self.truth(tags)
         if self._lpips is None:
             self._lpips = get_lpips("cpu")
-        scores = evaluate_reconstruction(outcome.images, truth.images, lpips=self._lpips)
-        rel = Path("images") / f"round-{tags['round']}" / outcome.method / f"client-{tags['partition_id']}.png"
-        save_comparison_grid(truth.images, scores["matched_recon"], self.run_dir / rel)
-        label_acc = label_count_accuracy(outcome.labels, truth.labels, self.spec.num_classes)
+        scores = evaluate_reconstruction(outcome.images, images, lpips=self._lpips)
+        name = "aggregate" if tags.get("participants") else f"client-{tags['partition_id']}"
+        rel = Path("images") / f"round-{tags['round']}" / outcome.method / f"{name}.png"
+        save_comparison_grid(images, scores["matched_recon"], self.run_dir / rel)
+        label_acc = label_count_accuracy(outcome.labels, labels, self.spec.num_classes)
         return {"psnr": scores["psnr"], "ssim": scores["ssim"], "fsim": scores["fsim"], "lpips": scores["lpips"],
                 "label_accuracy": label_acc, "image": rel.as_posix()}

@@ -2,6 +2,13 @@
 
 Run with ``flwr run .`` (see README). The run config is checked before the first round; results go
 to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.log, images/).
+
+The run config's ``defense`` picks how the server side runs (fl_attack/defenses.py):
+- central-dp: LeakageFedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
+  DifferentialPrivacyClientSideFixedClipping; the attacker sees each clipped, noise-free update;
+- secagg: Flower's legacy SecAgg+ workflow with SecAggLeakageFedAvg (strategies/secagg.py); the
+  attacker sees only the aggregate;
+- anything else: plain LeakageFedAvg; local-dp, topk, low-rank and quantize act on the clients.
 """
 from __future__ import annotations
 
@@ -15,6 +22,8 @@ from importlib import metadata
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
+                                     DifferentialPrivacyServerSideFixedClipping)
 
 from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions
@@ -23,6 +32,7 @@ from fl_attack.paths import resolve_in_project
 from fl_attack.records import write_json_atomic
 from fl_attack.run_config import RunSettings
 
+from .secagg import SecAggLeakageFedAvg, run_secagg
 from .strategy import LeakageFedAvg
 
 log = logging.getLogger(__name__)
@@ -54,27 +64,65 @@ def check_partitions(settings: RunSettings, num_nodes: int) -> None:
                          f"partitions of {settings.samples} samples; lower num-supernodes or samples-per-client")
 
 
+def sampled_clients(num_nodes: int, fraction: float, minimum: int) -> int:
+    """How many clients Flower's FedAvg (either API) samples per round: max(int(n * fraction), minimum)."""
+    return max(int(num_nodes * fraction), minimum)
+
+
+def check_defense(settings: RunSettings, num_nodes: int) -> int:
+    """Fail before round 1 when the federation cannot run the defense; returns the clients per round."""
+    defense = settings.defense
+    minimum = defense.secagg_min_clients if defense.secagg else 1
+    sampled = sampled_clients(num_nodes, settings.fraction_train, minimum)
+    defense.check_clients(min(sampled, num_nodes))
+    return sampled
+
+
+def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict):
+    """(the strategy that runs, the leakage-tracking strategy inside it)."""
+    defense = settings.defense
+    min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
+    if defense.secagg:
+        strategy = SecAggLeakageFedAvg(settings, run_dir, initial_state, fraction_fit=settings.fraction_train,
+                                       fraction_evaluate=settings.fraction_evaluate,
+                                       min_fit_clients=defense.secagg_min_clients, min_evaluate_clients=min_evaluate,
+                                       min_available_clients=defense.secagg_min_clients)
+        return strategy, strategy
+    strategy = LeakageFedAvg(settings, run_dir, fraction_train=settings.fraction_train,
+                             fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
+                             min_evaluate_nodes=min_evaluate, min_available_nodes=1)
+    if not defense.central_dp:
+        return strategy, strategy
+    wrapper = (DifferentialPrivacyServerSideFixedClipping if defense.clipping == "server"
+               else DifferentialPrivacyClientSideFixedClipping)
+    sampled = sampled_clients(num_nodes, settings.fraction_train, 1)
+    return wrapper(strategy, noise_multiplier=defense.noise_multiplier, clipping_norm=defense.clip_norm,
+                   num_sampled_clients=sampled), strategy
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     settings = RunSettings.from_run_config(context.run_config)
     num_nodes = len(list(grid.get_node_ids()))
     check_partitions(settings, num_nodes)
+    check_defense(settings, num_nodes)
     run_dir = resolve_in_project(settings.results_dir) / run_name(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", {
         "run_config": dict(context.run_config), "seed": settings.seed, "run_name": run_dir.name,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
-        "attack_config": asdict(settings.attack_config()), "defense": settings.extra.get("defense", "none")})
+        "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
     print(f"fl-attack: leakage record in {run_dir}", flush=True)
 
     model = build_model(settings.dataset, seed=settings.seed)
-    strategy = LeakageFedAvg(settings, run_dir, fraction_train=settings.fraction_train,
-                             fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
-                             min_evaluate_nodes=1 if settings.fraction_evaluate > 0 else 0, min_available_nodes=1)
+    runner, strategy = build_strategy(settings, run_dir, num_nodes, model.state_dict())
     started = time.time()
     try:
-        strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                       num_rounds=settings.num_server_rounds, train_config=ConfigRecord({}))
+        if settings.defense.secagg:
+            run_secagg(grid, context, strategy, settings)
+        else:
+            runner.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+                         num_rounds=settings.num_server_rounds, train_config=ConfigRecord({}))
     finally:
         # Ray shuts down when main() returns: collect every attack first.
         waves = math.ceil(strategy.dispatcher.in_flight / max(1, settings.attack_actors))

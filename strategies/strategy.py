@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
@@ -19,7 +19,7 @@ from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.records import append_csv_row
 from fl_attack.run_config import RunSettings
 
-from .attacker import AttackDispatcher, AttackJob
+from .attacker import AttackDispatcher, AttackJob, AttackOutcome
 from .evaluator import Evaluator
 
 log = logging.getLogger(__name__)
@@ -41,12 +41,16 @@ def observed_update(w0: ArrayRecord, reply: Message, dataset: str, tags: dict) -
     return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, tags)
 
 
-class LeakageFedAvg(FedAvg):
-    """FedAvg that hands each selected client update to the attacker, round after round."""
+class LeakageTracking:
+    """What both honest-but-curious strategies share: the attacker, the evaluator and the records.
 
-    def __init__(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None = None,
-                 evaluator: Evaluator | None = None, **fedavg_kwargs):
-        super().__init__(**fedavg_kwargs)
+    A strategy mixes this in, calls ``_init_tracking`` from its ``__init__`` and reports each
+    round's start (w0), the attacks to run, the end of training and the evaluation; this class
+    writes events.log, rounds.csv and, through the evaluator, attacks.csv.
+    """
+
+    def _init_tracking(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None,
+                       evaluator: Evaluator | None) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self.attack_config = settings.attack_config()
@@ -62,33 +66,98 @@ class LeakageFedAvg(FedAvg):
         self._round_start: dict[int, float] = {}
         self._jobs = 0
 
-    # -- rounds ---------------------------------------------------------------------------------
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+    def _round_started(self, server_round: int, arrays: ArrayRecord) -> None:
         self._round_start[server_round] = time.time()
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
         self._event(f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight")
+
+    def _tags(self, server_round: int, **public) -> dict:
+        return {"round": server_round, "defense": self.settings.defense.label, "nodes": self.attack_config.nodes,
+                "iterations": self.attack_config.iterations, **public}
+
+    def _submit(self, tags: dict, make_update: Callable[[], ObservedUpdate], oracle_labels: Callable[[], object]):
+        """One attack job per method on the update ``make_update()`` builds; a failure to build it
+        (e.g. a NaN update) is recorded as a failed attack and the round goes on."""
+        for method in self.settings.methods:
+            self._jobs += 1
+            try:
+                update = make_update()
+                tags["local_steps"] = update.metadata.local_steps
+                labels = oracle_labels() if self.settings.attack_labels == "oracle" else "recovered"
+            except Exception as exc:
+                self.rows.append(self.evaluator.record(AttackOutcome(
+                    self._jobs, method, dict(tags), "failed", error=f"{type(exc).__name__}: {exc}",
+                    label_source=self.settings.attack_labels)))
+                continue
+            job = AttackJob(self._jobs, update, method, self.attack_config, labels,
+                            time_limit=self.settings.attack_timeout, tags=dict(tags))
+            self.submitted.append(job)
+            self.dispatcher.submit(job)
+
+    def _round_trained(self, server_round: int, clients: int, train_loss: float | None) -> None:
+        self._clients[server_round] = clients
+        if train_loss is not None:
+            self._train_loss[server_round] = float(train_loss)
+        self.collect()
+
+    def _round_evaluated(self, server_round: int, eval_loss: float | None, eval_accuracy: float | None) -> None:
+        row = {"round": server_round, "clients": self._clients.get(server_round, 0),
+               "train_loss": self._train_loss.get(server_round), "attacks_in_flight": self.dispatcher.in_flight,
+               "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
+               "eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
+        append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
+        self.collect()
+
+    def collect(self, timeout: float | None = None) -> list[dict]:
+        """Evaluate and record every finished attack; with ``timeout``, wait for all of them."""
+        outcomes = self.dispatcher.poll() if timeout is None else self.dispatcher.drain(timeout)
+        rows = [self.evaluator.record(o) for o in outcomes]
+        for row in rows:
+            who = f"partition {row['partition_id']}" if row["partition_id"] not in (None, "") else row["client_id"]
+            self._event(f"attack done: round {row['round']} {who} {row['method']} "
+                        f"{row['status']} psnr={row['psnr']:.2f}" if row["status"] == "ok" else
+                        f"attack failed: round {row['round']} {who} {row['method']}: {row['error']}")
+        self.rows.extend(rows)
+        return rows
+
+    def _event(self, text: str) -> None:
+        log.info(text)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "events.log", "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+
+class LeakageFedAvg(LeakageTracking, FedAvg):
+    """FedAvg that hands each selected client update to the attacker, round after round.
+
+    Under central DP it runs wrapped in one of Flower's DP strategy wrappers; it then sees each
+    update after the clipping and before the noise, which only touches the aggregate.
+    """
+
+    def __init__(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None = None,
+                 evaluator: Evaluator | None = None, **fedavg_kwargs):
+        super().__init__(**fedavg_kwargs)
+        self._init_tracking(settings, run_dir, dispatcher, evaluator)
+
+    # -- rounds ---------------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        self._round_started(server_round, arrays)
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
         self._dispatch(server_round, [r for r in replies if not r.has_error()])
         arrays, metrics = super().aggregate_train(server_round, replies)
-        self._clients[server_round] = sum(1 for r in replies if not r.has_error())
-        if metrics is not None and "train-loss" in metrics:
-            self._train_loss[server_round] = float(metrics["train-loss"])
-        self.collect()
+        train_loss = metrics["train-loss"] if metrics is not None and "train-loss" in metrics else None
+        self._round_trained(server_round, sum(1 for r in replies if not r.has_error()), train_loss)
         return arrays, metrics
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         metrics = super().aggregate_evaluate(server_round, replies)
-        row = {"round": server_round, "clients": self._clients.get(server_round, 0),
-               "train_loss": self._train_loss.get(server_round), "attacks_in_flight": self.dispatcher.in_flight,
-               "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2)}
-        if metrics is not None:
-            row["eval_loss"] = float(metrics["eval-loss"]) if "eval-loss" in metrics else None
-            row["eval_accuracy"] = float(metrics["eval-accuracy"]) if "eval-accuracy" in metrics else None
-        append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
-        self.collect()
+        found = metrics if metrics is not None else {}
+        self._round_evaluated(server_round,
+                              float(found["eval-loss"]) if "eval-loss" in found else None,
+                              float(found["eval-accuracy"]) if "eval-accuracy" in found else None)
         return metrics
 
     # -- attacks --------------------------------------------------------------------------------
@@ -102,45 +171,11 @@ class LeakageFedAvg(FedAvg):
         targets = self.settings.select_clients(list(by_partition), server_round)
         for partition_id in targets:
             reply = by_partition[partition_id]
-            tags = {"round": server_round, "node_id": int(reply.metadata.src_node_id), "partition_id": partition_id,
-                    "client_id": str(reply.content["simulation"].get("client-id", "")),
-                    "nodes": self.attack_config.nodes, "iterations": self.attack_config.iterations}
-            for method in self.settings.methods:
-                self._jobs += 1
-                try:
-                    update = observed_update(w0, reply, self.settings.dataset, {"round": server_round,
-                                                                                  "node_id": tags["node_id"]})
-                    tags["local_steps"] = update.metadata.local_steps
-                    labels = (self.evaluator.oracle_labels(partition_id)
-                              if self.settings.attack_labels == "oracle" else "recovered")
-                except Exception as exc:  # e.g. a NaN update: recorded as failed, the round goes on
-                    from .attacker import AttackOutcome
-
-                    self.rows.append(self.evaluator.record(AttackOutcome(
-                        self._jobs, method, dict(tags), "failed", error=f"{type(exc).__name__}: {exc}",
-                        label_source=self.settings.attack_labels)))
-                    continue
-                job = AttackJob(self._jobs, update, method, self.attack_config, labels,
-                                time_limit=self.settings.attack_timeout, tags=dict(tags))
-                self.submitted.append(job)
-                self.dispatcher.submit(job)
+            node_id = int(reply.metadata.src_node_id)
+            tags = self._tags(server_round, node_id=node_id, partition_id=partition_id,
+                              client_id=str(reply.content["simulation"].get("client-id", "")))
+            self._submit(tags, lambda: observed_update(w0, reply, self.settings.dataset,
+                                                       {"round": server_round, "node_id": node_id}),
+                         lambda: self.evaluator.oracle_labels(partition_id))
         self._event(f"round {server_round}: dispatched attacks on partitions {targets} "
                     f"({self.dispatcher.in_flight} in flight)")
-
-    def collect(self, timeout: float | None = None) -> list[dict]:
-        """Evaluate and record every finished attack; with ``timeout``, wait for all of them."""
-        outcomes = self.dispatcher.poll() if timeout is None else self.dispatcher.drain(timeout)
-        rows = [self.evaluator.record(o) for o in outcomes]
-        for row in rows:
-            self._event(f"attack done: round {row['round']} partition {row['partition_id']} {row['method']} "
-                        f"{row['status']} psnr={row['psnr']:.2f}" if row["status"] == "ok" else
-                        f"attack failed: round {row['round']} partition {row['partition_id']} {row['method']}: "
-                        f"{row['error']}")
-        self.rows.extend(rows)
-        return rows
-
-    def _event(self, text: str) -> None:
-        log.info(text)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "events.log", "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")

@@ -29,6 +29,11 @@ class AttackConfig:
     control_point_weight (lambda_p), calibration_weight (lambda_d), calibration bounds [0.1, 10].
     box_clamp: clamp X_hat to the valid pixel box after each step. lr_decay: x0.1 at 3/8, 5/8 and
     7/8 of the iterations. trace_every: record the trace every N iterations. seed: X_hat's init.
+    observed_only: match delta_w only on its non-zero coordinates, the adaptive attacker against
+    sparsified (top-k) updates, whose zeros were never sent (not in the paper).
+    node_tolerance, node_check_every: pisme-adaptive only (fl_attack.attacks.pisme_adaptive): the
+    largest accepted relative quadrature-error estimate, and the iterations between re-choices of m
+    (0: at the learning-rate schedule's phases); ``nodes`` is then the largest m allowed.
     """
 
     iterations: int = 1000
@@ -48,6 +53,9 @@ class AttackConfig:
     lr_decay: bool = True
     trace_every: int = 10
     seed: int = 0
+    observed_only: bool = False
+    node_tolerance: float = 0.05
+    node_check_every: int = 0
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -63,6 +71,10 @@ class AttackConfig:
         for f in ("lr_images", "lr_control_point", "lr_calibration", "lr_position"):
             if not getattr(self, f) >= 0:
                 raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
+        if not self.node_tolerance > 0:
+            raise ValueError(f"node_tolerance must be > 0, got {self.node_tolerance}")
+        if int(self.node_check_every) < 0:
+            raise ValueError(f"node_check_every must be >= 0 (0: at the schedule's phases), got {self.node_check_every}")
         if int(self.trace_every) < 1:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
 
@@ -126,6 +138,8 @@ class Attack:
         self.model, self.w0, self.wT, self.shapes, self.config = model, w0, wT, shapes, config
         self.delta_w = w0 - wT
         self.calibration = None
+        # observed_only: the surrogate gradient is compared on the observed coordinates only.
+        self.observed_mask = (self.delta_w != 0).to(w0.dtype) if config.observed_only else None
 
     def param_groups(self) -> list[dict]:
         return []
@@ -147,9 +161,12 @@ class Attack:
         """The loss to minimise (eq. 10 for PI-SME) and its parts, as a dict of scalar tensors.
 
         "loss" is differentiable; "lsim_honest" is Lsim(G, delta_w) with d = 1 and
-        "lsim_calibrated" is Lsim(d * G, delta_w) (both detached).
+        "lsim_calibrated" is Lsim(d * G, delta_w) (both detached). With ``observed_only``, G is
+        restricted to the coordinates where delta_w is non-zero.
         """
         g = self.surrogate_gradient(x, y)
+        if self.observed_mask is not None:
+            g = g * self.observed_mask
         tv = total_variation(x, self.config.tv_reduction)
         if self.calibration is not None:
             matched = lsim(self.calibration * g, self.delta_w)

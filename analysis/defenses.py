@@ -1,0 +1,184 @@
+"""The defense study: one federation per defense setting, and what each costs the attacker and the model.
+
+    python -m analysis.defenses --dataset femnist --rounds R --out DIR [--only none,secagg] [--resume]
+
+Runs every setting of ``GRID`` as a real federation through the checked launcher
+(``strategies.launch``; Flower simulation, Ray attacker actors, evaluator), all at the same scale
+(``SCALE``, overridable: --supernodes, --samples, --iterations), and writes into DIR:
+
+- ``runs/<setting>/``: each run folder (config.json, rounds.csv, attacks.csv, images/);
+- ``defenses.csv`` and ``defenses.md``: one row per setting: defense, parameters, mean PSNR, SSIM,
+  LPIPS and label accuracy of PI-SME's reconstructions (over ok attacks), final test accuracy;
+- ``leakage_vs_accuracy.png``: final test accuracy against mean PSNR, one point per setting;
+- ``report/report.html``: analysis.write_report over all the runs.
+
+The grid (a small one, sized for CPUs):
+
+| setting | defense | why |
+|---|---|---|
+| none | none | the baseline leakage |
+| local-dp-weak | local-dp, C=0.05, epsilon=1000 | Flower's LocalDpMod, noise norm about the update norm |
+| local-dp-strong | local-dp, C=0.05, epsilon=10 | a strong local DP setting |
+| central-dp | central-dp, server-side clipping, C=0.05, z=1 | the attacker sees clipped, noise-free updates |
+| secagg | secagg (SecAgg+, 3 shares, threshold 2) | the attacker sees only the aggregate |
+| topk | topk 0.1, adaptive attacker | matches only the observed coordinates |
+| topk-naive | topk 0.1, naive attacker | matches all coordinates, zeros included |
+| low-rank | low-rank, r=2 | rank-2 update of every weight matrix |
+| quantize | quantize, 2 bits | stochastic quantisation |
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+GRID: list[tuple[str, dict]] = [
+    ("none", {"defense": "none"}),
+    ("local-dp-weak", {"defense": "local-dp", "defense-clip-norm": 0.05, "defense-epsilon": 1000.0}),
+    ("local-dp-strong", {"defense": "local-dp", "defense-clip-norm": 0.05, "defense-epsilon": 10.0}),
+    ("central-dp", {"defense": "central-dp", "defense-clipping": "server", "defense-clip-norm": 0.05,
+                    "defense-noise-multiplier": 1.0}),
+    ("secagg", {"defense": "secagg", "secagg-num-shares": 3, "secagg-reconstruction-threshold": 2}),
+    ("topk", {"defense": "topk", "defense-topk-fraction": 0.1, "defense-adaptive-attack": True}),
+    ("topk-naive", {"defense": "topk", "defense-topk-fraction": 0.1, "defense-adaptive-attack": False}),
+    ("low-rank", {"defense": "low-rank", "defense-rank": 2}),
+    ("quantize", {"defense": "quantize", "defense-bits": 2}),
+]
+# The common scale of every run: k=8 samples per client, B=4, E=5 (T=10 local steps), one attacked
+# client (partition 0) per round, PI-SME with 100 iterations and m=3 nodes.
+SCALE = {"samples-per-client": 8, "batch-size": 4, "local-epochs": 5, "lr": 0.004, "attack-method": "pisme",
+         "attack-clients": "0", "attack-iterations": 100, "attack-nodes": 3, "seed": 0}
+TABLE_COLUMNS = ["setting", "defense", "parameters", "attacks", "psnr", "ssim", "lpips", "label_accuracy",
+                 "final_accuracy"]
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def run_config(setting: dict, dataset: str, rounds: int, results: Path, name: str, scale: dict) -> str:
+    """The --run-config text of one run."""
+    values = {"dataset": dataset, "num-server-rounds": rounds, **scale, **setting,
+              "results-dir": str(results), "run-name": name}
+    return " ".join(f"{k}={_toml(v)}" for k, v in values.items())
+
+
+def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
+    """One row per run: TABLE_COLUMNS, metric means over ok attacks, final eval accuracy."""
+    from .aggregate import final_eval_accuracy
+    from .load import load_run
+
+    rows = []
+    for setting, path in zip(settings, run_dirs):
+        run = load_run(path)
+        defense = run.config.get("defense", {})
+        ok = run.attacks[run.attacks["status"] == "ok"]
+        row = {"setting": setting, "defense": defense.get("label", "?"),
+               "parameters": json.dumps({k: v for k, v in defense.get("parameters", {}).items()}),
+               "attacks": f"{len(ok)}/{len(run.attacks)}"}
+        for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
+            values = ok[metric].dropna()
+            row[metric] = float(values.mean()) if len(values) else math.nan
+        row["final_accuracy"] = final_eval_accuracy(run)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """The study table as Markdown (PSNR in dB, 2 decimals; SSIM, LPIPS 3; accuracies in %)."""
+    def num(value, digits):
+        return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+    def pct(value):
+        return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
+
+    lines = ["| setting | defense | parameters | attacks ok | PSNR (dB) | SSIM | LPIPS | label acc. | final test acc. |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in json.loads(r.parameters).items()) or "-"
+        lines.append(f"| {r.setting} | `{r.defense}` | {params} | {r.attacks} | {num(r.psnr, 2)} | "
+                     f"{num(r.ssim, 3)} | {num(r.lpips, 3)} | {pct(r.label_accuracy)} | {pct(r.final_accuracy)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.defenses", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="femnist", choices=["femnist", "cifar100"])
+    parser.add_argument("--rounds", type=int, default=2, help="FedAvg rounds per run")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--supernodes", type=int, default=4, help="clients per federation")
+    parser.add_argument("--samples", type=int, default=SCALE["samples-per-client"], help="k, samples per client")
+    parser.add_argument("--iterations", type=int, default=SCALE["attack-iterations"], help="PI-SME iterations")
+    parser.add_argument("--only", default="", help="comma-separated settings of the grid to run (default: all)")
+    parser.add_argument("--resume", action="store_true", help="reuse runs of DIR that already completed")
+    args = parser.parse_args(argv)
+
+    names = [name for name, _ in GRID]
+    chosen = [n.strip() for n in args.only.split(",") if n.strip()] or names
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        parser.error(f"unknown setting(s) {unknown}; choose from {', '.join(names)}")
+    if args.rounds < 1 or args.supernodes < 2:
+        parser.error("--rounds must be >= 1 and --supernodes >= 2")
+    out = Path(args.out).resolve()
+    results = out / "runs"
+    scale = {**SCALE, "samples-per-client": args.samples, "batch-size": min(SCALE["batch-size"], args.samples),
+             "attack-iterations": args.iterations}
+    federation = f"num-supernodes={args.supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+
+    from strategies.launch import main as launch
+
+    run_dirs, settings, failed = [], [], []
+    for name, setting in GRID:
+        if name not in chosen:
+            continue
+        run_dir = results / name
+        if not (args.resume and (run_dir / "summary.json").is_file() and (run_dir / "rounds.csv").is_file()):
+            started = time.time()
+            print(f"analysis.defenses: running {name}", flush=True)
+            code = launch(["--run-config", run_config(setting, args.dataset, args.rounds, results, name, scale),
+                           "--federation-config", federation, "--no-report"])
+            print(f"analysis.defenses: {name} finished with code {code} in {time.time() - started:.0f} s", flush=True)
+            if code != 0:
+                failed.append(name)
+                continue
+        run_dirs.append(run_dir)
+        settings.append(name)
+    if not run_dirs:
+        print("analysis.defenses: error: no run completed", file=sys.stderr)
+        return 1
+
+    from . import write_report
+    from .load import load_run
+    from .plots import plot_utility_vs_leakage, save_figure
+
+    table = summarize(run_dirs, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "defenses.csv", index=False)
+    scale_text = (f"{args.dataset}, {args.supernodes} clients, {args.rounds} round(s), "
+                  + ", ".join(f"{k}={v}" for k, v in scale.items()))
+    (out / "defenses.md").write_text(f"Scale: {scale_text}\n\n" + markdown_table(table), encoding="utf-8")
+    save_figure(plot_utility_vs_leakage([load_run(d) for d in run_dirs]), out / "leakage_vs_accuracy.png")
+    report = write_report(run_dirs, out / "report")
+    print(markdown_table(table), flush=True)
+    print(f"analysis.defenses: table {out / 'defenses.md'}, plot {out / 'leakage_vs_accuracy.png'}, report {report}",
+          flush=True)
+    if failed:
+        print(f"analysis.defenses: error: these runs failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

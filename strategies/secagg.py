@@ -1,0 +1,119 @@
+"""The honest-but-curious server under SecAgg+: Flower's legacy workflow, attacking the aggregate.
+
+SecAgg+ exists only on Flower's legacy path (../shared/FLOWER.md): ``SecAggPlusWorkflow`` inside
+``DefaultWorkflow`` with a ``LegacyContext`` and the legacy ``flwr.server.strategy.FedAvg``; the
+clients answer through ``secaggplus_mod`` and a NumPyClient (clients/client_app.py).
+
+The strategy then receives, for every participant, the same unmasked aggregate: the num-examples
+weighted mean of the participants' returned weights. That is all the server has, so the attacker
+attacks it as ONE update (``observed_aggregate``): w0 -> aggregate, with k = the participants' total
+samples K and their common lr, B and E. Why this is the right model: with equal local steps T,
+Delta_agg = sum_i (k_i/K) Delta_i ~ eta T sum_i (k_i/K) grad L_i = eta T grad L_union, the mean loss
+over all K images; label recovery from the output bias adds up the same way. The attack therefore
+reconstructs K images and the evaluator scores them against the union of all participants' images
+(Hungarian matching one-to-one over the union). A smaller k (one client's) would leave the
+attacker guessing which participant its images belong to, which the aggregate cannot tell it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from flwr.app import ArrayRecord
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+
+from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.run_config import RunSettings
+
+from .attacker import AttackDispatcher
+from .evaluator import Evaluator
+from .strategy import LeakageTracking
+
+
+def _weighted_mean(key: str):
+    """A legacy metrics-aggregation function: the num-examples weighted mean of ``key``."""
+    def aggregate(metrics: list[tuple[int, dict]]) -> dict:
+        pairs = [(n, float(m[key])) for n, m in metrics if key in m]
+        total = sum(n for n, _ in pairs)
+        return {key: sum(n * v for n, v in pairs) / total} if total else {}
+    return aggregate
+
+
+def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, tags: dict) -> ObservedUpdate:
+    """The attacker's view of a SecAgg+ round: (w0, the aggregate, the participants' metadata as one).
+
+    k = the participants' total num-examples; lr, B and E must agree across participants (ValueError
+    otherwise); T is the num-examples weighted mean of their local steps (exact when they agree).
+    """
+    if not results:
+        raise ValueError("no results to aggregate")
+    metrics = [r.metrics for r in results]
+    for key in ("lr", "batch-size", "local-epochs"):
+        if len({m[key] for m in metrics}) != 1:
+            raise ValueError(f"participants differ in '{key}'; the aggregate has no single training setting")
+    total = sum(int(r.num_examples) for r in results)
+    steps = round(sum(int(r.num_examples) * int(m["local-steps"]) for r, m in zip(results, metrics)) / total)
+    meta = TrainingMetadata(dataset=dataset, lr=float(metrics[0]["lr"]), batch_size=int(metrics[0]["batch-size"]),
+                            local_epochs=int(metrics[0]["local-epochs"]), num_samples=total, local_steps=steps)
+    w0_state = w0.to_torch_state_dict()
+    aggregate = parameters_to_ndarrays(results[0].parameters)
+    wT = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(w0_state, aggregate, strict=True))
+    return ObservedUpdate(w0_state, wT, meta, tags)
+
+
+class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
+    """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the attacker."""
+
+    def __init__(self, settings: RunSettings, run_dir, initial_state: dict, dispatcher: AttackDispatcher | None = None,
+                 evaluator: Evaluator | None = None, **fedavg_kwargs):
+        self.keys = list(initial_state)
+        super().__init__(initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
+                         on_fit_config_fn=lambda server_round: {"server-round": server_round},
+                         fit_metrics_aggregation_fn=_weighted_mean("train-loss"),
+                         evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"), **fedavg_kwargs)
+        self._init_tracking(settings, run_dir, dispatcher, evaluator)
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        arrays = OrderedDict((k, torch.from_numpy(a.copy()))
+                             for k, a in zip(self.keys, parameters_to_ndarrays(parameters), strict=True))
+        self._round_started(server_round, ArrayRecord(arrays))
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(self, server_round, results, failures):
+        self._dispatch(server_round, [fit_res for _, fit_res in results])
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        self._round_trained(server_round, len(results), metrics.get("train-loss"))
+        return parameters, metrics
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        loss, metrics = super().aggregate_evaluate(server_round, results, failures)
+        self._round_evaluated(server_round, loss, metrics.get("eval-accuracy"))
+        return loss, metrics
+
+    def _dispatch(self, server_round: int, results: list[FitRes]) -> None:
+        """One attack per method on the round's aggregate, when attack-clients selects anyone."""
+        w0 = self.global_arrays.get(server_round)
+        partitions = sorted(int(r.metrics["partition-id"]) for r in results if "partition-id" in r.metrics)
+        if not results or not self.settings.select_clients(partitions, server_round):
+            self._event(f"round {server_round}: no attack on the aggregate (attack-clients selects nobody)")
+            return
+        participants = ",".join(str(p) for p in partitions)
+        tags = self._tags(server_round, node_id="", partition_id="", client_id=f"aggregate:{participants}",
+                          participants=participants)
+        self._submit(tags, lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
+                     lambda: self.evaluator.truth(tags)[1])
+        self._event(f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
+                    f"{partitions} ({self.dispatcher.in_flight} in flight)")
+
+
+def run_secagg(grid, context, strategy: SecAggLeakageFedAvg, settings: RunSettings) -> None:
+    """Run the federation through Flower's DefaultWorkflow with SecAggPlusWorkflow as its fit workflow."""
+    defense = settings.defense
+    workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
+        num_shares=defense.secagg_num_shares, reconstruction_threshold=defense.secagg_reconstruction_threshold,
+        max_weight=defense.secagg_max_weight or float(settings.samples)))
+    legacy = LegacyContext(context, config=ServerConfig(num_rounds=settings.num_server_rounds), strategy=strategy)
+    workflow(grid, legacy)
