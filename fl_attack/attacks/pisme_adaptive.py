@@ -8,13 +8,18 @@ comparing the m-node Gauss-Legendre rule with the (2m+1)-node one, in direction:
 
 an a-posteriori estimate in the usual way (the (2m+1)-node rule is far more accurate, so the
 difference is dominated by G_m's own error), measured on the unit vectors because the cosine loss
-sees only G's direction (Lsim(G_m, G_(2m+1)) = error^2 / 2). It then uses the smallest m in 1..config.nodes with
-error(m) <= config.node_tolerance (config.nodes when none qualifies) until the next phase.
-Phases: every ``config.node_check_every`` iterations, or, when that is 0, the phases of the
+sees only G's direction (Lsim(G_m, G_(2m+1)) = error^2 / 2). It then uses the smallest m in
+1..config.nodes with error(m) <= config.node_tolerance (config.nodes when none qualifies) until
+the next phase. Phases: every ``config.node_check_every`` iterations, or, when that is 0, the phases of the
 learning-rate schedule (iteration 0 and the drops at 3/8, 5/8 and 7/8 of the run).
 Gauss-Legendre rules are not nested, so a check costs sum over the tried m of (m + 2m+1)
 first-order gradients (orders shared between tried m are computed once); ``summary`` reports the
 m in use, the last estimate and the node-gradient evaluations so far, checks included.
+
+Measured on real FEMNIST and CIFAR-100 victims (docs/results.md, "adaptive m"): the estimate is
+about 0.12 at m=1 and still about 0.02 at m=7. A ReLU network's gradient is only piecewise smooth
+along the path, so the rule converges algebraically, not at its polynomial order. The default
+tolerance of 0.05 therefore selects m of about 3-4 on a true batch.
 """
 from __future__ import annotations
 

@@ -1,0 +1,373 @@
+"""What every paper experiment shares: scales, victims, one scored attack, and the output files.
+
+Roles stay apart as in the rest of fl-attack (PISME.md, "Threat model"): a ``Victim`` keeps its
+private images and labels for the evaluator; the attack (``fl_attack.reconstruct``) is handed only
+``victim.update`` (w0, wT and public metadata) and recovers the labels itself from the update.
+
+Seeds: client ``p`` is always partition ``p`` of the bundled sample drawn with data seed 0; seed
+``s`` sets the victim's initial model w0 = build_model(dataset, s), its batch shuffling and the
+attack's X_hat initialisation. "Over clients and seeds" therefore means over (partition, s) pairs.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fl_attack.api import reconstruct, resolve_device
+from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
+from fl_attack.metrics import evaluate_reconstruction, get_lpips
+from fl_attack.models import build_model
+from fl_attack.training import train_local
+from fl_attack.update import ObservedUpdate
+
+DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
+
+
+# ----------------------------------------------------------------------------------- scales
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The size of an experiment.
+
+    samples (k), batch_size (B), lr (eta), epochs: the victims' local training; ``epochs`` maps each
+    of the paper's trajectory lengths (T = 100, 250) to the local epochs E used for it, so the
+    actual T = E * ceil(k/B) (equal to the paper's T at the paper and cpu scales).
+    clients, seeds, iterations, nodes (m): the attacks. Every experiment may shrink or widen what it
+    loops over, but reads its sizes from here.
+    """
+
+    name: str
+    samples: int
+    batch_size: int
+    lr: float
+    epochs: tuple  # ((paper_T, E), ...)
+    clients: int
+    seeds: int
+    iterations: int
+    nodes: int = 7
+    trace_every: int = 10
+    cifar_clients: int | None = None  # CIFAR-100 clients per cell when fewer than ``clients`` (cost)
+    note: str = ""
+
+    def clients_for(self, dataset: str) -> int:
+        if dataset == "cifar100" and self.cifar_clients is not None:
+            return min(self.clients, self.cifar_clients)
+        return self.clients
+
+    def local_steps(self, paper_T: int) -> int:
+        return dict(self.epochs)[paper_T] * math.ceil(self.samples / self.batch_size)
+
+    def local_epochs(self, paper_T: int) -> int:
+        return dict(self.epochs)[paper_T]
+
+    def caption(self, datasets: str = "", iterations: int | None = None, nodes: str | None = None,
+                extra: str = "", clients: str | None = None, epochs=None) -> str:
+        """The scale as one sentence, for every table caption."""
+        it = self.iterations if iterations is None else iterations
+        Ts = ", ".join(f"E={e} -> T={self.local_steps(t)}" for t, e in (epochs or self.epochs))
+        clients = clients or f"{self.clients} client(s)"
+        parts = [f"Scale `{self.name}`", datasets, f"{clients} x {self.seeds} seed(s)",
+                 f"{it} attack iterations", f"k={self.samples}, B={self.batch_size}, lr={self.lr:g}, {Ts}",
+                 f"m={self.nodes if nodes is None else nodes}"]
+        return "; ".join(p for p in parts if p) + (f". {extra}" if extra else ".")
+
+
+SCALES = {
+    "paper": Scale("paper", samples=50, batch_size=10, lr=0.004, epochs=((100, 20), (250, 50)), clients=5, seeds=5,
+                   iterations=1000, nodes=7, trace_every=50,
+                   note="the paper's protocol (PISME.md); meant for a GPU. 5 clients is our choice, the paper "
+                        "does not state its number of clients per cell."),
+    "cpu": Scale("cpu", samples=8, batch_size=4, lr=0.004, epochs=((100, 50), (250, 125)), clients=2, seeds=1,
+                 iterations=100, nodes=7, trace_every=10, cifar_clients=1,
+                 note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
+                      "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
+                      "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one)."),
+    "tiny": Scale("tiny", samples=4, batch_size=2, lr=0.004, epochs=((100, 2), (250, 5)), clients=1, seeds=1,
+                  iterations=3, nodes=3, trace_every=1,
+                  note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers "
+                       "mean nothing."),
+}
+
+
+@dataclass
+class Context:
+    """One command's settings: the scale (after --seeds/--clients/--iterations), device, data, output."""
+
+    name: str
+    scale: Scale
+    out: Path
+    device: torch.device
+    data_dir: str | None = None
+    explicit: frozenset = frozenset()  # the scale settings given on the command line (seeds, clients, ...)
+    command: str = ""  # the command line, for the markdown
+    started: float = field(default_factory=time.perf_counter)
+    log_file: object = None
+
+    def log(self, message: str) -> None:
+        stamp = f"[{self.name} {time.perf_counter() - self.started:7.1f}s]"
+        print(f"{stamp} {message}", file=self.log_file or sys.stderr, flush=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def environment(self) -> str:
+        threads = torch.get_num_threads()
+        dev = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else \
+            f"CPU ({os.cpu_count()} cores, {threads} torch thread(s))"
+        return f"{dev}, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def make_context(name: str, scale: str = "cpu", out: str | Path = "results/experiments", device: str = "auto",
+                 seeds: int | None = None, clients: int | None = None, iterations: int | None = None,
+                 data_dir: str | None = None) -> Context:
+    """Validate the command's options (ValueError before any work) and build its Context."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(SCALES)}")
+    sc = SCALES[scale]
+    for label, value in (("seeds", seeds), ("clients", clients), ("iterations", iterations)):
+        if value is not None and (isinstance(value, bool) or int(value) < 1):
+            raise ValueError(f"--{label} must be an integer >= 1, got {value}")
+    sc = replace(sc, seeds=seeds or sc.seeds, clients=clients or sc.clients, iterations=iterations or sc.iterations,
+                 cifar_clients=None if clients else sc.cifar_clients)
+    if data_dir is not None and not Path(data_dir).expanduser().exists():
+        raise FileNotFoundError(f"data directory not found: {data_dir}")
+    explicit = frozenset(k for k, v in (("seeds", seeds), ("clients", clients), ("iterations", iterations))
+                         if v is not None)
+    return Context(name=name, scale=sc, out=Path(out), device=resolve_device(device), data_dir=data_dir,
+                   explicit=explicit)
+
+
+# ---------------------------------------------------------------------------------- victims
+
+
+@dataclass
+class Victim:
+    """One trained client. ``images``/``labels`` are the evaluator's ground truth; an attack gets
+    ``update`` only. ``states``/``batches`` are kept only when asked for (path consistency)."""
+
+    dataset: str
+    partition: int
+    seed: int
+    classes: int | None
+    images: torch.Tensor
+    labels: torch.Tensor
+    update: ObservedUpdate
+    states: list
+    batches: list
+    seconds: float
+
+    @property
+    def local_steps(self) -> int:
+        return self.update.metadata.local_steps
+
+
+def check_clients(ctx: Context, dataset: str, clients: int, samples: int, classes: int | None = None) -> None:
+    """ValueError when the data holds fewer than ``clients`` clients of k = ``samples``."""
+    pool = load_pool(dataset, ctx.data_dir)
+    available = num_partitions(pool, samples, classes)
+    if clients > available:
+        raise ValueError(f"{clients} {dataset} clients of k={samples} asked for, the data has {available}")
+
+
+def train_victim(ctx: Context, dataset: str, partition: int, seed: int, local_epochs: int, *,
+                 samples: int | None = None, batch_size: int | None = None, classes: int | None = None,
+                 record_states: bool = False) -> Victim:
+    """Train client ``partition`` for E local epochs from w0 = build_model(dataset, seed) (CPU)."""
+    sc = ctx.scale
+    samples = samples or sc.samples
+    start = time.perf_counter()
+    split = client_partition(load_pool(dataset, ctx.data_dir), partition, samples, classes=classes, seed=DATA_SEED)
+    model = build_model(dataset, seed=seed)
+    result = train_local(model, split.train.images, split.train.labels, dataset=dataset, lr=sc.lr,
+                         batch_size=batch_size or sc.batch_size, local_epochs=local_epochs, seed=seed,
+                         record_states=record_states, client={"partition_id": int(partition)})
+    return Victim(dataset=get_spec(dataset).name, partition=int(partition), seed=int(seed), classes=classes,
+                  images=split.train.images, labels=split.train.labels, update=result.update,
+                  states=result.states, batches=result.batches, seconds=time.perf_counter() - start)
+
+
+def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> dict:
+    """Run one attack on ``victim.update`` (recovered labels) and score it on matched pairs.
+
+    overrides: AttackConfig fields (iterations, nodes, ...); the defaults are the scale's
+    iterations, nodes and trace_every and the victim's seed. Returns one flat result row.
+    """
+    sc = ctx.scale
+    settings = dict(iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed)
+    settings.update(overrides)
+    rec = reconstruct(victim.update, method, labels="recovered", device=ctx.device, **settings)
+    spec = get_spec(victim.dataset)
+    ev = evaluate_reconstruction(rec.images, victim.images, recon_labels=rec.labels, true_labels=victim.labels,
+                                 num_classes=spec.num_classes, lpips=get_lpips("cpu"))
+    nodes = _nodes_per_iteration(method, rec)
+    row = dict(dataset=victim.dataset, client=victim.partition, seed=victim.seed, classes=victim.classes,
+               local_steps=victim.local_steps, method=method, nodes=nodes, iterations=settings["iterations"],
+               psnr=ev["psnr"], ssim=ev["ssim"], fsim=ev["fsim"], lpips=ev["lpips"],
+               lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated,
+               label_accuracy=ev["label_accuracy"], seconds=rec.seconds,
+               seconds_per_iteration=rec.seconds / settings["iterations"],
+               gradient_evaluations=_gradient_evaluations(method, rec, settings["iterations"]))
+    if method == "pisme-adaptive":
+        row.update(node_tolerance=rec.config["node_tolerance"], nodes_schedule=_nodes_schedule(rec),
+                   node_error=float(rec.trace[-1].get("node_error", math.nan)))
+    ctx.log(f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
+            f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']}: PSNR {ev['psnr']:.2f} dB, "
+            f"honest Lsim {rec.lsim_honest:.4f} ({rec.seconds:.1f} s)")
+    return row
+
+
+def _nodes_per_iteration(method: str, rec) -> float:
+    """m for PI-SME, the mean m over the trace for pisme-adaptive, 1 for the single-gradient attacks."""
+    if method == "pisme":
+        return rec.config["nodes"]
+    if method == "pisme-adaptive":
+        used = [r["nodes"] for r in rec.trace if "nodes" in r]
+        return float(np.mean(used)) if used else float(rec.config["nodes"])
+    return 1
+
+
+def _nodes_schedule(rec) -> str:
+    """pisme-adaptive's m over the run as 'iteration:m' at each change seen in the trace, e.g. '0:3 40:2'."""
+    out, last = [], None
+    for r in rec.trace:
+        if r.get("nodes") != last:
+            last = r.get("nodes")
+            out.append(f"{r['iteration']}:{last}")
+    return " ".join(out)
+
+
+def _gradient_evaluations(method: str, rec, iterations: int) -> float:
+    """Node-gradient evaluations the attack made (pisme-adaptive reports its own, checks included)."""
+    if method == "pisme-adaptive":
+        counted = [r["gradient_evaluations"] for r in rec.trace if "gradient_evaluations" in r]
+        if counted:
+            return float(counted[-1])
+    return float(_nodes_per_iteration(method, rec) * iterations)
+
+
+# ----------------------------------------------------------------------------------- output
+
+
+class Recorder:
+    """NAME.csv, rewritten whole and atomically after every row, so a crash loses nothing done."""
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.path, self.columns, self.rows = Path(path), list(columns), []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write()
+
+    def add(self, row: dict) -> None:
+        self.rows.append(dict(row))
+        for key in row:
+            if key not in self.columns:
+                self.columns.append(key)
+        self._write()
+
+    def _write(self) -> None:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow({k: _csv_value(row.get(k)) for k in self.columns})
+        atomic_write(self.path, buf.getvalue())
+
+
+def _csv_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_figure(fig, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def fmt(value, digits: int = 2) -> str:
+    """A number for a markdown cell; '-' for missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return f"{value:.{digits}f}"
+
+
+def mean_var(values) -> tuple[float, float, int]:
+    """(mean, sample variance, n) of the finite values; variance NaN when n < 2."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan, 0
+    return float(v.mean()), float(v.var(ddof=1)) if v.size > 1 else math.nan, int(v.size)
+
+
+def pm(values, digits: int = 2) -> str:
+    """'mean ± variance' of a cell ('mean' alone for one value)."""
+    mean, var, n = mean_var(values)
+    if n == 0:
+        return "-"
+    return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(var, digits)}"
+
+
+def group(rows: list[dict], *keys) -> dict:
+    """Rows grouped by the values of ``keys``, in first-seen order: {(v1, v2, ...): [rows]}."""
+    out: dict = {}
+    for row in rows:
+        out.setdefault(tuple(row.get(k) for k in keys), []).append(row)
+    return out
+
+
+def column(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) is not None]
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(ctx: Context, title: str, caption: str, body: str, notes: list[str] | None = None,
+                   scale_note: str | None = None) -> Path:
+    """NAME.md: title, the caption (scale), the table(s), notes, the command and its wall time."""
+    command = ctx.command or f"python -m analysis.experiments {ctx.name} --scale {ctx.scale.name}"
+    text = [f"# {title}", "", f"*{caption}*", "", body, ""]
+    for note in notes or []:
+        text.append(f"- {note}")
+    if notes:
+        text.append("")
+    text += [f"Scale note: {ctx.scale.note if scale_note is None else scale_note}", "",
+             f"Command: `{command}`  ", f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}.", ""]
+    path = ctx.out / f"{ctx.name}.md"
+    atomic_write(path, "\n".join(text))
+    return path
