@@ -37,4 +37,4 @@ class NonLinearSME(BezierMixin, Attack):
         self._project_calibration()
 
     def summary(self):
-        return {"position": float(self.position), **self._bezier_summary()}
+        return {"position": float(self.position.detach()), **self._bezier_summary()}

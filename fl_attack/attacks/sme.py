@@ -32,4 +32,4 @@ class SurrogateModelExtension(Attack):
         self.alpha.clamp_(0.0, 1.0)
 
     def summary(self):
-        return {"alpha": float(self.alpha)}
+        return {"alpha": float(self.alpha.detach())}

@@ -1,0 +1,83 @@
+"""Label recovery from the output-bias update (PISME.md "Label recovery"; the core of RLU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fl_attack.data import client_partition, load_pool
+from fl_attack.labels import estimate_class_counts, recover_labels, round_counts
+from fl_attack.metrics import label_count_accuracy
+from fl_attack.models import build_model
+from fl_attack.training import train_local
+
+NUM_CLASSES = {"femnist": 62, "cifar100": 100}
+
+
+def _victim(dataset, partition, k=50, batch_size=10, local_epochs=20):
+    split = client_partition(load_pool(dataset), partition, k)
+    result = train_local(build_model(dataset, seed=partition), split.train.images, split.train.labels,
+                         dataset=dataset, lr=0.004, batch_size=batch_size, local_epochs=local_epochs, seed=partition)
+    return result.update, split.train.labels
+
+
+@pytest.mark.parametrize("dataset, partition", [("femnist", 0), ("cifar100", 0)])
+def test_recovered_label_counts_at_the_paper_protocol(dataset, partition):
+    """k=50, B=10, E=20 (T=100) on real clients: label-count accuracy >= 0.9."""
+    update, truth = _victim(dataset, partition)
+    labels = recover_labels(update)
+    assert labels.shape == (50,) and labels.dtype == torch.int64
+    assert bool((labels[1:] >= labels[:-1]).all())  # sorted by class
+    assert 0 <= int(labels.min()) and int(labels.max()) < NUM_CLASSES[dataset]
+    accuracy = label_count_accuracy(labels, truth, NUM_CLASSES[dataset])
+    assert accuracy >= 0.9, f"{dataset} client {partition}: label-count accuracy {accuracy:.2f}"
+    raw = estimate_class_counts(update)
+    assert raw.shape == (NUM_CLASSES[dataset],)
+    assert raw.sum() == pytest.approx(50, abs=1.0)  # the softmax and the bias update both sum to k
+
+
+def test_label_recovery_does_not_depend_on_the_dummy_seed_much():
+    update, truth = _victim("femnist", 2, local_epochs=2)
+    accs = [label_count_accuracy(recover_labels(update, seed=s), truth, 62) for s in range(3)]
+    assert min(accs) >= 0.9
+
+
+def test_label_recovery_needs_the_output_bias():
+    update, _ = _victim("femnist", 0, k=10, batch_size=10, local_epochs=1)
+    from fl_attack.update import ObservedUpdate
+
+    w0 = {k: v for k, v in update.w0.items() if k != "fc2.bias"}
+    wT = {k: v for k, v in update.wT.items() if k != "fc2.bias"}
+    with pytest.raises(KeyError, match="output-layer bias 'fc2.bias'"):
+        estimate_class_counts(ObservedUpdate(w0, wT, update.metadata))
+
+
+# --- round_counts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("total", [1, 10, 50, 257])
+def test_round_counts_sums_to_total_and_is_non_negative(seed, total):
+    raw = np.random.default_rng(seed).normal(total / 20, total / 10, size=62)
+    counts = round_counts(raw, total)
+    assert counts.dtype == np.int64 and counts.shape == (62,)
+    assert counts.sum() == total
+    assert (counts >= 0).all()
+    assert (counts[raw <= 0] == 0).all()  # negative estimates are clipped, not rounded up
+
+
+def test_round_counts_keeps_exact_integers():
+    raw = np.zeros(10)
+    raw[[1, 4, 7]] = [20, 25, 5]
+    np.testing.assert_array_equal(round_counts(raw, 50), raw.astype(np.int64))
+
+
+def test_round_counts_largest_remainder():
+    np.testing.assert_array_equal(round_counts(np.array([1.6, 1.3, 2.1]), 5), [2, 1, 2])
+
+
+@pytest.mark.parametrize("raw", [np.full(7, -1.0), np.zeros(7), np.array([np.nan] * 7)])
+def test_round_counts_handles_all_negative_or_empty_input(raw):
+    counts = round_counts(raw, 10)
+    assert counts.sum() == 10 and (counts >= 0).all()
+    assert counts.max() - counts.min() <= 1  # falls back to a uniform split
