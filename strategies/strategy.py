@@ -78,15 +78,17 @@ class LeakageTracking:
     def _submit(self, tags: dict, make_update: Callable[[], ObservedUpdate], oracle_labels: Callable[[], object]):
         """One attack job per method on the update ``make_update()`` builds; a failure to build it
         (e.g. a NaN update) is recorded as a failed attack and the round goes on."""
+        try:  # built once, shared by every method's job
+            update = make_update()
+            tags["local_steps"] = update.metadata.local_steps
+            labels = oracle_labels() if self.settings.attack_labels == "oracle" else "recovered"
+        except Exception as exc:
+            update, error = None, f"{type(exc).__name__}: {exc}"
         for method in self.settings.methods:
             self._jobs += 1
-            try:
-                update = make_update()
-                tags["local_steps"] = update.metadata.local_steps
-                labels = oracle_labels() if self.settings.attack_labels == "oracle" else "recovered"
-            except Exception as exc:
+            if update is None:
                 self.rows.append(self.evaluator.record(AttackOutcome(
-                    self._jobs, method, dict(tags), "failed", error=f"{type(exc).__name__}: {exc}",
+                    self._jobs, method, dict(tags), "failed", error=error,
                     label_source=self.settings.attack_labels)))
                 continue
             job = AttackJob(self._jobs, update, method, self.attack_config, labels,
