@@ -50,6 +50,7 @@ class RunSettings:
     samples_per_client: int = 16
     classes_per_client: int = 0
     client_threads: int = 1
+    client_num_cpus: int = 2
     attack_method: str = "pisme"
     attack_clients: str = "fraction:0.5"
     attack_iterations: int = 200
@@ -90,9 +91,26 @@ class RunSettings:
         return AttackConfig.from_overrides(iterations=self.attack_iterations, nodes=self.attack_nodes,
                                            seed=self.seed, **overrides)
 
-    def attack_thread_count(self) -> int:
-        """Torch threads for the attacker: all the machine's cores unless attack-threads says otherwise."""
-        return self.attack_threads if self.attack_threads > 0 else (os.cpu_count() or 1)
+    def attack_thread_count(self, clients_per_round: int | None = None, cpus: int | None = None) -> int:
+        """Torch threads for an attack that runs while clients train: attack-threads when it is set,
+        else (0) the cores the concurrently training clients leave idle, at least 1.
+
+        Ray runs ``cpus // client-num-cpus`` clients at once (its client pool), and never more than
+        the clients sampled per round; each reserves client-num-cpus cores.
+        """
+        if self.attack_threads > 0:
+            return self.attack_threads
+        cpus = cpus or os.cpu_count() or 1
+        per_client = max(1, self.client_num_cpus)
+        concurrent = cpus // per_client
+        if clients_per_round is not None:
+            concurrent = min(concurrent, max(0, clients_per_round))
+        return max(1, cpus - concurrent * per_client)
+
+    def attack_drain_thread_count(self, cpus: int | None = None) -> int:
+        """Torch threads for an attack dispatched after the last round's training, when the clients
+        are idle: attack-threads when it is set, else every core."""
+        return self.attack_threads if self.attack_threads > 0 else (cpus or os.cpu_count() or 1)
 
     def select_clients(self, partition_ids: list[int], server_round: int) -> list[int]:
         """Which of this round's partitions to attack: "all", "fraction:F" (seeded per round) or "0,3,5"."""
@@ -156,6 +174,8 @@ class RunSettings:
             (self.attack_labels in ("recovered", "oracle"), "attack-labels must be 'recovered' or 'oracle'"),
             (self.attack_num_gpus >= 0, "attack-num-gpus must be >= 0"),
             (self.attack_actors >= 1, "attack-actors must be >= 1"),
+            (self.attack_threads >= 0, "attack-threads must be >= 0 (0 = the cores the clients leave idle)"),
+            (self.client_num_cpus >= 1, "client-num-cpus must be >= 1 (the federation's client-resources-num-cpus)"),
             (self.attack_timeout > 0, "attack-timeout must be > 0 seconds"),
             (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
             (self.results_dir != "", "results-dir must not be empty"),

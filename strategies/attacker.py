@@ -30,6 +30,7 @@ class AttackJob:
     labels: object = "recovered"  # "recovered", or an oracle label tensor the evaluator gave
     time_limit: float | None = None
     tags: dict = field(default_factory=dict)  # public identifiers: round, node_id, partition_id
+    threads: int | None = None  # torch threads on the actor for this job (None = the actor's own)
 
 
 @dataclass
@@ -69,13 +70,19 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
 
 
 class AttackerActor:
-    """Ray actor body: holds a torch thread count and a device, runs jobs one at a time."""
+    """Ray actor body: holds a torch thread count and a device, runs jobs one at a time.
+
+    A job may carry its own thread count (more cores once the clients are idle); the actor sets it
+    before the job runs.
+    """
 
     def __init__(self, threads: int, device: str = "auto"):
         torch.set_num_threads(max(1, int(threads)))
         self.device = device
 
     def run(self, job: AttackJob) -> AttackOutcome:
+        if job.threads:
+            torch.set_num_threads(max(1, int(job.threads)))
         return run_job(job, self.device)
 
     def info(self) -> dict:
