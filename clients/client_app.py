@@ -11,6 +11,7 @@ so both handlers hand the message to ``LEGACY_APP``, a NumPyClient doing the sam
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import torch
@@ -42,7 +43,12 @@ def _model(dataset: str, state: dict) -> torch.nn.Module:
 
 
 def local_training(settings: RunSettings, partition_id: int, server_round: int, w0: dict):
-    """E local epochs from ``w0``: returns (wT state dict, public metrics, simulation bookkeeping)."""
+    """E local epochs from ``w0``: returns (wT state dict, public metrics, simulation bookkeeping).
+
+    The metrics include ``train-seconds`` (loading the partition and training), the bookkeeping
+    ``train-started`` (epoch seconds), for the run's time breakdown (strategies/timings.py).
+    """
+    started, clock = time.time(), time.perf_counter()
     torch.set_num_threads(settings.threads)
     split = _load_split(settings, partition_id)
     model = _model(settings.dataset, w0)
@@ -51,8 +57,9 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
                          seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id)
     meta = result.update.metadata
     metrics = {"num-examples": meta.num_samples, "local-steps": meta.local_steps, "lr": meta.lr,
-               "batch-size": meta.batch_size, "local-epochs": meta.local_epochs, "train-loss": result.train_loss}
-    simulation = {"partition-id": partition_id, "client-id": split.train.client_id}
+               "batch-size": meta.batch_size, "local-epochs": meta.local_epochs, "train-loss": result.train_loss,
+               "train-seconds": time.perf_counter() - clock}
+    simulation = {"partition-id": partition_id, "client-id": split.train.client_id, "train-started": started}
     return model.state_dict(), metrics, simulation
 
 

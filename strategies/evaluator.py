@@ -24,6 +24,7 @@ from fl_attack.records import append_csv_row
 from fl_attack.run_config import RunSettings
 
 from .attacker import AttackOutcome
+from .timings import Timings
 
 ATTACK_COLUMNS = ["round", "node_id", "partition_id", "client_id", "method", "dataset", "defense", "local_steps",
                   "nodes", "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
@@ -39,6 +40,7 @@ class Evaluator:
         self.run_dir = Path(run_dir)
         self.spec = get_spec(settings.dataset)
         self._lpips = None
+        self.timings = Timings()  # scoring, images, writing (attacks.csv rows)
 
     def private_train_set(self, partition_id: int):
         """The client's private training samples (images in [0,1] NCHW, labels)."""
@@ -76,18 +78,21 @@ class Evaluator:
                 row.update(self._score(outcome))
             except Exception as exc:  # a scoring bug must not lose the run either
                 row.update(status="failed", error=f"evaluation: {type(exc).__name__}: {exc}")
-        append_csv_row(self.run_dir / "attacks.csv", row, ATTACK_COLUMNS)
+        with self.timings.measure("writing"):
+            append_csv_row(self.run_dir / "attacks.csv", row, ATTACK_COLUMNS)
         return row
 
     def _score(self, outcome: AttackOutcome) -> dict:
         tags = outcome.tags
-        images, labels = self.truth(tags)
-        if self._lpips is None:
-            self._lpips = get_lpips("cpu")
-        scores = evaluate_reconstruction(outcome.images, images, lpips=self._lpips)
+        with self.timings.measure("scoring"):
+            images, labels = self.truth(tags)
+            if self._lpips is None:
+                self._lpips = get_lpips("cpu")
+            scores = evaluate_reconstruction(outcome.images, images, lpips=self._lpips)
+            label_acc = label_count_accuracy(outcome.labels, labels, self.spec.num_classes)
         name = "aggregate" if tags.get("participants") else f"client-{tags['partition_id']}"
         rel = Path("images") / f"round-{tags['round']}" / outcome.method / f"{name}.png"
-        save_comparison_grid(images, scores["matched_recon"], self.run_dir / rel)
-        label_acc = label_count_accuracy(outcome.labels, labels, self.spec.num_classes)
+        with self.timings.measure("images"):
+            save_comparison_grid(images, scores["matched_recon"], self.run_dir / rel)
         return {"psnr": scores["psnr"], "ssim": scores["ssim"], "fsim": scores["fsim"], "lpips": scores["lpips"],
                 "label_accuracy": label_acc, "image": rel.as_posix()}

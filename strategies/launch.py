@@ -9,7 +9,12 @@ Plain ``flwr run`` returns 0 even when the run failed and leaves a detached Supe
    packaged app finds the bundled data;
 2. streams the run, then asks ``flwr ls`` for its final status;
 3. stops the SuperLink it started, writes the HTML report of the run and prints where it is;
-4. exits 0 only when the run completed and wrote its leakage record.
+4. adds its clock (launch, ``flwr run`` exit, report) to the run's summary.json timings and prints
+   where the time went (strategies/timings.py);
+5. exits 0 only when the run completed and wrote its leakage record.
+
+It also passes the federation's client-resources-num-cpus to the ServerApp as the run config's
+client-num-cpus (the ServerApp cannot see the federation config), unless the run config sets it.
 """
 from __future__ import annotations
 
@@ -49,9 +54,13 @@ def _environment() -> dict:
     return env
 
 
-def _run_config(text: str) -> tuple[str, str, Path]:
-    """Add a run-name when none is given, so the launcher knows the run folder."""
+def _run_config(text: str, federation: str = DEFAULT_FEDERATION) -> tuple[str, str, Path]:
+    """Add a run-name when none is given, so the launcher knows the run folder, and the federation's
+    client CPUs as client-num-cpus (the attacker's thread count depends on it)."""
     pairs = dict(re.findall(r'([\w-]+)=("[^"]*"|\S+)', text))
+    cpus = re.search(r"client-resources-num-cpus=(\d+)", federation)
+    if cpus and "client-num-cpus" not in pairs:
+        pairs["client-num-cpus"] = cpus.group(1)
     if "run-name" not in pairs:
         pairs["run-name"] = f'"{time.strftime("%Y%m%d-%H%M%S")}-launch"'
     name = pairs["run-name"].strip('"')
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = _environment()
-    run_config, name, run_dir = _run_config(args.run_config)
+    run_config, name, run_dir = _run_config(args.run_config, args.federation_config)
     cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config,
            "--federation-config", args.federation_config]
     print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
@@ -113,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"fl-attack: run abandoned after {args.timeout:.0f} s", file=sys.stderr)
                 break
         proc.wait()
+        flwr_exited = time.time()
         status = _final_status(run_id, env) if run_id else "not started"
     finally:
         _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
@@ -124,11 +134,35 @@ def main(argv: list[str] | None = None) -> int:
               + (f" and {run_dir}" if run_dir.exists() else ""), file=sys.stderr)
         return 1
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
+    report_seconds = None
     if not args.no_report:
         from analysis.report import main as report_main
 
+        clock = time.perf_counter()
         report_main([str(run_dir), "--out", str(run_dir / "report")])
+        report_seconds = time.perf_counter() - clock
+    _report_timings(run_dir, started, flwr_exited, report_seconds)
     return 0
+
+
+def _report_timings(run_dir: Path, launched: float, flwr_exited: float, report_seconds: float | None) -> None:
+    """Add the launcher's clock to summary.json's timings and print where the time went."""
+    from fl_attack.records import write_json_atomic
+    from strategies.timings import table
+
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    if "timings" not in summary:
+        return
+    launcher = {"launched": launched, "flwr_exited": flwr_exited}
+    if report_seconds is not None:
+        launcher["report_seconds"] = round(report_seconds, 3)
+    summary["timings"]["launcher"] = launcher
+    write_json_atomic(path, summary)
+    print(table(summary["timings"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import time
+
 import torch
 from flwr.app import ArrayRecord
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
@@ -68,28 +70,37 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
     """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the attacker."""
 
     def __init__(self, settings: RunSettings, run_dir, initial_state: dict, dispatcher: AttackDispatcher | None = None,
-                 evaluator: Evaluator | None = None, **fedavg_kwargs):
+                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, **fedavg_kwargs):
         self.keys = list(initial_state)
         super().__init__(initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
                          on_fit_config_fn=lambda server_round: {"server-round": server_round},
                          fit_metrics_aggregation_fn=_weighted_mean("train-loss"),
                          evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"), **fedavg_kwargs)
-        self._init_tracking(settings, run_dir, dispatcher, evaluator)
+        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round)
 
     def configure_fit(self, server_round, parameters, client_manager):
+        start = time.perf_counter()
         arrays = OrderedDict((k, torch.from_numpy(a.copy()))
                              for k, a in zip(self.keys, parameters_to_ndarrays(parameters), strict=True))
         self._round_started(server_round, ArrayRecord(arrays))
-        return super().configure_fit(server_round, parameters, client_manager)
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        if server_round > 1:  # round 1's configure belongs to the start-up span
+            self.timings.add("strategy", time.perf_counter() - start)
+        return instructions
 
     def aggregate_fit(self, server_round, results, failures):
-        self._dispatch(server_round, [fit_res for _, fit_res in results])
-        parameters, metrics = super().aggregate_fit(server_round, results, failures)
+        self._training_received(server_round, [r.metrics.get("train-seconds") for _, r in results],
+                                [r.metrics.get("train-started") for _, r in results])
+        with self.timings.measure("strategy"):
+            self._dispatch(server_round, [fit_res for _, fit_res in results])
+            parameters, metrics = super().aggregate_fit(server_round, results, failures)
         self._round_trained(server_round, len(results), metrics.get("train-loss"))
         return parameters, metrics
 
     def aggregate_evaluate(self, server_round, results, failures):
-        loss, metrics = super().aggregate_evaluate(server_round, results, failures)
+        self._evaluation_received(server_round)
+        with self.timings.measure("strategy"):
+            loss, metrics = super().aggregate_evaluate(server_round, results, failures)
         self._round_evaluated(server_round, loss, metrics.get("eval-accuracy"))
         return loss, metrics
 

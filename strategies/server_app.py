@@ -82,13 +82,17 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
     """(the strategy that runs, the leakage-tracking strategy inside it)."""
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
+    clients_per_round = min(num_nodes, sampled_clients(num_nodes, settings.fraction_train,
+                                                       defense.secagg_min_clients if defense.secagg else 1))
     if defense.secagg:
-        strategy = SecAggLeakageFedAvg(settings, run_dir, initial_state, fraction_fit=settings.fraction_train,
+        strategy = SecAggLeakageFedAvg(settings, run_dir, initial_state, clients_per_round=clients_per_round,
+                                       fraction_fit=settings.fraction_train,
                                        fraction_evaluate=settings.fraction_evaluate,
                                        min_fit_clients=defense.secagg_min_clients, min_evaluate_clients=min_evaluate,
                                        min_available_clients=defense.secagg_min_clients)
         return strategy, strategy
-    strategy = LeakageFedAvg(settings, run_dir, fraction_train=settings.fraction_train,
+    strategy = LeakageFedAvg(settings, run_dir, clients_per_round=clients_per_round,
+                             fraction_train=settings.fraction_train,
                              fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
                              min_evaluate_nodes=min_evaluate, min_available_nodes=1)
     if not defense.central_dp:
@@ -102,16 +106,19 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    main_started = time.time()  # epoch seconds: the launcher subtracts its own launch time
     settings = RunSettings.from_run_config(context.run_config)
     num_nodes = len(list(grid.get_node_ids()))
     check_partitions(settings, num_nodes)
     check_defense(settings, num_nodes)
     run_dir = resolve_in_project(settings.results_dir) / run_name(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
+    clock = time.perf_counter()
     write_json_atomic(run_dir / "config.json", {
         "run_config": dict(context.run_config), "seed": settings.seed, "run_name": run_dir.name,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
         "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
+    config_seconds = time.perf_counter() - clock
     print(f"fl-attack: leakage record in {run_dir}", flush=True)
 
     model = build_model(settings.dataset, seed=settings.seed)
@@ -124,13 +131,18 @@ def main(grid: Grid, context: Context) -> None:
             runner.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                          num_rounds=settings.num_server_rounds, train_config=ConfigRecord({}))
     finally:
+        rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
         waves = math.ceil(strategy.dispatcher.in_flight / max(1, settings.attack_actors))
         strategy.collect(timeout=settings.attack_timeout * waves + 60)
         strategy.dispatcher.shutdown()
         ok = sum(r["status"] == "ok" for r in strategy.rows)
+        strategy.timings.add("writing", config_seconds)
+        # Where the time went (strategies/timings.py); the launcher adds its own clock and prints it.
+        timings = {**strategy.timing_record(), "main_started": main_started, "rounds_finished": rounds_finished,
+                   "main_finished": time.time()}
         write_json_atomic(run_dir / "summary.json", {
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
             "attacks": len(strategy.rows), "attacks_ok": ok, "attacks_failed": len(strategy.rows) - ok,
-            "cuda": torch.cuda.is_available()})
+            "cuda": torch.cuda.is_available(), "timings": timings})
     print(f"fl-attack: {ok}/{len(strategy.rows)} attacks succeeded; results in {run_dir}", flush=True)

@@ -46,3 +46,15 @@ def test_tiny_federation_end_to_end(tmp_path):
     in_flight = re.search(r"round 2: training starts with (\d+) attack\(s\) in flight", events)
     assert in_flight and int(in_flight.group(1)) >= 1, events
     assert "fl-attack: leakage record" in proc.stdout
+    # Where the time went: summary.json's timings, with the launcher's clock, all non-negative numbers.
+    timings = json.loads((run / "summary.json").read_text())["timings"]
+    assert {"seconds", "counts", "rounds", "main_started", "launcher"} <= set(timings), timings
+    assert timings["counts"]["client_train"] == 4 and timings["counts"]["attack"] == 8, timings
+
+    def numbers(value):
+        if isinstance(value, dict):
+            return [n for v in value.values() for n in numbers(v)]
+        return [value] if isinstance(value, (int, float)) else []
+
+    assert numbers(timings) and all(math.isfinite(n) and n >= 0 for n in numbers(timings)), timings
+    assert "where the time went" in proc.stdout

@@ -28,8 +28,10 @@ def task_identity():
     yield
 
 
-def _round(settings: RunSettings, partitions=(0, 1), poison=None):
-    """Global arrays w0 and one real client reply per partition (the ClientApp's training code)."""
+def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
+    """Global arrays w0 and one real client reply per partition (the ClientApp's training code).
+
+    ``timed``: {partition: (train-seconds, train-started)} the reply reports, as the ClientApp does."""
     w0_model = build_model(settings.dataset, seed=settings.seed)
     w0 = ArrayRecord(w0_model.state_dict())
     pool = load_pool(settings.dataset)
@@ -46,12 +48,13 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None):
         instruction = Message(content=RecordDict({"arrays": w0, "config": ConfigRecord({"server-round": 1})}),
                               message_type="train", dst_node_id=100 + p)
         meta = res.update.metadata
-        content = RecordDict({
-            "arrays": ArrayRecord(state),
-            "metrics": MetricRecord({"num-examples": meta.num_samples, "local-steps": meta.local_steps,
-                                     "lr": meta.lr, "batch-size": meta.batch_size, "local-epochs": meta.local_epochs,
-                                     "train-loss": res.train_loss}),
-            "simulation": ConfigRecord({"partition-id": p, "client-id": split.train.client_id})})
+        metrics = {"num-examples": meta.num_samples, "local-steps": meta.local_steps, "lr": meta.lr,
+                   "batch-size": meta.batch_size, "local-epochs": meta.local_epochs, "train-loss": res.train_loss}
+        simulation = {"partition-id": p, "client-id": split.train.client_id}
+        if timed:
+            metrics["train-seconds"], simulation["train-started"] = timed[p]
+        content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics),
+                              "simulation": ConfigRecord(simulation)})
         replies.append(Message(content=content, reply_to=instruction))
         truth[p] = split.train
     return w0, replies, truth
@@ -229,3 +232,138 @@ def test_ray_dispatch_does_not_block(tmp_path):
         dispatcher.shutdown()
     finally:
         ray.shutdown()
+
+
+# -- timings and the attacker's thread count --------------------------------------------------------
+
+def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
+    rule = lambda cpus, per_client, clients, **kw: RunSettings(client_num_cpus=per_client, **kw).attack_thread_count(  # noqa: E731
+        clients_per_round=clients, cpus=cpus)
+    assert rule(8, 1, 4) == 4          # 4 clients on 1 core each leave 4
+    assert rule(8, 2, 2) == 4          # 2 clients on 2 cores each
+    assert rule(8, 2, 10) == 1         # Ray runs 8 // 2 = 4 clients at once: no core left, still 1 thread
+    assert rule(2, 1, 4) == 1          # the demo on 2 cores
+    assert rule(16, 3, 10) == 1        # 5 clients at once on 15 cores
+    assert rule(16, 3, 3) == 7
+    assert rule(4, 8, 2) == 4          # clients asking more than the machine: Ray runs none at once
+    assert rule(8, 2, 2, attack_threads=3) == 3  # an explicit attack-threads wins
+    assert RunSettings(client_num_cpus=1).attack_thread_count(cpus=8) == 1  # clients per round unknown: Ray's cap
+    assert RunSettings().attack_drain_thread_count(cpus=8) == 8
+    assert RunSettings(attack_threads=3).attack_drain_thread_count(cpus=8) == 3
+    assert RunSettings.from_run_config({"client-num-cpus": 1}).client_num_cpus == 1
+    with pytest.raises(ValueError, match="client-num-cpus"):
+        RunSettings.from_run_config({"client-num-cpus": 0})
+    with pytest.raises(ValueError, match="attack-threads"):
+        RunSettings.from_run_config({"attack-threads": -1})
+
+
+def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_path):
+    settings = RunSettings(**{**SETTINGS, "num_server_rounds": 2, "client_num_cpus": 1})
+    dispatcher = RecordingDispatcher()
+    strategy = LeakageFedAvg(settings, tmp_path, dispatcher=dispatcher, clients_per_round=2,
+                             min_train_nodes=1, min_available_nodes=1)
+    idle = settings.attack_thread_count(clients_per_round=2)
+    assert (strategy.attack_threads, strategy.drain_threads) == (idle, settings.attack_drain_thread_count())
+    w0, replies, _ = _round(settings)
+    for server_round in (1, 2):
+        strategy.global_arrays = {server_round: w0}
+        strategy.aggregate_train(server_round, replies)
+    threads = {j.tags["round"]: j.threads for j in dispatcher.jobs}
+    assert threads == {1: idle, 2: settings.attack_drain_thread_count()}
+    events = (tmp_path / "events.log").read_text()
+    assert f"attacker: {idle} torch thread(s) per attack while clients train" in events
+    assert "clients per round=2" in events
+
+
+def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
+    import strategies.attacker as attacker
+
+    seen = []
+    monkeypatch.setattr(attacker, "run_job", lambda job, device: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        actor = attacker.AttackerActor(threads=1, device="cpu")
+        actor.run(AttackJob(1, None, "pisme", None))
+        actor.run(AttackJob(2, None, "pisme", None, threads=2))
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_strategy_accumulates_the_rounds_timings(tmp_path):
+    settings, strategy, _ = _strategy(tmp_path, attack_method="pisme")
+    w0, replies, _ = _round(settings, timed={0: (1.5, 1000.0), 1: (2.5, 999.0)})
+    strategy.global_arrays = {1: w0}
+    strategy.round_times[1] = {"configured": 990.0}
+    strategy.aggregate_train(1, replies)
+    strategy.aggregate_evaluate(1, [])
+    strategy.collect(timeout=60)
+    record = strategy.timing_record()
+    seconds, counts = record["seconds"], record["counts"]
+    assert seconds["client_train"] == pytest.approx(4.0) and counts["client_train"] == 2
+    assert counts["attack"] == 2 and seconds["attack"] > 0  # the attacks' own seconds (AttackOutcome.seconds)
+    assert counts["scoring"] == 2 and counts["images"] == 2 and counts["writing"] == 3  # 2 attacks.csv + rounds.csv
+    assert counts["strategy"] == 2 and counts["drain_wait"] == 1
+    assert all(v >= 0 for v in seconds.values())
+    times = record["rounds"]["1"]
+    assert times["fit_started"] == 999.0 and times["configured"] == 990.0  # the earliest client's start
+    assert times["fit_started"] < times["trained"] <= times["aggregated"] <= times["evaluating"]
+    assert record["attacker_threads"] == {"while_training": strategy.attack_threads,
+                                          "last_round": strategy.drain_threads}
+
+
+def test_replies_without_timings_still_aggregate(tmp_path):
+    settings, strategy, _ = _strategy(tmp_path)
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    record = strategy.timing_record()
+    assert "client_train" not in record["seconds"] and "fit_started" not in record["rounds"]["1"]
+
+
+def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
+    from strategies.timings import Timings, breakdown, table
+
+    t = Timings()
+    t.add("client_train", 6.0)
+    t.add("client_train", 4.0)
+    t.add("attack", 30.0)
+    t.add("attack", float("nan"))  # an attack that never finished adds nothing
+    for phase, value in [("strategy", 0.5), ("scoring", 2.0), ("images", 0.4), ("writing", 0.1),
+                         ("drain_wait", 12.0)]:
+        t.add(phase, value)
+    record = {**t.as_dict(), "main_started": 110.0, "rounds_finished": 150.0, "main_finished": 166.0,
+              "rounds": {"1": {"configured": 112.0, "fit_started": 120.0, "trained": 130.0, "aggregated": 131.0,
+                               "evaluating": 133.0},
+                         "2": {"configured": 134.0, "fit_started": 134.5, "trained": 140.0, "aggregated": 141.0,
+                               "evaluating": 142.0}},
+              "launcher": {"launched": 100.0, "flwr_exited": 170.0, "report_seconds": 3.0}}
+    rows = {label.split(":")[0].split(",")[0]: (value, note) for label, value, note in breakdown(record)}
+    assert rows["flwr run"][0] == 70.0
+    assert rows["start-up"][0] == 20.0 and "Flower + SuperLink 10.0" in rows["start-up"][1]
+    assert "ServerApp set-up 2.0" in rows["start-up"][1] and "Ray + client actors 8.0" in rows["start-up"][1]
+    assert rows["client training"][0] == pytest.approx(10 + 5.5)
+    assert "busy 10.0 s summed over 2 fits" in rows["client training"][1]
+    assert rows["federated evaluation"][0] == pytest.approx(2 + 1)
+    assert rows["attacks"][0] == 12.0 and "busy 30.0 s summed over 1 attacks" in rows["attacks"][1]
+    assert rows["evaluation"][0] == 2.0 and rows["writing results"][0] == pytest.approx(0.5)
+    spans = [v for k, (v, _) in rows.items() if k not in ("flwr run", "report (after flwr run")]
+    assert sum(spans) == pytest.approx(70.0)  # the spans and "other" add up to the wall time
+    assert rows["other"][0] == pytest.approx(70 - 20 - 15.5 - 0.5 - 3 - 12 - 2 - 0.5)
+    assert rows["report (after flwr run"][0] == 3.0
+    assert "where the time went" in table(record)
+    # Without the launcher (plain flwr run): the ServerApp's own clock.
+    del record["launcher"]
+    rows = {label.split(":")[0]: value for label, value, _ in breakdown(record)}
+    assert rows["flwr run"] == 56.0 and rows["start-up"] == 10.0
+
+
+def test_the_launcher_passes_the_client_cpus_to_the_server():
+    from strategies.launch import _run_config
+
+    text, _, _ = _run_config('run-name="x"', "num-supernodes=4 client-resources-num-cpus=3")
+    assert "client-num-cpus=3" in text
+    text, _, _ = _run_config('client-num-cpus=1', "num-supernodes=4 client-resources-num-cpus=3")
+    assert "client-num-cpus=1" in text and "client-num-cpus=3" not in text
+    text, _, _ = _run_config("", "num-supernodes=4")  # Flower's default (2) is the run config's default too
+    assert "client-num-cpus" not in text
