@@ -3,11 +3,14 @@
 One step = the m node gradients (eq. 8), the objective (eq. 10), its backward through the gradient
 (double backward) to X_hat, P1 and d, and the Adam update. Both implementations run in the same
 process on the same real client batch, after a warm-up:
-- "fast": fl_attack.attacks.pisme (flat weights, batched nodes, one autograd call);
+- "fast": fl_attack.attacks.pisme (the structured path of fl_attack.attacks.gradients);
 - "reference": fl_attack.attacks.reference, the literal Algorithm-1 loop (one call per node).
-Reported per configuration: the median seconds per step, GFLOP/s (counted with
+The two are timed in alternation (step of one, step of the other), so a machine whose speed drifts
+biases neither. Reported per configuration: the median seconds per step, GFLOP/s (counted with
 torch.utils.flop_counter on the real step), the fraction of an fp32 GEMM peak measured in the same
-process, peak memory, and the largest gradient difference between the two implementations.
+process (the best of a measurement before and after the grid), peak memory, and the largest relative
+difference of the step's gradients (dL/dX_hat, dL/dP1, dL/dd) between the two implementations, in
+float64 (where rounding cannot flip a ReLU) and in float32.
 """
 from __future__ import annotations
 
@@ -40,7 +43,9 @@ class BenchRow:
     gflops: float
     peak_fraction: float
     peak_memory_mb: float
-    max_grad_diff: float
+    max_grad_diff: float  # float64, relative to the largest reference value
+    max_grad_diff_fp32: float
+    width: int = 0
 
 
 def gemm_peak_gflops(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
@@ -111,24 +116,30 @@ def _peak_mb(device) -> float:
 class _Problem:
     """A real client update and everything a PI-SME step needs, for both implementations."""
 
-    def __init__(self, dataset: str, nodes: int, samples: int, device: torch.device, seed: int = 0):
+    def __init__(self, dataset: str, nodes: int, samples: int, device: torch.device, seed: int = 0,
+                 width: int | None = None, dtype: torch.dtype = torch.float32):
         spec = get_spec(dataset)
         split = client_partition(load_pool(dataset), 0, samples, seed=seed)
-        model = build_model(dataset, seed=seed)
+        model = build_model(dataset, seed=seed, width=width)
         update = train_local(model, split.train.images, split.train.labels, dataset=dataset,
                              batch_size=min(10, samples), local_epochs=1, seed=seed).update
-        self.model = build_model(dataset).to(device)
+        self.model = build_model(dataset, width=width).to(device=device, dtype=dtype)
         for p in self.model.parameters():
             p.requires_grad_(False)
+        self.width = self.model.conv1.out_channels
         self.shapes = layout(update.w0)
-        self.w0_state = {k: v.to(device) for k, v in update.w0.items()}
-        self.wT_state = {k: v.to(device) for k, v in update.wT.items()}
+        self.w0_state = {k: v.to(device=device, dtype=dtype) for k, v in update.w0.items()}
+        self.wT_state = {k: v.to(device=device, dtype=dtype) for k, v in update.wT.items()}
         self.nodes = nodes
         self.config = AttackConfig(nodes=nodes)
-        self.attack = PathIntegralSME(self.model, flatten(update.w0).to(device), flatten(update.wT).to(device),
-                                      self.shapes, self.config)
+        self.attack = PathIntegralSME(self.model, flatten(self.w0_state), flatten(self.wT_state), self.shapes,
+                                      self.config)
         gen = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(samples, *spec.image_shape, generator=gen).to(device).requires_grad_(True)
+        with torch.no_grad():  # a state off the initial one: P1 off the midpoint, d != 1
+            rms = self.attack.delta_w.norm() / self.attack.delta_w.numel() ** 0.5
+            self.attack.control_point.add_(0.5 * rms * torch.randn(self.attack.w0.shape, generator=gen).to(self.attack.w0))
+            self.attack.calibration.copy_(0.5 + torch.rand(self.attack.w0.shape, generator=gen).to(self.attack.w0))
+        self.x = torch.randn(samples, *spec.image_shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
         self.y = split.train.labels.to(device)
         groups = [{"params": [self.x], "lr": 1.0}] + [
             {k: v for k, v in g.items() if k != "optimizer"} for g in self.attack.param_groups()]
@@ -151,31 +162,58 @@ class _Problem:
         self.optimizer.step()
 
 
-def bench_one(dataset: str, nodes: int, samples: int, device: torch.device, repeats: int, peak: float) -> list[BenchRow]:
-    problem = _Problem(dataset, nodes, samples, device)
+def _grad_diff(dataset, nodes, samples, device, width, dtype) -> float:
+    """The largest relative difference of the step's gradients between the two implementations."""
+    problem = _Problem(dataset, nodes, samples, device, width=width, dtype=dtype)
     fast, ref = problem.grads("fast"), problem.grads("reference")
-    diff = max(float((f - r).abs().max() / r.abs().max().clamp_min(1e-30)) for f, r in zip(fast, ref))
-    rows = []
-    for impl in ("fast", "reference"):
+    return max(float((f - r).abs().max() / r.abs().max().clamp_min(1e-30)) for f, r in zip(fast, ref))
+
+
+IMPLS = ("fast", "reference")
+
+
+def bench_one(dataset: str, nodes: int, samples: int, device: torch.device, repeats: int, peak: float,
+              width: int | None = None) -> list[BenchRow]:
+    """Both implementations at one configuration; their steps alternate so drift biases neither."""
+    diff64 = _grad_diff(dataset, nodes, samples, device, width, torch.float64)
+    problem = _Problem(dataset, nodes, samples, device, width=width)
+    diff32 = max(float((f - r).abs().max() / r.abs().max().clamp_min(1e-30))
+                 for f, r in zip(problem.grads("fast"), problem.grads("reference")))
+    flops, times, memory = {}, {impl: [] for impl in IMPLS}, {impl: 0.0 for impl in IMPLS}
+    for impl in IMPLS:
         problem.step(impl)  # warm-up
-        flops = count_flops(lambda: problem.step(impl))
-        times = []
-        _reset_peak(device)
-        for _ in range(repeats):
+        flops[impl] = count_flops(lambda: problem.step(impl))
+    for _ in range(repeats):
+        for impl in IMPLS:
+            _reset_peak(device)
             _sync(device)
             t = time.perf_counter()
             problem.step(impl)
             _sync(device)
-            times.append(time.perf_counter() - t)
-        sec = statistics.median(times)
-        rows.append(BenchRow(dataset, nodes, samples, impl, sec, flops / 1e9, flops / sec / 1e9,
-                             flops / sec / 1e9 / peak, _peak_mb(device), diff))
+            times[impl].append(time.perf_counter() - t)
+            memory[impl] = max(memory[impl], _peak_mb(device))
+    rows = []
+    for impl in IMPLS:
+        sec = statistics.median(times[impl])
+        rows.append(BenchRow(dataset, nodes, samples, impl, sec, flops[impl] / 1e9, flops[impl] / sec / 1e9,
+                             flops[impl] / sec / 1e9 / peak, memory[impl], diff64, diff32, problem.width))
     return rows
 
 
-def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples: int = 50, device="auto",
-              repeats: int = 3, threads: int | None = None, progress=print) -> dict:
-    """Run the benchmark grid; returns {"device", "threads", "gemm_peak_gflops", "rows": [...]}."""
+def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples=(50,), device="auto",
+              repeats: int = 3, threads: int | None = None, widths=(None,), progress=print) -> dict:
+    """Run the benchmark grid; returns {"device", "threads", "gemm_peak_gflops", "rows": [...]}.
+
+    samples: batch sizes k; widths: conv1 channel counts (None: the paper's model). The GEMM peak is
+    the best of one measurement before and one after the grid. Raises ValueError on bad arguments.
+    """
+    samples = (samples,) if isinstance(samples, int) else tuple(samples)
+    if not datasets or not nodes or not samples or repeats < 1:
+        raise ValueError("datasets, nodes and samples must be non-empty and repeats >= 1")
+    for dataset in datasets:
+        get_spec(dataset)  # unknown names fail here, before any timing
+    if any(int(m) < 1 for m in nodes) or any(int(k) < 1 for k in samples):
+        raise ValueError(f"nodes and samples must be >= 1, got {nodes} and {samples}")
     device = resolve_device(device)
     if threads:
         torch.set_num_threads(threads)
@@ -183,36 +221,47 @@ def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples: in
     rows = []
     progress(HEADER)
     for dataset in datasets:
-        for m in nodes:
-            for row in bench_one(dataset, m, samples, device, repeats, peak):
-                rows.append(row)
-                progress(format_row(row))
+        for width in widths:
+            for k in samples:
+                for m in nodes:
+                    for row in bench_one(dataset, int(m), int(k), device, repeats, peak, width):
+                        rows.append(row)
+                        progress(format_row(row))
+    peak_after = gemm_peak_gflops(device)
+    if peak_after > peak:  # express every row against the better of the two peak measurements
+        for row in rows:
+            row.peak_fraction *= peak / peak_after
+        peak = peak_after
     return {"device": str(device), "threads": torch.get_num_threads(), "gemm_peak_gflops": peak,
             "torch": torch.__version__, "rows": [asdict(r) for r in rows]}
 
 
-HEADER = (f"{'dataset':9} {'m':>3} {'k':>3} {'impl':9} {'s/step':>8} {'GFLOP':>7} {'GFLOP/s':>8} "
-          f"{'%peak':>6} {'peakMB':>7} {'max|dg|':>8}")
+HEADER = (f"{'dataset':9} {'width':>5} {'k':>3} {'m':>3} {'impl':9} {'s/step':>8} {'GFLOP':>7} {'GFLOP/s':>8} "
+          f"{'%peak':>6} {'peakMB':>7} {'dg fp64':>8} {'dg fp32':>8}")
 
 
-def format_row(r: BenchRow) -> str:
-    return (f"{r.dataset:9} {r.nodes:>3} {r.samples:>3} {r.impl:9} {r.seconds_per_step:8.3f} {r.gflop_per_step:7.1f} "
-            f"{r.gflops:8.1f} {100 * r.peak_fraction:5.1f}% {r.peak_memory_mb:7.0f} {r.max_grad_diff:8.1e}")
+def format_row(r: BenchRow | dict) -> str:
+    r = BenchRow(**r) if isinstance(r, dict) else r
+    return (f"{r.dataset:9} {r.width:>5} {r.samples:>3} {r.nodes:>3} {r.impl:9} {r.seconds_per_step:8.3f} "
+            f"{r.gflop_per_step:7.1f} {r.gflops:8.1f} {100 * r.peak_fraction:5.1f}% {r.peak_memory_mb:7.0f} "
+            f"{r.max_grad_diff:8.1e} {r.max_grad_diff_fp32:8.1e}")
 
 
 def summarize(result: dict) -> str:
-    """Speed-ups (reference / fast) and the m-scaling of the fast step, as text."""
+    """Speed-ups (reference / fast) per configuration and the m-scaling of the fast step, as text."""
     lines = [f"device {result['device']}, {result['threads']} threads, fp32 GEMM peak "
              f"{result['gemm_peak_gflops']:.1f} GFLOP/s, torch {result['torch']}"]
     rows = result["rows"]
-    for dataset in sorted({r["dataset"] for r in rows}):
-        by = {(r["nodes"], r["impl"]): r for r in rows if r["dataset"] == dataset}
-        for m in sorted({r["nodes"] for r in rows if r["dataset"] == dataset}):
-            f, ref = by[(m, "fast")], by[(m, "reference")]
-            lines.append(f"{dataset} m={m}: fast {f['seconds_per_step']:.3f} s, reference {ref['seconds_per_step']:.3f} s,"
-                         f" speed-up x{ref['seconds_per_step'] / f['seconds_per_step']:.2f}")
-        ms = sorted({r["nodes"] for r in rows if r["dataset"] == dataset})
-        if 1 in ms and 7 in ms:
-            lines.append(f"{dataset}: fast step time at m=7 / m=1 = "
-                         f"{by[(7, 'fast')]['seconds_per_step'] / by[(1, 'fast')]['seconds_per_step']:.2f}")
+    by = {(r["dataset"], r["width"], r["samples"], r["nodes"], r["impl"]): r for r in rows}
+    configs = sorted({key[:4] for key in by})
+    for dataset, width, k, m in configs:
+        f, ref = by[(dataset, width, k, m, "fast")], by[(dataset, width, k, m, "reference")]
+        lines.append(f"{dataset} width={width} k={k} m={m}: fast {f['seconds_per_step']:.3f} s, reference "
+                     f"{ref['seconds_per_step']:.3f} s, speed-up x{ref['seconds_per_step'] / f['seconds_per_step']:.2f},"
+                     f" fast at {100 * f['peak_fraction']:.0f}% of the GEMM peak")
+    for dataset, width, k in sorted({c[:3] for c in configs}):
+        one, seven = by.get((dataset, width, k, 1, "fast")), by.get((dataset, width, k, 7, "fast"))
+        if one and seven:
+            lines.append(f"{dataset} width={width} k={k}: fast step time at m=7 / m=1 = "
+                         f"{seven['seconds_per_step'] / one['seconds_per_step']:.2f}")
     return "\n".join(lines)

@@ -135,10 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "project's implementation and the literal Algorithm-1 loop, in one process. "
                                    "Prints seconds per step, GFLOP/s (torch.utils.flop_counter), the fraction "
                                    "of an fp32 GEMM peak measured in the same process, peak memory and the "
-                                   "largest relative gradient difference.")
+                                   "largest relative gradient difference (float64 and float32).")
     b.add_argument("--datasets", default="cifar100,femnist", help="comma-separated (default: cifar100,femnist)")
     b.add_argument("--nodes", default="1,3,7,12", help="comma-separated m values (default: 1,3,7,12)")
-    b.add_argument("--samples", type=int, default=50, metavar="K", help="batch size k of the attack (default: 50)")
+    b.add_argument("--samples", default="50", metavar="K", help="comma-separated batch sizes k (default: 50)")
+    b.add_argument("--widths", default="", metavar="W",
+                   help="comma-separated conv1 widths for a scaling table (default: the paper's model)")
     b.add_argument("--repeats", type=int, default=3, help="timed steps per configuration, median reported (default: 3)")
     b.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's choice)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)")
@@ -158,9 +160,14 @@ def _bench(args) -> int:
 
     from .bench import run_bench, summarize
 
-    result = run_bench(tuple(args.datasets.split(",")), tuple(int(m) for m in args.nodes.split(",")),
-                       args.samples, args.device, args.repeats, args.threads or None,
-                       progress=(lambda s: None) if args.json else print)
+    try:
+        nodes = tuple(int(m) for m in args.nodes.split(","))
+        samples = tuple(int(k) for k in args.samples.split(","))
+        widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else (None,)
+    except ValueError:
+        raise SystemExit("fl-attack bench: --nodes, --samples and --widths take comma-separated integers")
+    result = run_bench(tuple(args.datasets.split(",")), nodes, samples, args.device, args.repeats,
+                       args.threads or None, widths, progress=(lambda s: None) if args.json else print)
     print(json.dumps(result, indent=2) if args.json else summarize(result))
     return 0
 

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from fl_attack.attacks.base import node_gradients
+from fl_attack.attacks.gradients import path_gradient
 from fl_attack.data import get_spec
 from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
@@ -97,8 +98,9 @@ class PathProbe:
     def surrogate(self, control_point: torch.Tensor, m: int) -> torch.Tensor:
         """G(X, P1) of eq. 8, differentiable in P1 when P1 requires grad."""
         t, c = gauss_legendre(m)
-        weights = bezier_coefficients(t).to(self.w0) @ torch.stack([self.w0, control_point, self.wT])
-        return node_gradients(self.model, self.shapes, weights, c.to(self.w0), self.x, self.y)
+        basis = bezier_coefficients(t).to(self.w0)
+        return path_gradient(self.model, self.shapes, [self.w0, control_point, self.wT], basis, c.to(self.w0),
+                             self.x, self.y)
 
     def quad_lsim(self, control_point: torch.Tensor, m: int) -> float:
         return lsim64(self.surrogate(control_point.detach(), m).detach(), self.delta_w)

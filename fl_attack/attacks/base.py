@@ -10,10 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call
 
-from ..update import unflatten
+from .gradients import path_gradient
 
 _EPS = 1e-12
 
@@ -106,20 +104,13 @@ def total_variation(x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
 
 def node_gradients(model: torch.nn.Module, shapes, weights: torch.Tensor, coeffs: torch.Tensor,
                    x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """G = sum_i c_i * grad_w CE(f_{w_i}(x), y), differentiable in x and in the weights (eq. 8).
+    """G = sum_i c_i * grad_w CE(f_{w_i}(x), y) at given nodes (eq. 8), differentiable in x and the weights.
 
-    weights: (m, P) flat weights of the m nodes; coeffs: (m,) quadrature weights. One autograd
-    call returns every node's gradient (the gradient of sum_i c_i * loss_i with respect to w_i is
-    c_i * grad loss_i). The m forward passes run one after another: on 2 CPU cores this measured
-    1.4x faster than one vmapped (grouped-convolution) pass (docs/performance.md). Returns (P,).
+    weights: (m, P) flat weights of the m nodes; coeffs: (m,) quadrature weights. Returns (P,).
+    Nodes on a path of a few anchors (w0, P1, wT) are cheaper through
+    ``fl_attack.attacks.gradients.path_gradient``, which this calls with one anchor per node.
     """
-    if not weights.requires_grad:  # e.g. IG's fixed w0: only X_hat is learned
-        weights = weights.detach().requires_grad_(True)
-    total = weights.new_zeros(())
-    for i in range(weights.shape[0]):
-        logits = functional_call(model, unflatten(weights[i], shapes), (x,))
-        total = total + coeffs[i] * F.cross_entropy(logits, y)
-    return torch.autograd.grad(total, weights, create_graph=True)[0].sum(0)
+    return path_gradient(model, shapes, list(weights.unbind(0)), None, coeffs, x, y)
 
 
 class Attack:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..quadrature import bezier_path
-from .base import Attack, BezierMixin, node_gradients, register
+from ..quadrature import bezier_coefficients
+from .base import Attack, BezierMixin, register
+from .gradients import path_gradient
 
 
 @register
@@ -28,8 +29,9 @@ class NonLinearSME(BezierMixin, Attack):
         return self._bezier_groups() + [{"params": [self.position], "lr": self.config.lr_position}]
 
     def surrogate_gradient(self, x, y):
-        w = bezier_path(self.position.reshape(1), self.w0, self.control_point, self.wT)
-        return node_gradients(self.model, self.shapes, w, torch.ones_like(self.position).reshape(1), x, y)
+        basis = bezier_coefficients(self.position.reshape(1))  # (1, 3), differentiable in t
+        return path_gradient(self.model, self.shapes, [self.w0, self.control_point, self.wT], basis,
+                             torch.ones_like(self.position).reshape(1), x, y)
 
     @torch.no_grad()
     def project(self):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..quadrature import bezier_coefficients, gauss_legendre
-from .base import Attack, BezierMixin, node_gradients, register
+from .base import Attack, BezierMixin, register
+from .gradients import path_gradient
 
 
 @register
@@ -30,8 +31,8 @@ class PathIntegralSME(BezierMixin, Attack):
         return self._bezier_groups()
 
     def surrogate_gradient(self, x, y):
-        w = self.basis @ torch.stack([self.w0, self.control_point, self.wT])  # (m, P), one GEMM
-        return node_gradients(self.model, self.shapes, w, self.node_weights, x, y)
+        anchors = [self.w0, self.control_point, self.wT]
+        return path_gradient(self.model, self.shapes, anchors, self.basis, self.node_weights, x, y)
 
     def project(self):
         self._project_calibration()

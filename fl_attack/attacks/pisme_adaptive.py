@@ -28,7 +28,8 @@ import math
 import torch
 
 from ..quadrature import bezier_coefficients, gauss_legendre
-from .base import lr_milestones, node_gradients, register
+from .base import lr_milestones, register
+from .gradients import path_gradient
 from .pisme import PathIntegralSME
 
 
@@ -36,8 +37,8 @@ def surrogate_at_order(model, shapes, w0: torch.Tensor, control_point: torch.Ten
                        x: torch.Tensor, y: torch.Tensor, m: int) -> torch.Tensor:
     """G_m(X, P1) of eq. 8 with m Gauss-Legendre nodes, detached (no graph kept). Returns (P,)."""
     t, c = gauss_legendre(m)
-    weights = bezier_coefficients(t).to(w0) @ torch.stack([w0, control_point.detach(), wT])
-    return node_gradients(model, shapes, weights, c.to(w0), x.detach(), y).detach()
+    basis = bezier_coefficients(t).to(w0)
+    return path_gradient(model, shapes, [w0, control_point.detach(), wT], basis, c.to(w0), x.detach(), y).detach()
 
 
 def direction_error(g: torch.Tensor, reference: torch.Tensor) -> float:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..quadrature import linear_path
-from .base import Attack, node_gradients, register
+from .base import Attack, register
+from .gradients import path_gradient
 
 
 @register
@@ -24,8 +24,9 @@ class SurrogateModelExtension(Attack):
         return [{"params": [self.alpha], "lr": self.config.lr_position}]
 
     def surrogate_gradient(self, x, y):
-        w = linear_path(self.alpha, self.w0, self.wT).unsqueeze(0)
-        return node_gradients(self.model, self.shapes, w, torch.ones_like(self.alpha).reshape(1), x, y)
+        basis = torch.stack([1 - self.alpha, self.alpha]).reshape(1, 2)  # w0 + alpha (wT - w0)
+        return path_gradient(self.model, self.shapes, [self.w0, self.wT], basis,
+                             torch.ones_like(self.alpha).reshape(1), x, y)
 
     @torch.no_grad()
     def project(self):

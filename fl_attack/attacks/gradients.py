@@ -1,0 +1,284 @@
+"""The surrogate gradient of every attack: G = sum_i c_i grad_w CE(f_{w_i}(X_hat), Y) (PISME.md, eq. 8).
+
+The nodes w_i lie on a weight path given by J anchors (w0, P1, wT for the Bezier path of eq. 4) and
+an (m, J) basis: w_i = sum_j basis[i, j] * anchor_j. G stays differentiable in X_hat, the anchors
+and the basis, so the attack can take the double backward through it.
+
+Two implementations compute the same G:
+- a generic one for any ``nn.Module`` (one functional forward and one autograd call per node);
+- a structured one for the paper's CNNs (``fl_attack.models.PaperCNN``), which is the step's hot path.
+  It uses three exact rewrites, measured in docs/performance.md:
+  1. conv1 is linear in its weights and all nodes share its input X_hat, so its output at node i is
+     sum_j basis[i, j] * conv(X_hat, anchor_j): 3 convolutions instead of m, and conv1's part of G is
+     one weight gradient of X_hat against the summed output gradients instead of m;
+  2. ReLU and 2x2 average pooling are autograd Functions whose backward passes are again such
+     Functions (a masked pass and its adjoint), so the double backward does no zero-filled gradient
+     for the saved input and no slow NCHW pooling kernel;
+  3. conv2 is an autograd Function whose second-order terms are one mkldnn convolution_backward call
+     and two convolutions, instead of torch's transposed-convolution fallbacks;
+  4. each node's gradient is taken right after its forward, while its activations are in cache.
+tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from ..models import PaperCNN
+from ..update import unflatten
+
+_CNN_KEYS = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+             "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
+def path_gradient(model: torch.nn.Module, shapes, anchors: Sequence[torch.Tensor], basis: torch.Tensor | None,
+                  coeffs: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """G = sum_i c_i grad_w CE(f_{w_i}(x), y) with w_i = sum_j basis[i, j] anchors[j] (eq. 8).
+
+    model: the victim (its own parameters are not used); shapes: ``fl_attack.update.layout``.
+    anchors: J flat (P,) weight vectors. basis: (m, J), each row summing to 1 (the nodes are affine
+    combinations of the anchors, as on any path through w0 and wT), or None for w_i = anchors[i].
+    coeffs: (m,) quadrature weights c_i. x: (k, C, H, W) normalised images; y: (k,) int64 labels.
+    Returns G, shape (P,), differentiable (create_graph) in x, the anchors and the basis.
+    Raises ValueError for inconsistent shapes or a basis whose rows do not sum to 1.
+    """
+    m = len(anchors) if basis is None else basis.shape[0]
+    if basis is not None and (basis.dim() != 2 or basis.shape[1] != len(anchors)):
+        raise ValueError(f"basis must have shape (m, {len(anchors)}), got {tuple(basis.shape)}")
+    if basis is not None and not torch.allclose(basis.detach().sum(1), basis.new_ones(m), atol=1e-6):
+        raise ValueError("each row of the path basis must sum to 1 (nodes are affine combinations of the anchors)")
+    if coeffs.shape != (m,):
+        raise ValueError(f"coeffs must have shape ({m},), got {tuple(coeffs.shape)}")
+    if _is_paper_cnn(model, shapes, x):
+        return _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y)
+    return _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y)
+
+
+def _is_paper_cnn(model, shapes, x) -> bool:
+    pool = getattr(model, "pool", None)
+    return (isinstance(model, PaperCNN) and isinstance(pool, torch.nn.AvgPool2d) and pool.kernel_size in (2, (2, 2))
+            and pool.stride in (2, (2, 2)) and pool.padding in (0, (0, 0))
+            and tuple(name for name, _ in shapes) == _CNN_KEYS and x.dim() == 4)
+
+
+def _rows(basis, m: int, j: int) -> list[list]:
+    """The basis as python floats (fast scalar kernels) unless it is learned, then as 0-dim tensors."""
+    if basis is None:
+        return [[1.0 if a == i else 0.0 for a in range(j)] for i in range(m)]
+    if basis.requires_grad:
+        return [[basis[i, a] for a in range(j)] for i in range(m)]
+    return basis.tolist()
+
+
+def _combine(parts: Sequence[torch.Tensor], row: list) -> torch.Tensor:
+    """sum_j row[j] * parts[j]; skips zero float coefficients; the result never aliases an input."""
+    out = None
+    for part, c in zip(parts, row):
+        if isinstance(c, float):
+            if c == 0.0:
+                continue
+            out = part * c if out is None else torch.add(out, part, alpha=c)
+        else:
+            out = part * c if out is None else out + part * c
+    return out if out is not None else torch.zeros_like(parts[0])
+
+
+def _with_grad(t: torch.Tensor) -> torch.Tensor:
+    return t if t.requires_grad else t.detach().requires_grad_(True)
+
+
+def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
+    m, keys = len(coeffs), [name for name, _ in shapes]
+    params = [unflatten(a, shapes) for a in anchors]
+    rows = _rows(basis, m, len(anchors))
+    total = {}
+    for i in range(m):
+        w_i = {k: _with_grad(_node_weight(params, k, rows[i], basis, i)) for k in keys}
+        loss = coeffs[i] * F.cross_entropy(functional_call(model, w_i, (x,)), y)
+        for k, g in zip(keys, torch.autograd.grad(loss, list(w_i.values()), create_graph=True)):
+            total[k] = g if k not in total else total[k] + g
+    return torch.cat([total[k].reshape(-1) for k in keys])
+
+
+def _node_weight(params, key, row, basis, i):
+    if basis is None:
+        return params[i][key]
+    return _combine([p[key] for p in params], row)
+
+
+def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
+    m = len(coeffs)
+    params = [unflatten(a, shapes) for a in anchors]
+    rows = _rows(basis, m, len(anchors))
+    c1, c2 = model.conv1, model.conv2
+    conv1 = dict(stride=c1.stride, padding=c1.padding, dilation=c1.dilation, groups=c1.groups)
+    conv2 = dict(stride=c2.stride, padding=c2.padding, dilation=c2.dilation, groups=c2.groups)
+    if basis is not None:  # rewrite 1: conv1 at each anchor, once for all nodes
+        conv1_at_anchor = [F.conv2d(x, p["conv1.weight"], p["conv1.bias"], **conv1) for p in params]
+    rest = _CNN_KEYS[2:]
+    out_grad, total = None, {}
+    for i in range(m):
+        if basis is None:
+            z1 = F.conv2d(x, params[i]["conv1.weight"], params[i]["conv1.bias"], **conv1)
+        else:
+            z1 = _combine(conv1_at_anchor, rows[i])
+        z1 = _with_grad(z1)
+        w_i = {k: _with_grad(_node_weight(params, k, rows[i], basis, i)) for k in rest}
+        h = avg_pool2(relu(z1))
+        h = avg_pool2(relu(conv2d(h, w_i["conv2.weight"], w_i["conv2.bias"], **conv2)))
+        h = torch.relu(F.linear(h.flatten(1), w_i["fc1.weight"], w_i["fc1.bias"]))
+        loss = coeffs[i] * F.cross_entropy(F.linear(h, w_i["fc2.weight"], w_i["fc2.bias"]), y)
+        grads = torch.autograd.grad(loss, [z1] + [w_i[k] for k in rest], create_graph=True)
+        out_grad = grads[0] if out_grad is None else out_grad + grads[0]
+        for k, g in zip(rest, grads[1:]):
+            total[k] = g if k not in total else total[k] + g
+    # conv1's part of G: one weight gradient of x against the summed output gradients (rewrite 1)
+    weight = params[0]["conv1.weight"].detach()
+    total["conv1.weight"] = torch.ops.aten.convolution_backward(
+        out_grad, x, weight, None, list(c1.stride), list(c1.padding), list(c1.dilation), False, [0, 0],
+        c1.groups, [False, True, False])[1]
+    total["conv1.bias"] = out_grad.sum((0, 2, 3))
+    return torch.cat([total[k].reshape(-1) for k in _CNN_KEYS])
+
+
+# --- ReLU and 2x2 average pooling with cheap higher-order derivatives (rewrite 2) -------------------
+# ReLU's backward is the mask "g where z > 0", a linear map of g that is its own adjoint; pooling's
+# backward is nearest upsampling / 4, whose adjoint is the pooling. Writing each backward as the
+# other Function makes every derivative order one cheap kernel and drops torch's zero gradient for
+# the saved input.
+
+
+class _ReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return z.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        return _Mask.apply(g, z)
+
+
+class _Mask(torch.autograd.Function):
+    """g where z > 0, else 0 (torch's ReLU derivative, 0 at z = 0); linear and self-adjoint in g."""
+
+    @staticmethod
+    def forward(ctx, g, z):
+        ctx.save_for_backward(z)
+        return torch.ops.aten.threshold_backward(g, z, 0)
+
+    @staticmethod
+    def backward(ctx, h):
+        (z,) = ctx.saved_tensors
+        return _Mask.apply(h, z), None
+
+
+def _pool2(u: torch.Tensor) -> torch.Tensor:
+    n, c, hh, ww = u.shape
+    r = u.contiguous().view(n, c, hh // 2, 2, ww)
+    r = r[:, :, :, 0] + r[:, :, :, 1]
+    return torch.add(r[..., 0::2], r[..., 1::2]).mul_(0.25)
+
+
+def _unpool2(g: torch.Tensor) -> torch.Tensor:
+    n, c, h, w = g.shape
+    out = g.new_empty(n, c, h, 2, w, 2)  # slice assignment: 3x faster here than a broadcast copy
+    quarter = g * 0.25
+    out[:, :, :, 0, :, 0] = quarter
+    out[:, :, :, 0, :, 1] = quarter
+    out[:, :, :, 1] = out[:, :, :, 0]
+    return out.view(n, c, 2 * h, 2 * w)
+
+
+class _AvgPool2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        return _pool2(u)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _Unpool2.apply(g)
+
+
+class _Unpool2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g):
+        return _unpool2(g)
+
+    @staticmethod
+    def backward(ctx, h):
+        return _AvgPool2.apply(h)
+
+
+def relu(z: torch.Tensor) -> torch.Tensor:
+    """torch.relu with cheap derivatives of every order (same values, same subgradient 0 at 0)."""
+    return _ReLU.apply(z)
+
+
+def avg_pool2(u: torch.Tensor) -> torch.Tensor:
+    """nn.AvgPool2d(2) on (N,C,H,W) with cheap derivatives of every order; odd H or W use torch's."""
+    if u.shape[-1] % 2 or u.shape[-2] % 2:
+        return F.avg_pool2d(u, 2)
+    return _AvgPool2.apply(u)
+
+
+# --- conv2 with a cheap double backward (rewrite 3) ------------------------------------------------
+# First order: (dgrad(gO, W), wgrad(a, gO)) in one convolution_backward call. Second order, for the
+# cotangents (ggI, ggW) of those two outputs: d/dgO = conv(ggI, W) + conv(a, ggW); d/da = dgrad(gO, ggW)
+# and d/dW = wgrad(ggI, gO), which are again one convolution_backward call (input ggI, weight ggW).
+
+
+class _Conv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, weight, bias, stride, padding, dilation, groups):
+        ctx.save_for_backward(a, weight)
+        ctx.conf = (list(stride), list(padding), list(dilation), groups)
+        ctx.has_bias = bias is not None
+        return F.conv2d(a, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, g_out):
+        a, weight = ctx.saved_tensors
+        g_a, g_w = _ConvGrads.apply(g_out, a, weight, ctx.conf)
+        g_b = g_out.sum((0, 2, 3)) if ctx.has_bias else None
+        return g_a, g_w, g_b, None, None, None, None
+
+
+class _ConvGrads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g_out, a, weight, conf):
+        ctx.save_for_backward(g_out, a, weight)
+        ctx.conf = conf
+        stride, padding, dilation, groups = conf
+        g_a, g_w, _ = torch.ops.aten.convolution_backward(
+            g_out, a, weight, None, stride, padding, dilation, False, [0, 0], groups, [True, True, False])
+        return g_a, g_w
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gg_a, gg_w):
+        g_out, a, weight = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conf
+        conv = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        d_out = None
+        if gg_a is not None:
+            d_out = F.conv2d(gg_a, weight, None, **conv)
+        if gg_w is not None:
+            t = F.conv2d(a, gg_w, None, **conv)
+            d_out = t if d_out is None else d_out + t
+        mask = [gg_w is not None and ctx.needs_input_grad[1], gg_a is not None and ctx.needs_input_grad[2], False]
+        d_a = d_w = None
+        if any(mask):
+            d_a, d_w, _ = torch.ops.aten.convolution_backward(
+                g_out, gg_a if gg_a is not None else a, gg_w if gg_w is not None else weight, None,
+                stride, padding, dilation, False, [0, 0], groups, mask)
+        return d_out, d_a, d_w, None
+
+
+def conv2d(a, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    """F.conv2d with a cheaper double backward (second order only: its own backward is once differentiable)."""
+    return _Conv2d.apply(a, weight, bias, stride, padding, dilation, groups)

@@ -1,0 +1,143 @@
+"""The surrogate-gradient engine: the structured fast path against the generic one, its custom
+autograd Functions against finite differences, and the benchmark that times it.
+
+The literal Algorithm-1 comparison of the whole PI-SME objective lives in tests/test_attacks.py;
+here each rewrite is checked on its own, in float64, on a real client update.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fl_attack.attacks import gradients
+from fl_attack.attacks.gradients import avg_pool2, conv2d, path_gradient, relu
+from fl_attack.bench import run_bench, summarize
+from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.models import build_model
+from fl_attack.quadrature import bezier_coefficients, gauss_legendre
+from fl_attack.training import train_local
+from fl_attack.update import flatten, layout
+
+
+@pytest.fixture(scope="module", params=["femnist", "cifar100"])
+def real_update(request):
+    """A real client update (k=6, B=3, E=1: T=2) of a narrowed victim, in float64, and its batch."""
+    dataset = request.param
+    split = client_partition(load_pool(dataset), 1, 6)
+    model = build_model(dataset, seed=0, width=8)
+    update = train_local(model, split.train.images, split.train.labels, dataset=dataset, batch_size=3,
+                         local_epochs=1).update
+    victim = build_model(dataset, width=8).double()
+    for p in victim.parameters():
+        p.requires_grad_(False)
+    w0, wT = flatten(update.w0).double(), flatten(update.wT).double()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, *get_spec(dataset).image_shape, generator=gen, dtype=torch.float64)
+    return victim, layout(update.w0), w0, wT, x, split.train.labels
+
+
+class _Generic(torch.nn.Module):
+    """The same network as a plain module, which path_gradient must route to its generic path."""
+
+    def __init__(self, cnn):
+        super().__init__()
+        self.conv1, self.conv2, self.fc1, self.fc2, self.pool = cnn.conv1, cnn.conv2, cnn.fc1, cnn.fc2, cnn.pool
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def _grads(model, shapes, anchors, basis, coeffs, x, y, probe):
+    """G and the gradient of <probe, G> with respect to x, every anchor and the basis (double backward)."""
+    g = path_gradient(model, shapes, anchors, basis, coeffs, x, y)
+    wrt = [x] + [a for a in anchors if a.requires_grad] + ([basis] if basis is not None and basis.requires_grad else [])
+    return [g] + list(torch.autograd.grad((g * probe).sum(), wrt))
+
+
+@pytest.mark.parametrize("path", ["bezier-m3", "line-learned-alpha", "bezier-learned-t", "given-nodes"])
+def test_structured_path_equals_generic_path(real_update, path):
+    model, shapes, w0, wT, x, y = real_update
+    assert gradients._is_paper_cnn(model, shapes, x)
+    assert not gradients._is_paper_cnn(_Generic(model), shapes, x)
+    gen = torch.Generator().manual_seed(1)
+    control_point = ((w0 + wT) / 2 + 1e-3 * torch.randn(w0.shape, generator=gen, dtype=w0.dtype)).requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    if path == "bezier-m3":
+        t, c = gauss_legendre(3)
+        anchors, basis, coeffs = [w0, control_point, wT], bezier_coefficients(t), c
+    elif path == "line-learned-alpha":
+        alpha = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+        anchors, basis, coeffs = [w0, wT], torch.stack([1 - alpha, alpha]).reshape(1, 2), torch.ones(1, dtype=torch.float64)
+    elif path == "bezier-learned-t":
+        t = torch.tensor([0.7], dtype=torch.float64, requires_grad=True)
+        anchors, basis, coeffs = [w0, control_point, wT], bezier_coefficients(t), torch.ones(1, dtype=torch.float64)
+    else:
+        anchors, basis, coeffs = [w0, control_point * 1.0], None, torch.tensor([0.25, 0.75], dtype=torch.float64)
+    probe = torch.randn(w0.shape, generator=gen, dtype=w0.dtype)
+    fast = _grads(model, shapes, anchors, basis, coeffs, x, y, probe)
+    slow = _grads(_Generic(model), shapes, anchors, basis, coeffs, x, y, probe)
+    for name, f, s in zip(["G", "d/dX", "d/danchor", "d/dbasis"], fast, slow):
+        f, s = f.detach(), s.detach()
+        scale = float(s.abs().max())
+        assert scale > 0, name
+        assert float((f - s).abs().max()) <= 1e-10 * scale, name
+
+
+def test_path_gradient_rejects_bad_paths(real_update):
+    model, shapes, w0, wT, x, y = real_update
+    one = torch.ones(1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="sum to 1"):
+        path_gradient(model, shapes, [w0, wT], torch.tensor([[0.5, 0.6]], dtype=torch.float64), one, x, y)
+    with pytest.raises(ValueError, match="shape"):
+        path_gradient(model, shapes, [w0, wT], torch.tensor([[1.0]], dtype=torch.float64), one, x, y)
+    with pytest.raises(ValueError, match="coeffs"):
+        path_gradient(model, shapes, [w0], None, torch.ones(2, dtype=torch.float64), x, y)
+
+
+def test_relu_and_pool_have_torch_values_and_exact_derivatives():
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64)
+    z = (z + 0.2 * z.sign()).requires_grad_(True)  # away from the kink, where finite differences hold
+    assert torch.equal(relu(z), torch.relu(z))
+    assert torch.allclose(avg_pool2(z), F.avg_pool2d(z, 2), rtol=0, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda u: avg_pool2(relu(u)) ** 2, (z,))
+    assert torch.autograd.gradgradcheck(lambda u: avg_pool2(relu(u)) ** 2, (z,))
+    odd = torch.randn(1, 2, 5, 5, generator=gen, dtype=torch.float64)
+    assert torch.equal(avg_pool2(odd), F.avg_pool2d(odd, 2))  # odd sizes fall back to torch
+
+
+def test_conv2d_second_order_terms_match_torch():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 3, 6, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, 3, 3, 3, generator=gen, dtype=torch.float64)
+
+    def second_order(conv):  # d/d(a, w, b) of <v, d/dw sum(conv(a, w, b)^2)>: a double backward
+        out = conv(a, w, b, (1, 1), (1, 1), (1, 1), 1)
+        (gw,) = torch.autograd.grad((out ** 2).sum(), [w], create_graph=True)
+        return torch.autograd.grad((gw * v).sum(), [a, w, b])
+
+    ours = second_order(conv2d)
+    theirs = second_order(F.conv2d)
+    for o, t in zip(ours, theirs):
+        assert torch.allclose(o, t, rtol=1e-12, atol=1e-12)
+
+
+def test_bench_times_both_implementations_and_they_agree():
+    result = run_bench(datasets=("femnist",), nodes=(1, 2), samples=(4,), device="cpu", repeats=1,
+                       progress=lambda s: None)
+    rows = result["rows"]
+    assert {(r["nodes"], r["impl"]) for r in rows} == {(1, "fast"), (1, "reference"), (2, "fast"), (2, "reference")}
+    for r in rows:
+        assert r["seconds_per_step"] > 0 and r["gflop_per_step"] > 0 and 0 < r["peak_fraction"]
+        assert r["max_grad_diff"] < 1e-9  # float64: the two implementations compute the same step
+        assert r["width"] == 32
+    assert result["gemm_peak_gflops"] > 0
+    text = summarize(result)
+    assert "speed-up" in text and "m=7 / m=1" not in text
+    with pytest.raises(ValueError, match="unknown dataset"):
+        run_bench(datasets=("mnist",), progress=lambda s: None)
