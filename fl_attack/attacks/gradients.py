@@ -16,7 +16,9 @@ Two implementations compute the same G:
      for the saved input and no slow NCHW pooling kernel;
   3. conv2 is an autograd Function whose second-order terms are one mkldnn convolution_backward call
      and two convolutions, instead of torch's transposed-convolution fallbacks;
-  4. each node's gradient is taken right after its forward, while its activations are in cache.
+  4. fc1's part of G is one GEMM over the m*k samples of all nodes (its input and output gradients
+     stacked), instead of m thin GEMMs; so is its double backward;
+  5. each node's gradient is taken right after its forward, while its activations are in cache.
 tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
 """
 from __future__ import annotations
@@ -117,24 +119,41 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
     conv1 = dict(stride=c1.stride, padding=c1.padding, dilation=c1.dilation, groups=c1.groups)
     conv2 = dict(stride=c2.stride, padding=c2.padding, dilation=c2.dilation, groups=c2.groups)
     if basis is not None:  # rewrite 1: conv1 at each anchor, once for all nodes
-        conv1_at_anchor = [F.conv2d(x, p["conv1.weight"], p["conv1.bias"], **conv1) for p in params]
+        if basis.requires_grad:
+            conv1_at_anchor = [F.conv2d(x, p["conv1.weight"], p["conv1.bias"], **conv1) for p in params]
+        else:  # anchor differences: z1_i = conv(x, A_0) + sum_j basis[i, j] conv(x, A_j - A_0)
+            first = params[0]
+            diffs = [F.conv2d(x, p["conv1.weight"] - first["conv1.weight"], p["conv1.bias"] - first["conv1.bias"],
+                              **conv1) for p in params[1:]]
+            node_inputs = _PathCombine.apply([row[1:] for row in rows],
+                                             F.conv2d(x, first["conv1.weight"], first["conv1.bias"], **conv1), *diffs)
     rest = _CNN_KEYS[2:]
-    out_grad, total = None, {}
+    per_node = ("conv2.weight", "conv2.bias", "fc2.weight", "fc2.bias")  # their G is summed node by node
+    out_grad, total, fc1_inputs, fc1_out_grads = None, {}, [], []
     for i in range(m):
         if basis is None:
             z1 = F.conv2d(x, params[i]["conv1.weight"], params[i]["conv1.bias"], **conv1)
-        else:
+        elif basis.requires_grad:
             z1 = _combine(conv1_at_anchor, rows[i])
+        else:
+            z1 = node_inputs[i]
         z1 = _with_grad(z1)
         w_i = {k: _with_grad(_node_weight(params, k, rows[i], basis, i)) for k in rest}
         h = avg_pool2(relu(z1))
         h = avg_pool2(relu(conv2d(h, w_i["conv2.weight"], w_i["conv2.bias"], **conv2)))
-        h = torch.relu(F.linear(h.flatten(1), w_i["fc1.weight"], w_i["fc1.bias"]))
-        loss = coeffs[i] * F.cross_entropy(F.linear(h, w_i["fc2.weight"], w_i["fc2.bias"]), y)
-        grads = torch.autograd.grad(loss, [z1] + [w_i[k] for k in rest], create_graph=True)
+        flat = h.flatten(1)
+        u = F.linear(flat, w_i["fc1.weight"], w_i["fc1.bias"])
+        loss = coeffs[i] * F.cross_entropy(F.linear(torch.relu(u), w_i["fc2.weight"], w_i["fc2.bias"]), y)
+        grads = torch.autograd.grad(loss, [z1, u] + [w_i[k] for k in per_node], create_graph=True)
         out_grad = grads[0] if out_grad is None else out_grad + grads[0]
-        for k, g in zip(rest, grads[1:]):
+        fc1_inputs.append(flat)
+        fc1_out_grads.append(grads[1])
+        for k, g in zip(per_node, grads[2:]):
             total[k] = g if k not in total else total[k] + g
+    # fc1's part of G: one GEMM over all nodes' samples (rewrite 4) instead of m GEMMs with K = k
+    fc1_out_grad = torch.cat(fc1_out_grads)
+    total["fc1.weight"] = fc1_out_grad.t() @ torch.cat(fc1_inputs)
+    total["fc1.bias"] = fc1_out_grad.sum(0)
     # conv1's part of G: one weight gradient of x against the summed output gradients (rewrite 1)
     weight = params[0]["conv1.weight"].detach()
     total["conv1.weight"] = torch.ops.aten.convolution_backward(
@@ -142,6 +161,40 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
         c1.groups, [False, True, False])[1]
     total["conv1.bias"] = out_grad.sum((0, 2, 3))
     return torch.cat([total[k].reshape(-1) for k in _CNN_KEYS])
+
+
+class _PathCombine(torch.autograd.Function):
+    """All m node inputs z_i = base + sum_j coeffs[i][j] * diffs[j] in one Function, so the backward
+    sums the m cotangents into one accumulator per operand (one fused pass per node and operand)
+    instead of autograd's scale-then-accumulate. Coefficients are python floats (a fixed basis)."""
+
+    @staticmethod
+    def forward(ctx, coeffs, base, *diffs):
+        ctx.coeffs = coeffs
+        outs = []
+        for row in coeffs:
+            z = base.clone()
+            for d, c in zip(diffs, row):
+                z.add_(d, alpha=c)
+            outs.append(z)
+        return tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *cots):
+        n = len(ctx.coeffs[0]) if ctx.coeffs else 0
+        sums = [None] * (n + 1)
+        for row, cot in zip(ctx.coeffs, cots):
+            if cot is None:
+                continue
+            for j, c in enumerate([1.0] + list(row)):
+                if c == 0.0:
+                    continue
+                if sums[j] is None:
+                    sums[j] = cot * c if c != 1.0 else cot.clone()
+                else:
+                    sums[j].add_(cot, alpha=c)
+        return (None, *sums)
 
 
 # --- ReLU and 2x2 average pooling with cheap higher-order derivatives (rewrite 2) -------------------
