@@ -249,9 +249,10 @@ def format_row(r: BenchRow | dict) -> str:
 
 def summarize(result: dict) -> str:
     """Speed-ups (reference / fast) per configuration and the m-scaling of the fast step, as text."""
-    lines = [f"device {result['device']}, {result['threads']} threads, fp32 GEMM peak "
-             f"{result['gemm_peak_gflops']:.1f} GFLOP/s, torch {result['torch']}"]
     rows = result["rows"]
+    lines = [f"device {result['device']}, {result['threads']} threads, fp32 GEMM peak "
+             f"{result['gemm_peak_gflops']:.1f} GFLOP/s (best of before and after), torch {result['torch']}",
+             HEADER] + [format_row(r) for r in rows]
     by = {(r["dataset"], r["width"], r["samples"], r["nodes"], r["impl"]): r for r in rows}
     configs = sorted({key[:4] for key in by})
     for dataset, width, k, m in configs:
