@@ -200,6 +200,21 @@ def bench_one(dataset: str, nodes: int, samples: int, device: torch.device, repe
     return rows
 
 
+def validate_bench(datasets, nodes, samples, repeats, threads, widths) -> None:
+    """Every check of run_bench's arguments, before any timing; raises ValueError naming the bad one."""
+    samples = (samples,) if isinstance(samples, int) else tuple(samples)
+    if not datasets or not nodes or not samples or not widths:
+        raise ValueError("datasets, nodes, samples and widths must be non-empty")
+    if repeats < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"repeats and threads must be >= 1, got {repeats} and {threads}")
+    for name, values in (("nodes", nodes), ("samples", samples), ("widths", [w for w in widths if w is not None])):
+        if any(not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name} must be integers >= 1, got {tuple(values)}")
+    for dataset in datasets:
+        get_spec(dataset)  # unknown names fail here
+        client_partition(load_pool(dataset), 0, max(samples))  # so does a k no client has
+
+
 def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples=(50,), device="auto",
               repeats: int = 3, threads: int | None = None, widths=(None,), progress=print) -> dict:
     """Run the benchmark grid; returns {"device", "threads", "gemm_peak_gflops", "rows": [...]}.
@@ -207,13 +222,8 @@ def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples=(50
     samples: batch sizes k; widths: conv1 channel counts (None: the paper's model). The GEMM peak is
     the best of one measurement before and one after the grid. Raises ValueError on bad arguments.
     """
+    validate_bench(datasets, nodes, samples, repeats, threads, widths)
     samples = (samples,) if isinstance(samples, int) else tuple(samples)
-    if not datasets or not nodes or not samples or repeats < 1:
-        raise ValueError("datasets, nodes and samples must be non-empty and repeats >= 1")
-    for dataset in datasets:
-        get_spec(dataset)  # unknown names fail here, before any timing
-    if any(int(m) < 1 for m in nodes) or any(int(k) < 1 for k in samples):
-        raise ValueError(f"nodes and samples must be >= 1, got {nodes} and {samples}")
     device = resolve_device(device)
     if threads:
         torch.set_num_threads(threads)

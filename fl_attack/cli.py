@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--widths", default="", metavar="W",
                    help="comma-separated conv1 widths for a scaling table (default: the paper's model)")
     b.add_argument("--repeats", type=int, default=3, help="timed steps per configuration, median reported (default: 3)")
-    b.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's choice)")
+    b.add_argument("--threads", type=int, default=0, help="torch threads, >= 1 (default 0: torch's choice)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(handler=_bench)
@@ -158,14 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _bench(args) -> int:
     import json
 
-    from .bench import run_bench, summarize
+    from .bench import run_bench, summarize, validate_bench
 
     try:
         nodes = tuple(int(m) for m in args.nodes.split(","))
         samples = tuple(int(k) for k in args.samples.split(","))
         widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else (None,)
     except ValueError:
-        raise SystemExit("fl-attack bench: --nodes, --samples and --widths take comma-separated integers")
+        raise UsageError("--nodes, --samples and --widths take comma-separated integers") from None
+    try:
+        validate_bench(tuple(args.datasets.split(",")), nodes, samples, args.repeats, args.threads or None, widths)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
     result = run_bench(tuple(args.datasets.split(",")), nodes, samples, args.device, args.repeats,
                        args.threads or None, widths, progress=(lambda s: None) if args.json else print)
     print(json.dumps(result, indent=2) if args.json else summarize(result))

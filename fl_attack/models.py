@@ -15,8 +15,9 @@ OUTPUT_BIAS = "fc2.bias"
 class PaperCNN(nn.Module):
     """conv, ReLU, AvgPool 2, conv, ReLU, AvgPool 2, fc, ReLU, fc: the layout both victims share.
 
-    ``fl_attack.attacks.gradients`` recognises this class and computes the attacks' node gradients
-    with a structured, exact fast path; any other module takes the generic path.
+    ``fl_attack.attacks.gradients`` recognises this class (and subclasses that keep its forward,
+    zero-padded convolutions, 2x2 average pooling and no hooks) and computes the attacks' node
+    gradients with a structured, exact fast path; any other module takes the generic path.
     """
 
     conv1: nn.Conv2d

@@ -141,3 +141,64 @@ def test_bench_times_both_implementations_and_they_agree():
     assert "speed-up" in text and "m=7 / m=1" not in text
     with pytest.raises(ValueError, match="unknown dataset"):
         run_bench(datasets=("mnist",), progress=lambda s: None)
+
+
+def test_third_order_derivatives_stay_exact(real_update):
+    """A Hessian-vector product of <G(x), delta_w> in x: the custom backward passes are themselves
+    differentiable, so the structured path agrees with the generic one beyond second order."""
+    model, shapes, w0, wT, x, y = real_update
+    one = torch.ones(1, dtype=torch.float64)
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
+
+    def hvp(m):
+        fn = lambda z: (path_gradient(m, shapes, [w0], None, one, z, y) * (wT - w0)).sum()
+        return torch.autograd.functional.hvp(fn, x.clone(), v)[1]
+
+    fast, slow = hvp(model), hvp(_Generic(model))
+    assert float(slow.abs().max()) > 0
+    assert float((fast - slow).abs().max()) <= 1e-9 * float(slow.abs().max())
+
+
+def test_structured_path_only_for_the_unchanged_forward(real_update):
+    model, shapes, w0, wT, x, y = real_update
+
+    class Leaky(type(model)):
+        def forward(self, inp):
+            inp = self.pool(F.leaky_relu(self.conv1(inp)))
+            inp = self.pool(F.leaky_relu(self.conv2(inp)))
+            return self.fc2(F.leaky_relu(self.fc1(inp.flatten(1))))
+
+    leaky = Leaky(**({"width": 8}))
+    assert not gradients._is_paper_cnn(leaky, shapes, x)
+    circular = build_model("femnist" if x.shape[1] == 1 else "cifar100", width=8)
+    circular.conv2.padding_mode = "circular"
+    assert not gradients._is_paper_cnn(circular, shapes, x)
+    hooked = build_model("femnist" if x.shape[1] == 1 else "cifar100", width=8)
+    hooked.conv1.register_forward_hook(lambda mod, inp, out: out)
+    assert not gradients._is_paper_cnn(hooked, shapes, x)
+
+
+def test_path_gradient_under_no_grad_and_input_checks(real_update):
+    model, shapes, w0, wT, x, y = real_update
+    one = torch.ones(1, dtype=torch.float64)
+    g = path_gradient(model, shapes, [w0], None, one, x, y)
+    with torch.no_grad():
+        g_nograd = path_gradient(model, shapes, [w0], None, one, x, y)
+    assert not g.requires_grad and not g_nograd.requires_grad  # nothing asked for a graph
+    assert torch.equal(g, g_nograd)
+    with pytest.raises(ValueError, match="int64"):
+        path_gradient(model, shapes, [w0], None, one, x, y.int())
+    with pytest.raises(ValueError, match="flat vectors"):
+        path_gradient(model, shapes, [w0[:-1]], None, one, x, y)
+    with pytest.raises(ValueError, match="at least one anchor"):
+        path_gradient(model, shapes, [], None, one[:0], x, y)
+
+
+def test_bench_rejects_bad_arguments_before_timing(capsys):
+    from fl_attack.cli import main
+
+    for argv in (["--nodes", "0"], ["--widths", "4,0"], ["--threads", "-1"], ["--samples", "x"],
+                 ["--datasets", "femnist", "--samples", "4,100000"], ["--datasets", "mnist"]):
+        assert main(["bench", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("fl-attack: error:") and len(err.strip().splitlines()) == 1, err

@@ -23,6 +23,7 @@ tests/test_attacks.py checks both against each other and against the literal Alg
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -41,28 +42,51 @@ def path_gradient(model: torch.nn.Module, shapes, anchors: Sequence[torch.Tensor
     """G = sum_i c_i grad_w CE(f_{w_i}(x), y) with w_i = sum_j basis[i, j] anchors[j] (eq. 8).
 
     model: the victim (its own parameters are not used); shapes: ``fl_attack.update.layout``.
-    anchors: J flat (P,) weight vectors. basis: (m, J), each row summing to 1 (the nodes are affine
+    anchors: J >= 1 flat (P,) weight vectors. basis: (m, J), each row summing to 1 (the nodes are affine
     combinations of the anchors, as on any path through w0 and wT), or None for w_i = anchors[i].
-    coeffs: (m,) quadrature weights c_i. x: (k, C, H, W) normalised images; y: (k,) int64 labels.
-    Returns G, shape (P,), differentiable (create_graph) in x, the anchors and the basis.
-    Raises ValueError for inconsistent shapes or a basis whose rows do not sum to 1.
+    coeffs: (m,) quadrature weights c_i. x: the model's input batch, (k, C, H, W) normalised images for
+    the paper's CNNs; y: (k,) int64 labels in [0, classes). Anchors, basis, coeffs and x share a dtype
+    and a device.
+    Returns G, shape (P,). When grad mode is on and x, an anchor or the basis requires grad, G is
+    differentiable in them to any order (create_graph); otherwise it is detached. An anchor whose
+    coefficient is 0 at every node gets no gradient (autograd's None), as in torch.
+    Raises ValueError for inconsistent shapes, labels that are not int64, or a basis whose rows do
+    not sum to 1.
     """
+    if len(anchors) < 1:
+        raise ValueError("path_gradient needs at least one anchor")
+    size = sum(math.prod(shape) for _, shape in shapes)
+    bad = [tuple(a.shape) for a in anchors if a.dim() != 1 or a.numel() != size]
+    if bad:
+        raise ValueError(f"anchors must be flat vectors of the layout's {size} weights, got shapes {bad}")
     m = len(anchors) if basis is None else basis.shape[0]
-    if basis is not None and (basis.dim() != 2 or basis.shape[1] != len(anchors)):
-        raise ValueError(f"basis must have shape (m, {len(anchors)}), got {tuple(basis.shape)}")
+    if basis is not None and (basis.dim() != 2 or basis.shape[1] != len(anchors) or m < 1):
+        raise ValueError(f"basis must have shape (m >= 1, {len(anchors)}), got {tuple(basis.shape)}")
     if basis is not None and not torch.allclose(basis.detach().sum(1), basis.new_ones(m), atol=1e-6):
         raise ValueError("each row of the path basis must sum to 1 (nodes are affine combinations of the anchors)")
-    if coeffs.shape != (m,):
-        raise ValueError(f"coeffs must have shape ({m},), got {tuple(coeffs.shape)}")
-    if _is_paper_cnn(model, shapes, x):
-        return _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y)
-    return _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y)
+    if not isinstance(coeffs, torch.Tensor) or coeffs.shape != (m,):
+        raise ValueError(f"coeffs must be a tensor of shape ({m},), got {getattr(coeffs, 'shape', type(coeffs))}")
+    if y.dtype != torch.int64 or y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"labels must be int64 of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}")
+    create_graph = torch.is_grad_enabled() and (
+        x.requires_grad or any(a.requires_grad for a in anchors) or (basis is not None and basis.requires_grad))
+    engine = _cnn_path_gradient if _is_paper_cnn(model, shapes, x) else _generic_path_gradient
+    with torch.enable_grad():  # the node gradients need autograd even under no_grad
+        g = engine(model, shapes, anchors, basis, coeffs, x, y, create_graph)
+    return g if create_graph else g.detach()
 
 
 def _is_paper_cnn(model, shapes, x) -> bool:
+    """True when ``model`` computes exactly PaperCNN.forward with zero-padded convolutions, 2x2
+    average pooling and no hooks, so the structured path may replace its forward."""
     pool = getattr(model, "pool", None)
-    return (isinstance(model, PaperCNN) and isinstance(pool, torch.nn.AvgPool2d) and pool.kernel_size in (2, (2, 2))
-            and pool.stride in (2, (2, 2)) and pool.padding in (0, (0, 0))
+    convs = (getattr(model, "conv1", None), getattr(model, "conv2", None))
+    hooked = any(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks for mod in model.modules())
+    return (isinstance(model, PaperCNN) and type(model).forward is PaperCNN.forward and not hooked
+            and all(type(c) is torch.nn.Conv2d and c.padding_mode == "zeros" and not isinstance(c.padding, str)
+                    for c in convs)
+            and type(pool) is torch.nn.AvgPool2d and pool.kernel_size in (2, (2, 2))
+            and pool.stride in (2, (2, 2)) and pool.padding in (0, (0, 0)) and not pool.ceil_mode
             and tuple(name for name, _ in shapes) == _CNN_KEYS and x.dim() == 4)
 
 
@@ -92,7 +116,7 @@ def _with_grad(t: torch.Tensor) -> torch.Tensor:
     return t if t.requires_grad else t.detach().requires_grad_(True)
 
 
-def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
+def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True):
     m, keys = len(coeffs), [name for name, _ in shapes]
     params = [unflatten(a, shapes) for a in anchors]
     rows = _rows(basis, m, len(anchors))
@@ -100,7 +124,7 @@ def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
     for i in range(m):
         w_i = {k: _with_grad(_node_weight(params, k, rows[i], basis, i)) for k in keys}
         loss = coeffs[i] * F.cross_entropy(functional_call(model, w_i, (x,)), y)
-        for k, g in zip(keys, torch.autograd.grad(loss, list(w_i.values()), create_graph=True)):
+        for k, g in zip(keys, torch.autograd.grad(loss, list(w_i.values()), create_graph=create_graph)):
             total[k] = g if k not in total else total[k] + g
     return torch.cat([total[k].reshape(-1) for k in keys])
 
@@ -111,7 +135,7 @@ def _node_weight(params, key, row, basis, i):
     return _combine([p[key] for p in params], row)
 
 
-def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
+def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True):
     m = len(coeffs)
     params = [unflatten(a, shapes) for a in anchors]
     rows = _rows(basis, m, len(anchors))
@@ -144,7 +168,7 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y):
         flat = h.flatten(1)
         u = F.linear(flat, w_i["fc1.weight"], w_i["fc1.bias"])
         loss = coeffs[i] * F.cross_entropy(F.linear(torch.relu(u), w_i["fc2.weight"], w_i["fc2.bias"]), y)
-        grads = torch.autograd.grad(loss, [z1, u] + [w_i[k] for k in per_node], create_graph=True)
+        grads = torch.autograd.grad(loss, [z1, u] + [w_i[k] for k in per_node], create_graph=create_graph)
         out_grad = grads[0] if out_grad is None else out_grad + grads[0]
         fc1_inputs.append(flat)
         fc1_out_grads.append(grads[1])
@@ -180,8 +204,7 @@ class _PathCombine(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, *cots):
+    def backward(ctx, *cots):  # differentiable ops only: higher orders stay exact
         n = len(ctx.coeffs[0]) if ctx.coeffs else 0
         sums = [None] * (n + 1)
         for row, cot in zip(ctx.coeffs, cots):
@@ -312,8 +335,7 @@ class _ConvGrads(torch.autograd.Function):
         return g_a, g_w
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, gg_a, gg_w):
+    def backward(ctx, gg_a, gg_w):  # differentiable ops only: higher orders stay exact
         g_out, a, weight = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conf
         conv = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -333,5 +355,5 @@ class _ConvGrads(torch.autograd.Function):
 
 
 def conv2d(a, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
-    """F.conv2d with a cheaper double backward (second order only: its own backward is once differentiable)."""
+    """F.conv2d (NCHW, zero padding) with a cheaper double backward; every order stays exact."""
     return _Conv2d.apply(a, weight, bias, stride, padding, dilation, groups)
