@@ -1,4 +1,5 @@
-"""Crash-safe result files: atomic JSON writes and CSV rows appended one whole line at a time.
+"""Crash-safe result files: atomic text, JSON and whole-CSV writes, and CSV rows appended one whole
+line at a time.
 
 A row is formatted in memory and written with a single ``os.write`` on an O_APPEND descriptor,
 then fsync'd, so a crash never leaves half a row and never loses a row already written.
@@ -14,24 +15,49 @@ import tempfile
 from pathlib import Path
 
 
-def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename it over ``path``."""
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    Creates missing parent folders; on any error the temporary file is removed and ``path`` is untouched.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
 
 
-def _cell(value):
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as indented JSON (keys sorted, unknown types as str) atomically to ``path``."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def csv_cell(value) -> str:
+    """A CSV cell: "" for None, "nan" for NaN, else str (shortest round-trip form for floats)."""
     if value is None:
         return ""
     if isinstance(value, float) and math.isnan(value):
         return "nan"
-    return value
+    return str(value)
+
+
+def csv_text(rows: list[dict], columns) -> str:
+    """A whole CSV file (header, then one line per row; keys outside ``columns`` ignored) as text."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
+    return buf.getvalue()
 
 
 def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> None:
@@ -57,7 +83,7 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
         finally:
             os.unlink(tmp)
     line = io.StringIO()
-    csv.writer(line).writerow([_cell(row.get(c)) for c in columns])
+    csv.writer(line).writerow([csv_cell(row.get(c)) for c in columns])
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         os.write(fd, line.getvalue().encode())

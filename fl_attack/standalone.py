@@ -26,7 +26,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -41,6 +40,7 @@ from .attacks import AttackConfig, get_attack
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
 from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
 from .models import build_model
+from .records import csv_text, write_text_atomic
 from .training import train_local
 from .update import ObservedUpdate, TrainingMetadata
 
@@ -234,42 +234,6 @@ def failed_row(settings: AttackSettings, partition: int, method: str, seconds: f
     return row
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder, fsync and os.replace."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _csv_text(rows: list[dict], columns) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _fmt(row.get(k)) for k in columns})
-    return buf.getvalue()
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else repr(value)
-    return str(value)
-
-
 class ResultsTable:
     """results.csv, rewritten whole and atomically (temporary file + os.replace) on every ``add``.
 
@@ -279,11 +243,11 @@ class ResultsTable:
 
     def __init__(self, path: str | Path, columns=RESULT_COLUMNS):
         self.path, self.columns, self.rows = Path(path), tuple(columns), []
-        _atomic_write_text(self.path, _csv_text(self.rows, self.columns))
+        write_text_atomic(self.path, csv_text(self.rows, self.columns))
 
     def add(self, row: dict) -> None:
         self.rows.append(dict(row))
-        _atomic_write_text(self.path, _csv_text(self.rows, self.columns))
+        write_text_atomic(self.path, csv_text(self.rows, self.columns))
 
 
 def write_trace(path: str | Path, trace: list[dict]) -> None:
@@ -291,7 +255,7 @@ def write_trace(path: str | Path, trace: list[dict]) -> None:
     columns: list[str] = []
     for row in trace:
         columns += [k for k in row if k not in columns]
-    _atomic_write_text(Path(path), _csv_text(trace, columns))
+    write_text_atomic(Path(path), csv_text(trace, columns))
 
 
 def save_grid(truth: torch.Tensor, matched: torch.Tensor, path: str | Path, columns: int = GRID_COLUMNS,
@@ -339,7 +303,7 @@ def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress
     out.mkdir(parents=True, exist_ok=True)
     meta = {**asdict(settings), "methods": list(settings.methods),
             "device_resolved": str(resolve_device(settings.device)), "torch": torch.__version__}
-    _atomic_write_text(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
+    write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
     table = ResultsTable(out / "results.csv")
     lpips = get_lpips("cpu")
 

@@ -10,13 +10,10 @@ attack's X_hat initialisation. "Over clients and seeds" therefore means over (pa
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +25,7 @@ from fl_attack.api import reconstruct, resolve_device
 from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
 from fl_attack.metrics import evaluate_reconstruction, get_lpips
 from fl_attack.models import build_model
+from fl_attack.records import csv_text, write_text_atomic
 from fl_attack.training import train_local
 from fl_attack.update import ObservedUpdate
 
@@ -276,33 +274,7 @@ class Recorder:
         self._write()
 
     def _write(self) -> None:
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        for row in self.rows:
-            writer.writerow({k: _csv_value(row.get(k)) for k in self.columns})
-        atomic_write(self.path, buf.getvalue())
-
-
-def _csv_value(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else repr(value)
-    return str(value)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        write_text_atomic(self.path, csv_text(self.rows, self.columns))
 
 
 def save_figure(fig, path: Path) -> None:
@@ -369,5 +341,5 @@ def write_markdown(ctx: Context, title: str, caption: str, body: str, notes: lis
     text += [f"Scale note: {ctx.scale.note if scale_note is None else scale_note}", "",
              f"Command: `{command}`  ", f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}.", ""]
     path = ctx.out / f"{ctx.name}.md"
-    atomic_write(path, "\n".join(text))
+    write_text_atomic(path, "\n".join(text))
     return path

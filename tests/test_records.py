@@ -1,0 +1,44 @@
+"""The crash-safe writers every result file goes through (fl_attack/records.py)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fl_attack.records import append_csv_row, csv_text, write_json_atomic, write_text_atomic
+
+
+def test_atomic_text_and_json_replace_whole_files_and_leave_no_temporaries(tmp_path):
+    path = tmp_path / "sub" / "a.json"
+    write_json_atomic(path, {"b": 1, "a": [1.5, None]})
+    assert json.loads(path.read_text()) == {"a": [1.5, None], "b": 1}
+    write_text_atomic(path, "x\n")
+    assert path.read_text() == "x\n"
+
+    with pytest.raises(TypeError):
+        write_text_atomic(path, object())  # a failing write leaves the old file and no temporary
+    assert path.read_text() == "x\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]
+
+
+def test_csv_cells_round_trip_and_mark_missing_values():
+    rows = [{"psnr": 21.25, "label": None, "ssim": float("nan"), "n": 3, "np": np.float64(0.5)},
+            {"psnr": 1 / 3, "extra": "ignored"}]
+    text = csv_text(rows, ["psnr", "label", "ssim", "n", "np"])
+    back = list(csv.DictReader(text.splitlines()))
+    assert text.splitlines()[0] == "psnr,label,ssim,n,np"
+    assert float(back[0]["psnr"]) == 21.25 and float(back[1]["psnr"]) == 1 / 3  # exact round trip
+    assert back[0]["label"] == "" and math.isnan(float(back[0]["ssim"])) and back[0]["np"] == "0.5"
+
+
+def test_append_csv_row_keeps_earlier_rows_and_rejects_unknown_columns(tmp_path):
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1, "psnr": 20.0}, ["round", "psnr"])
+    append_csv_row(path, {"round": 2}, ["round", "psnr"])
+    with pytest.raises(ValueError, match="not in the file's header"):
+        append_csv_row(path, {"round": 3, "oops": 1}, ["round", "psnr"])
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["round"], r["psnr"]) for r in rows] == [("1", "20.0"), ("2", "")]
