@@ -14,7 +14,7 @@ float64 (where rounding cannot flip a ReLU) and in float32.
 """
 from __future__ import annotations
 
-import json
+import functools
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -113,16 +113,24 @@ def _peak_mb(device) -> float:
     return float("nan")
 
 
+@functools.lru_cache(maxsize=4)
+def _client_update(dataset: str, samples: int, seed: int, width: int | None):
+    """A real client's update (k samples, B=10, E=1) and its labels; shared by a configuration's
+    float64 check and its float32 timing."""
+    split = client_partition(load_pool(dataset), 0, samples, seed=seed)
+    model = build_model(dataset, seed=seed, width=width)
+    update = train_local(model, split.train.images, split.train.labels, dataset=dataset,
+                         batch_size=min(10, samples), local_epochs=1, seed=seed).update
+    return update, split.train.labels
+
+
 class _Problem:
     """A real client update and everything a PI-SME step needs, for both implementations."""
 
     def __init__(self, dataset: str, nodes: int, samples: int, device: torch.device, seed: int = 0,
                  width: int | None = None, dtype: torch.dtype = torch.float32):
         spec = get_spec(dataset)
-        split = client_partition(load_pool(dataset), 0, samples, seed=seed)
-        model = build_model(dataset, seed=seed, width=width)
-        update = train_local(model, split.train.images, split.train.labels, dataset=dataset,
-                             batch_size=min(10, samples), local_epochs=1, seed=seed).update
+        update, labels = _client_update(dataset, samples, seed, width)
         self.model = build_model(dataset, width=width).to(device=device, dtype=dtype)
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -140,7 +148,7 @@ class _Problem:
             self.attack.control_point.add_(0.5 * rms * torch.randn(self.attack.w0.shape, generator=gen).to(self.attack.w0))
             self.attack.calibration.copy_(0.5 + torch.rand(self.attack.w0.shape, generator=gen).to(self.attack.w0))
         self.x = torch.randn(samples, *spec.image_shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
-        self.y = split.train.labels.to(device)
+        self.y = labels.to(device)
         groups = [{"params": [self.x], "lr": 1.0}] + [
             {k: v for k, v in g.items() if k != "optimizer"} for g in self.attack.param_groups()]
         self.optimizer = torch.optim.Adam(groups)

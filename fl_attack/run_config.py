@@ -110,7 +110,7 @@ class RunSettings:
     def attack_drain_thread_count(self, cpus: int | None = None) -> int:
         """Torch threads for an attack dispatched after the last round's training, when the clients
         are idle: attack-threads when it is set, else every core."""
-        return self.attack_threads if self.attack_threads > 0 else (cpus or os.cpu_count() or 1)
+        return self.attack_thread_count(clients_per_round=0, cpus=cpus)
 
     def select_clients(self, partition_ids: list[int], server_round: int) -> list[int]:
         """Which of this round's partitions to attack: "all", "fraction:F" (seeded per round) or "0,3,5"."""

@@ -16,9 +16,8 @@ attacker guessing which participant its images belong to, which the aggregate ca
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import time
+from collections import OrderedDict
 
 import torch
 from flwr.app import ArrayRecord

@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import math
 
-import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict

@@ -293,7 +293,7 @@ def _report(ctx: Context, rows, curves, proto, clients, seeds) -> None:
     caption = (f"Path consistency (Table 3), scale `{ctx.scale.name}`: CIFAR-100, {clients} client(s) x {seeds} "
                f"seed(s), k={proto['samples']}, B={proto['batch_size']}, lr={ctx.scale.lr:g}, "
                + ", ".join(f"E={e} -> T={actual[t]}" for t, e in proto["epochs"])
-               + f", m in {{2, 3, 5}}; no dummy-data optimisation (attack iterations: none)")
+               + ", m in {2, 3, 5}; no dummy-data optimisation (attack iterations: none)")
     write_markdown(ctx, "Path consistency (PI-SME Table 3)", caption, markdown_table(header, lines), notes,
                    scale_note=SCALE_NOTES[ctx.scale.name])
     _plot(ctx, rows, curves, Ts)

@@ -91,9 +91,10 @@ def _is_paper_cnn(model, shapes, x) -> bool:
 
 
 def _rows(basis, m: int, j: int) -> list[list]:
-    """The basis as python floats (fast scalar kernels) unless it is learned, then as 0-dim tensors."""
+    """The basis as python floats (fast scalar kernels) unless it is learned, then as 0-dim tensors;
+    no rows without a basis (node i is anchor i)."""
     if basis is None:
-        return [[1.0 if a == i else 0.0 for a in range(j)] for i in range(m)]
+        return [None] * m
     if basis.requires_grad:
         return [[basis[i, a] for a in range(j)] for i in range(m)]
     return basis.tolist()

@@ -6,8 +6,6 @@ loss with a calibration vector d, plus TV, R_p and R_d.
 """
 from __future__ import annotations
 
-import torch
-
 from ..quadrature import bezier_coefficients, gauss_legendre
 from .base import Attack, BezierMixin, register
 from .gradients import path_gradient
