@@ -97,14 +97,22 @@ def test_path_gradient_rejects_bad_paths(real_update):
         path_gradient(model, shapes, [w0], None, torch.ones(2, dtype=torch.float64), x, y)
 
 
-def test_relu_and_pool_have_torch_values_and_exact_derivatives():
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_relu_and_pool_have_torch_values_and_exact_derivatives(layout):
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64)
-    z = (z + 0.2 * z.sign()).requires_grad_(True)  # away from the kink, where finite differences hold
+    z = (z + 0.2 * z.sign()).contiguous(memory_format=layout).requires_grad_(True)  # off the kink
     assert torch.equal(relu(z), torch.relu(z))
-    assert torch.allclose(avg_pool2(z), F.avg_pool2d(z, 2), rtol=0, atol=1e-15)
+    pooled = avg_pool2(z)
+    assert torch.allclose(pooled, F.avg_pool2d(z, 2), rtol=0, atol=1e-15)
+    assert pooled.is_contiguous(memory_format=layout)  # the layout carries through
     assert torch.autograd.gradcheck(lambda u: avg_pool2(relu(u)) ** 2, (z,))
     assert torch.autograd.gradgradcheck(lambda u: avg_pool2(relu(u)) ** 2, (z,))
+    # a plainly contiguous cotangent (as from flatten) into a channels_last pooling, and vice versa
+    v = torch.randn(2, 3, 3, 2, generator=gen, dtype=torch.float64)
+    for cot in (v, v.contiguous(memory_format=torch.channels_last)):
+        ours = torch.autograd.grad(avg_pool2(z), z, cot)[0]
+        assert torch.allclose(ours, torch.autograd.grad(F.avg_pool2d(z, 2), z, cot)[0], rtol=0, atol=1e-15)
     odd = torch.randn(1, 2, 5, 5, generator=gen, dtype=torch.float64)
     assert torch.equal(avg_pool2(odd), F.avg_pool2d(odd, 2))  # odd sizes fall back to torch
 

@@ -18,7 +18,9 @@ Two implementations compute the same G:
      and two convolutions, instead of torch's transposed-convolution fallbacks;
   4. fc1's part of G is one GEMM over the m*k samples of all nodes (its input and output gradients
      stacked), instead of m thin GEMMs; so is its double backward;
-  5. each node's gradient is taken right after its forward, while its activations are in cache.
+  5. each node's gradient is taken right after its forward, while its activations are in cache;
+  6. the activations are channels_last (NHWC), oneDNN's native layout: the convolutions skip their
+     layout reorders and pooling works on contiguous channel vectors.
 tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
 """
 from __future__ import annotations
@@ -140,6 +142,7 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph
     m = len(coeffs)
     params = [unflatten(a, shapes) for a in anchors]
     rows = _rows(basis, m, len(anchors))
+    x = x.contiguous(memory_format=torch.channels_last)  # rewrite 6: every activation follows
     c1, c2 = model.conv1, model.conv2
     conv1 = dict(stride=c1.stride, padding=c1.padding, dilation=c1.dilation, groups=c1.groups)
     conv2 = dict(stride=c2.stride, padding=c2.padding, dilation=c2.dilation, groups=c2.groups)
@@ -254,15 +257,33 @@ class _Mask(torch.autograd.Function):
         return _Mask.apply(h, z), None
 
 
+def _is_nhwc(t: torch.Tensor) -> bool:
+    """True for a channels_last (N,C,H,W) tensor that is not also plainly contiguous."""
+    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
 def _pool2(u: torch.Tensor) -> torch.Tensor:
     n, c, hh, ww = u.shape
+    if _is_nhwc(u):
+        v = u.permute(0, 2, 3, 1).view(n, hh // 2, 2, ww, c)
+        r = (v[:, :, 0] + v[:, :, 1]).view(n, hh // 2, ww // 2, 2, c)
+        return torch.add(r[:, :, :, 0], r[:, :, :, 1]).mul_(0.25).permute(0, 3, 1, 2)
     r = u.contiguous().view(n, c, hh // 2, 2, ww)
     r = r[:, :, :, 0] + r[:, :, :, 1]
     return torch.add(r[..., 0::2], r[..., 1::2]).mul_(0.25)
 
 
-def _unpool2(g: torch.Tensor) -> torch.Tensor:
+def _unpool2(g: torch.Tensor, nhwc: bool = False) -> torch.Tensor:
+    """Nearest 2x upsampling / 4 (the adjoint of _pool2), channels_last when ``nhwc``."""
     n, c, h, w = g.shape
+    if nhwc:
+        gp = g.permute(0, 2, 3, 1)
+        out = g.new_empty(n, h, 2, w, 2, c)
+        quarter = gp * 0.25
+        out[:, :, 0, :, 0] = quarter
+        out[:, :, 0, :, 1] = quarter
+        out[:, :, 1] = out[:, :, 0]
+        return out.view(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
     out = g.new_empty(n, c, h, 2, w, 2)  # slice assignment: 3x faster here than a broadcast copy
     quarter = g * 0.25
     out[:, :, :, 0, :, 0] = quarter
@@ -274,21 +295,22 @@ def _unpool2(g: torch.Tensor) -> torch.Tensor:
 class _AvgPool2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u):
+        ctx.nhwc = _is_nhwc(u)
         return _pool2(u)
 
     @staticmethod
     def backward(ctx, g):
-        return _Unpool2.apply(g)
+        return _Unpool2.apply(g, ctx.nhwc)
 
 
 class _Unpool2(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, g):
-        return _unpool2(g)
+    def forward(ctx, g, nhwc):
+        return _unpool2(g, nhwc)
 
     @staticmethod
     def backward(ctx, h):
-        return _AvgPool2.apply(h)
+        return _AvgPool2.apply(h), None
 
 
 def relu(z: torch.Tensor) -> torch.Tensor:
