@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from fl_attack.records import write_text_atomic
+
 GRID: list[tuple[str, dict]] = [
     ("none", {"defense": "none"}),
     ("local-dp-weak", {"defense": "local-dp", "defense-clip-norm": 0.05, "defense-epsilon": 1000.0}),
@@ -165,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
 
     table = summarize(run_dirs, settings)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "defenses.csv", index=False)
+    write_text_atomic(out / "defenses.csv", table.to_csv(index=False))
     scale_text = (f"{args.dataset}, {args.supernodes} clients, {args.rounds} round(s), "
                   + ", ".join(f"{k}={v}" for k, v in scale.items()))
-    (out / "defenses.md").write_text(f"Scale: {scale_text}\n\n" + markdown_table(table), encoding="utf-8")
+    write_text_atomic(out / "defenses.md", f"Scale: {scale_text}\n\n" + markdown_table(table))
     save_figure(plot_utility_vs_leakage([load_run(d) for d in run_dirs]), out / "leakage_vs_accuracy.png")
     report = write_report(run_dirs, out / "report")
     print(markdown_table(table), flush=True)

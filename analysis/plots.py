@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from fl_attack.records import write_bytes_atomic
+
 from .aggregate import METHOD_ORDER, final_eval_accuracy, per_round, run_labels, sorted_methods
 from .load import Run
 
@@ -200,10 +202,7 @@ def figure_png(fig: Figure, dpi: int = 100) -> bytes:
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     """Write the figure as a PNG at `path` (folders created); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(figure_png(fig, dpi=dpi))
-    return path
+    return write_bytes_atomic(path, figure_png(fig, dpi=dpi))
 
 
 __all__ = ["plot_leakage_over_rounds", "plot_training", "plot_utility_vs_leakage", "plot_per_client",

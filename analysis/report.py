@@ -15,6 +15,7 @@ import argparse
 import base64
 import datetime as _dt
 import html
+import io
 import json
 import math
 import re
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from fl_attack.records import write_bytes_atomic, write_text_atomic
 
 from .aggregate import (METRICS, STATS, compare_runs, differing_keys, per_client, per_round, run_labels,
                         sorted_methods, summary_sentences)
@@ -93,11 +96,10 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str =
 
     if fmt == "html":
         path = out_dir / "report.html"
-        path.write_text(_render_html(sections, comparison, figures, utility, threshold), encoding="utf-8")
+        write_text_atomic(path, _render_html(sections, comparison, figures, utility, threshold))
     else:
         path = out_dir / "report.md"
-        path.write_text(_render_markdown(sections, comparison, figures, utility, threshold, out_dir),
-                        encoding="utf-8")
+        write_text_atomic(path, _render_markdown(sections, comparison, figures, utility, threshold, out_dir))
     return path
 
 
@@ -177,7 +179,7 @@ def _export_tables(sections: list[_RunSection], comparison: pd.DataFrame, out_di
     per_client_all = _concat_with_run([(s.label, s.per_client) for s in sections])
     tables = {"per_round": per_round_all, "per_client": per_client_all, "comparison": comparison}
     for name, table in tables.items():
-        table.to_csv(out_dir / f"{name}.csv", index=False)
+        write_text_atomic(out_dir / f"{name}.csv", table.to_csv(index=False))
     try:
         import pyarrow  # noqa: F401
     except ImportError:
@@ -192,9 +194,15 @@ def _concat_with_run(tables: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
     return pd.concat(non_empty, ignore_index=True) if non_empty else frames[0]
 
 
+def _parquet_bytes(table: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    table.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
 def _write_parquet(table: pd.DataFrame, path: Path) -> None:
     try:
-        table.to_parquet(path, index=False)
+        write_bytes_atomic(path, _parquet_bytes(table))
     except Exception as error:  # pyarrow raises its own error types
         # Config columns can mix types between runs (200 vs "200"); store those as text.
         text = table.copy()
@@ -203,7 +211,7 @@ def _write_parquet(table: pd.DataFrame, path: Path) -> None:
                 text[column] = text[column].map(lambda v: None if v is None or (isinstance(v, float)
                                                                                 and math.isnan(v)) else str(v))
         try:
-            text.to_parquet(path, index=False)
+            write_bytes_atomic(path, _parquet_bytes(text))
         except Exception:
             warnings.warn(f"could not write {path}: {error}", stacklevel=2)
 
@@ -460,8 +468,7 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
 
     def saved(picture: _Picture, folder: Path) -> str:
         path = folder / f"{picture.key}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(picture.png)
+        write_bytes_atomic(path, picture.png)
         return f"![{picture.caption}]({path.relative_to(out_dir).as_posix()})\n\n*{picture.caption}*\n"
 
     lines = ["# fl-attack leakage report", "",

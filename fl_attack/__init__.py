@@ -8,11 +8,29 @@ The library is usable without Flower:
 Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
 (``attacks``, ``api``) -> evaluation against the ground truth (``metrics``).
 """
-from .api import Reconstruction, reconstruct, resolve_device
-from .attacks import ATTACKS, AttackConfig
-from .update import ObservedUpdate, TrainingMetadata, local_steps
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
+# The public names load on first use (PEP 562), so torch-free helpers such as fl_attack.records can
+# be imported by the analysis scripts without starting torch.
+_EXPORTS = {"Reconstruction": "api", "reconstruct": "api", "resolve_device": "api", "ATTACKS": "attacks",
+            "AttackConfig": "attacks", "ObservedUpdate": "update", "TrainingMetadata": "update",
+            "local_steps": "update"}
+
 __all__ = ["ATTACKS", "AttackConfig", "ObservedUpdate", "Reconstruction", "TrainingMetadata", "local_steps",
            "reconstruct", "resolve_device", "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to a temporary file beside ``path``, fsync it, then rename it over ``path``.
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
     Creates missing parent folders; on any error the temporary file is removed and ``path`` is untouched.
     """
@@ -24,8 +24,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -34,6 +34,16 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """``text`` as UTF-8 (newlines kept as given), written as ``write_bytes_atomic`` does.
+
+    Raises TypeError, before touching the disk, when ``text`` is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"write_text_atomic needs a str, got {type(text).__name__}")
+    return write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

@@ -31,6 +31,15 @@ def _parse_overrides(text: str) -> dict:
     return out
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow),
+    else os.cpu_count(); at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Typed view of the run config. Field names are the keys with '-' replaced by '_'.
@@ -100,7 +109,7 @@ class RunSettings:
         """
         if self.attack_threads > 0:
             return self.attack_threads
-        cpus = cpus or os.cpu_count() or 1
+        cpus = cpus or usable_cpus()
         per_client = max(1, self.client_num_cpus)
         concurrent = cpus // per_client
         if clients_per_round is not None:

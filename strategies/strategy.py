@@ -8,7 +8,6 @@ the unchanged FedAvg code. Finished attacks go to the evaluator whenever the str
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 
@@ -18,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.records import append_csv_row
-from fl_attack.run_config import RunSettings
+from fl_attack.run_config import RunSettings, usable_cpus
 
 from .attacker import AttackDispatcher, AttackJob, AttackOutcome
 from .evaluator import Evaluator
@@ -81,7 +80,7 @@ class LeakageTracking:
         self._jobs = 0
         self._event(f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
                     f"{self.drain_threads} for the last round's attacks (attack-threads={settings.attack_threads}, "
-                    f"{os.cpu_count()} cores, client-num-cpus={settings.client_num_cpus}, "
+                    f"{usable_cpus()} cores, client-num-cpus={settings.client_num_cpus}, "
                     f"clients per round={clients_per_round if clients_per_round is not None else 'unknown'})")
 
     def _round_started(self, server_round: int, arrays: ArrayRecord) -> None:

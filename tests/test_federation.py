@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
-from fl_attack.run_config import RunSettings
+from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.training import train_local
 from strategies.attacker import AttackDispatcher, AttackJob
 from strategies.strategy import LeakageFedAvg, observed_update
@@ -249,6 +250,8 @@ def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
     assert RunSettings(client_num_cpus=1).attack_thread_count(cpus=8) == 1  # clients per round unknown: Ray's cap
     assert RunSettings().attack_drain_thread_count(cpus=8) == 8
     assert RunSettings(attack_threads=3).attack_drain_thread_count(cpus=8) == 3
+    # without an explicit count, the cores this process may use (taskset and containers narrow them)
+    assert RunSettings().attack_drain_thread_count() == usable_cpus() == len(os.sched_getaffinity(0))
     assert RunSettings.from_run_config({"client-num-cpus": 1}).client_num_cpus == 1
     with pytest.raises(ValueError, match="client-num-cpus"):
         RunSettings.from_run_config({"client-num-cpus": 0})

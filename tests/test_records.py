@@ -4,11 +4,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from fl_attack.records import append_csv_row, csv_text, write_json_atomic, write_text_atomic
+from fl_attack.records import append_csv_row, csv_text, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 
 def test_atomic_text_and_json_replace_whole_files_and_leave_no_temporaries(tmp_path):
@@ -19,9 +21,21 @@ def test_atomic_text_and_json_replace_whole_files_and_leave_no_temporaries(tmp_p
     assert path.read_text() == "x\n"
 
     with pytest.raises(TypeError):
-        write_text_atomic(path, object())  # a failing write leaves the old file and no temporary
+        write_text_atomic(path, object())
+    with pytest.raises(TypeError):
+        write_bytes_atomic(path, object())  # a write failing midway leaves the old file and no temporary
     assert path.read_text() == "x\n"
     assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]
+    write_bytes_atomic(path, b"\x89PNG")
+    assert path.read_bytes() == b"\x89PNG"
+
+
+def test_analysis_and_records_import_without_torch():
+    """The report path is light: fl_attack's public names load lazily, so analysis never starts torch."""
+    code = ("import sys, fl_attack.records, analysis.report, analysis.defenses; "
+            "assert 'torch' not in sys.modules, 'torch was imported'; "
+            "from fl_attack import reconstruct, ObservedUpdate; assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_csv_cells_round_trip_and_mark_missing_values():

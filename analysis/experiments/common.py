@@ -26,6 +26,7 @@ from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
 from fl_attack.metrics import evaluate_reconstruction, get_lpips
 from fl_attack.models import build_model
 from fl_attack.records import csv_text, write_text_atomic
+from fl_attack.run_config import usable_cpus
 from fl_attack.training import train_local
 from fl_attack.update import ObservedUpdate
 
@@ -123,7 +124,7 @@ class Context:
     def environment(self) -> str:
         threads = torch.get_num_threads()
         dev = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else \
-            f"CPU ({os.cpu_count()} cores, {threads} torch thread(s))"
+            f"CPU ({usable_cpus()} cores, {threads} torch thread(s))"
         return f"{dev}, torch {torch.__version__}, Python {platform.python_version()}"
 
 
