@@ -38,6 +38,7 @@ import torch
 from .api import Reconstruction, reconstruct, resolve_device
 from .attacks import AttackConfig, get_attack
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
+from .images import save_comparison_grid
 from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
 from .models import build_model
 from .records import csv_text, write_text_atomic
@@ -45,7 +46,7 @@ from .training import train_local
 from .update import ObservedUpdate, TrainingMetadata
 
 __all__ = ["RESULT_COLUMNS", "AttackSettings", "Victim", "AttackOutcome", "validate_settings", "train_victim",
-           "attack_victim", "failed_row", "ResultsTable", "write_trace", "save_grid", "run_attack_experiment"]
+           "attack_victim", "failed_row", "ResultsTable", "write_trace", "run_attack_experiment"]
 
 RESULT_COLUMNS = ("dataset", "client", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim",
                   "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds")
@@ -258,36 +259,6 @@ def write_trace(path: str | Path, trace: list[dict]) -> None:
     write_text_atomic(Path(path), csv_text(trace, columns))
 
 
-def save_grid(truth: torch.Tensor, matched: torch.Tensor, path: str | Path, columns: int = GRID_COLUMNS,
-              scale: int = 2) -> None:
-    """A PNG of originals (top row) over their matched reconstructions, ``columns`` pairs per band.
-
-    truth, matched: (k,C,H,W) in [0,1], matched[j] the reconstruction paired with truth[j].
-    """
-    from PIL import Image
-
-    k, c, h, w = truth.shape
-    pad = 2
-    bands = math.ceil(k / columns)
-    height = bands * (2 * h + 3 * pad) + pad
-    width = min(k, columns) * (w + pad) + pad
-    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
-    for j in range(k):
-        band, col = divmod(j, columns)
-        x0 = pad + col * (w + pad)
-        for r, img in enumerate((truth[j], matched[j])):
-            y0 = pad + band * (2 * h + 3 * pad) + r * (h + pad)
-            arr = (img.detach().float().clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
-            canvas[y0:y0 + h, x0:x0 + w] = np.repeat(arr, 3, axis=0).transpose(1, 2, 0) if c == 1 \
-                else arr.transpose(1, 2, 0)
-    image = Image.fromarray(canvas)
-    if scale > 1:
-        image = image.resize((width * scale, height * scale), Image.NEAREST)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    image.save(tmp, format="PNG")
-    os.replace(tmp, path)
-
-
 def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress: bool = True,
                           log: TextIO | None = None, pool: Pool | None = None) -> list[dict]:
     """Validate, then train ``settings.clients`` victims and attack each with every method.
@@ -334,8 +305,8 @@ def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress
                     continue
                 table.add(outcome.row)
                 write_trace(out / f"trace-{partition}-{method}.csv", outcome.reconstruction.trace)
-                save_grid(victim.images, outcome.evaluation["matched_recon"].cpu(),
-                          out / f"client-{partition}-{method}.png")
+                save_comparison_grid(victim.images, outcome.evaluation["matched_recon"].cpu(),
+                                     out / f"client-{partition}-{method}.png", columns=GRID_COLUMNS)
                 bar.update(1)
     finally:
         bar.close()

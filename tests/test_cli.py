@@ -58,7 +58,7 @@ def test_tiny_run_writes_traces_grids_and_no_temporaries(tiny_run):
         assert all(float(r["psnr"]) > 0 for r in rows)
         with Image.open(out / f"client-0-{method}.png") as image:
             # 10 pairs in one band: 2 rows of 28 px, 2 px gaps, scaled x2
-            assert image.size == (2 * (10 * 30 + 2), 2 * (2 * 28 + 3 * 2 + 2))
+            assert image.size == (2 * (10 * 30 + 2), 2 * (2 * 30 + 2))
     assert (out / "settings.json").is_file()
     assert not [p.name for p in out.iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
 
