@@ -8,9 +8,7 @@ The library is usable without Flower:
 Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
 (``attacks``, ``api``) -> evaluation against the ground truth (``metrics``).
 """
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -25,12 +23,20 @@ __all__ = ["ATTACKS", "AttackConfig", "ObservedUpdate", "Reconstruction", "Train
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name in _EXPORTS:
+        value = getattr(_importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif not name.startswith("_"):  # a submodule, e.g. fl_attack.api after a bare "import fl_attack"
+        try:
+            value = _importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(__all__)

@@ -20,18 +20,22 @@ def save_comparison_grid(truth: torch.Tensor, recon: torch.Tensor, path: str | o
     """Save a PNG of every pair: ``truth`` (N,C,H,W) in [0,1] above ``recon`` (matched order, same shape).
 
     Pairs fill bands of ``columns``; each band is a row of originals over the row of their
-    reconstructions, 2 px grey gaps. Each pixel is enlarged ``scale`` times. Written atomically.
-    Raises ValueError when the shapes differ, N is 0, or columns or scale is below 1.
+    reconstructions, 2 px grey gaps. Each pixel is enlarged ``scale`` times; NaN pixels show black.
+    Written atomically. Raises ValueError, before writing, when the shapes differ, the tensors are
+    not floating point with 1 or 3 channels, N is 0, or columns or scale is not an int >= 1.
     """
-    if truth.shape != recon.shape or truth.dim() != 4:
-        raise ValueError(f"truth and recon must be (N,C,H,W) of one shape, got {tuple(truth.shape)} and "
-                         f"{tuple(recon.shape)}")
-    if truth.shape[0] == 0 or columns < 1 or scale < 1:
-        raise ValueError(f"need at least one image, columns >= 1 and scale >= 1; got N={truth.shape[0]}, "
-                         f"columns={columns}, scale={scale}")
+    if truth.shape != recon.shape or truth.dim() != 4 or truth.shape[1] not in (1, 3):
+        raise ValueError(f"truth and recon must be (N,C,H,W) of one shape with C = 1 or 3, got "
+                         f"{tuple(truth.shape)} and {tuple(recon.shape)}")
+    if not (truth.is_floating_point() and recon.is_floating_point()):
+        raise ValueError(f"images must be floating point in [0,1], got {truth.dtype} and {recon.dtype}")
+    if truth.shape[0] == 0 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                      for v in (columns, scale)):
+        raise ValueError(f"need at least one image, and columns and scale as ints >= 1; got "
+                         f"N={truth.shape[0]}, columns={columns!r}, scale={scale!r}")
     n = truth.shape[0]
     per_band = min(n, columns)
-    both = torch.cat([truth, recon]).detach().float().cpu().clamp(0, 1)
+    both = torch.cat([truth, recon]).detach().float().cpu().nan_to_num(0.0).clamp(0, 1)
     if both.shape[1] == 1:
         both = both.repeat(1, 3, 1, 1)
     truth, recon = both[:n], both[n:]

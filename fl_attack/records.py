@@ -11,8 +11,19 @@ import io
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new, exclusively created temporary file in ``path``'s folder: (fd, name). Created with mode
+    0o666 less the umask, as a plain open() would (tempfile.mkstemp would make it 0o600)."""
+    while True:
+        name = os.path.join(path.parent, f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
@@ -22,7 +33,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -83,7 +94,7 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
     if not path.exists():
         header = io.StringIO()
         csv.writer(header).writerow(columns)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _temp_beside(path)
         with os.fdopen(fd, "w") as f:
             f.write(header.getvalue())
         try:

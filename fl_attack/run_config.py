@@ -7,6 +7,7 @@ Flower import: the library stays usable without Flower.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
@@ -32,12 +33,32 @@ def _parse_overrides(text: str) -> dict:
 
 
 def usable_cpus() -> int:
-    """The cores this process may run on (its CPU affinity, which containers and taskset narrow),
-    else os.cpu_count(); at least 1."""
+    """The cores this process may use: its CPU affinity (taskset, cpusets), capped by a cgroup v2 CPU
+    quota (``docker --cpus``), else os.cpu_count(); at least 1."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, _cgroup_cpu_quota() or cpus))
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """ceil(quota / period) of the cgroup's CPU limit (v2 cpu.max, else v1 cfs), None without one."""
+    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
+                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            with open(quota_file) as f:
+                fields = f.read().split()
+            if period_file is not None:
+                with open(period_file) as f:
+                    fields = fields[:1] + f.read().split()[:1]
+            quota, period = fields[0], int(fields[1])
+            if quota in ("max", "-1"):
+                return None
+            return max(1, math.ceil(int(quota) / period))
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 @dataclass(frozen=True)

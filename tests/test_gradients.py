@@ -6,6 +6,8 @@ here each rewrite is checked on its own, in float64, on a real client update.
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,6 +88,21 @@ def test_structured_path_equals_generic_path(real_update, path):
         assert float((f - s).abs().max()) <= 1e-10 * scale, name
 
 
+def test_structured_path_runs_channels_last_end_to_end(real_update, monkeypatch):
+    """Rewrite 6: every pooling, forward and backward, sees NHWC tensors, also for FEMNIST's 1-channel
+    input (whose plain .contiguous(channels_last) would keep NCHW strides)."""
+    model, shapes, w0, wT, x, y = real_update
+    seen = []
+    original = gradients._is_nhwc
+    monkeypatch.setattr(gradients, "_is_nhwc", lambda t: seen.append(original(t)) or seen[-1])
+    control_point = ((w0 + wT) / 2).requires_grad_(True)
+    t, c = gauss_legendre(3)
+    g = path_gradient(model, shapes, [w0, control_point, wT], bezier_coefficients(t), c,
+                      x.clone().requires_grad_(True), y)
+    torch.autograd.grad(g.sum(), [control_point])
+    assert seen and all(seen), f"{seen.count(False)} of {len(seen)} poolings saw NCHW"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_structured_path_on_cuda_equals_cpu(real_update):
     """The GPU path (cuDNN, channels_last) computes the CPU's G and double backward, in float64."""
@@ -96,13 +113,12 @@ def test_structured_path_on_cuda_equals_cpu(real_update):
     t, c = gauss_legendre(3)
     basis = bezier_coefficients(t)
     results = []
-    for device in ("cpu", "cuda"):
-        move = lambda v: v.to(device)  # noqa: E731
+    for device in ("cpu", "cuda"):  # copies: the module's shared fixture stays on the CPU, without grad
+        move = lambda v: v.detach().to(device, copy=True)  # noqa: E731
         anchors = [move(w0), move(control_point).requires_grad_(True), move(wT)]
-        out = _grads(model.to(device), shapes, anchors, move(basis), move(c), move(x).requires_grad_(True),
-                     move(y), move(probe))
+        out = _grads(copy.deepcopy(model).to(device), shapes, anchors, move(basis), move(c),
+                     move(x).requires_grad_(True), move(y), move(probe))
         results.append([o.detach().cpu() for o in out])
-    model.to("cpu")
     for name, on_cpu, on_gpu in zip(["G", "d/dX", "d/dP1"], *results):
         assert float((on_gpu - on_cpu).abs().max()) <= 1e-10 * float(on_cpu.abs().max()), name
 

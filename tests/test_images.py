@@ -35,11 +35,14 @@ def test_every_pair_in_bands_with_exact_pixels(tmp_path, cifar_images):
     assert [p.name for p in path.parent.iterdir()] == ["grid.png"]  # no temporary left
 
 
-def test_grayscale_and_scale(tmp_path):
+def test_grayscale_scale_and_nan(tmp_path):
     images = client_partition(load_pool("femnist"), 0, 5).train.images[:5]
-    path = save_comparison_grid(images, images, tmp_path / "g.png", scale=2)
+    recon = images.clone()
+    recon[0, 0, 0, 0] = float("nan")  # a diverged reconstruction still gets its grid
+    path = save_comparison_grid(images, recon, tmp_path / "g.png", scale=2)
     with Image.open(path) as image:
         assert image.size == (2 * (5 * 30 + 2), 2 * (2 * 30 + 2))  # one band of 5 pairs, scaled x2
+        assert image.getpixel((2 * 2, 2 * (2 + 30))) == (0, 0, 0)
 
 
 def test_bad_input_is_rejected_before_writing(tmp_path, cifar_images):
@@ -50,4 +53,10 @@ def test_bad_input_is_rejected_before_writing(tmp_path, cifar_images):
         save_comparison_grid(truth, recon, tmp_path / "a.png", columns=0)
     with pytest.raises(ValueError, match="at least one image"):
         save_comparison_grid(truth[:0], recon[:0], tmp_path / "a.png")
+    with pytest.raises(ValueError, match="floating point"):
+        save_comparison_grid((truth * 255).byte(), (recon * 255).byte(), tmp_path / "a.png")
+    with pytest.raises(ValueError, match="C = 1 or 3"):
+        save_comparison_grid(truth[:, :2], recon[:, :2], tmp_path / "a.png")
+    with pytest.raises(ValueError, match="ints"):
+        save_comparison_grid(truth, recon, tmp_path / "a.png", scale=1.5)
     assert not list(tmp_path.iterdir())

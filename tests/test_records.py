@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 
@@ -56,3 +58,16 @@ def test_append_csv_row_keeps_earlier_rows_and_rejects_unknown_columns(tmp_path)
         append_csv_row(path, {"round": 3, "oops": 1}, ["round", "psnr"])
     rows = list(csv.DictReader(path.open()))
     assert [(r["round"], r["psnr"]) for r in rows] == [("1", "20.0"), ("2", "")]
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    """Result files are shared: like open(), the writers give 0o666 less the umask (not mkstemp's 0o600)."""
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "report.md", "x")
+        write_bytes_atomic(tmp_path / "grid.png", b"x")
+        append_csv_row(tmp_path / "attacks.csv", {"a": 1}, ["a"])
+    finally:
+        os.umask(old)
+    for name in ("report.md", "grid.png", "attacks.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name

@@ -10,8 +10,8 @@ attack's X_hat initialisation. "Over clients and seeds" therefore means over (pa
 """
 from __future__ import annotations
 
+import io
 import math
-import os
 import platform
 import sys
 import time
@@ -25,7 +25,7 @@ from fl_attack.api import reconstruct, resolve_device
 from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
 from fl_attack.metrics import evaluate_reconstruction, get_lpips
 from fl_attack.models import build_model
-from fl_attack.records import csv_text, write_text_atomic
+from fl_attack.records import csv_text, write_bytes_atomic, write_text_atomic
 from fl_attack.run_config import usable_cpus
 from fl_attack.training import train_local
 from fl_attack.update import ObservedUpdate
@@ -282,9 +282,9 @@ def save_figure(fig, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def fmt(value, digits: int = 2) -> str:

@@ -142,7 +142,7 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph
     m = len(coeffs)
     params = [unflatten(a, shapes) for a in anchors]
     rows = _rows(basis, m, len(anchors))
-    x = x.contiguous(memory_format=torch.channels_last)  # rewrite 6: every activation follows
+    x = _channels_last(x)  # rewrite 6: every activation follows
     c1, c2 = model.conv1, model.conv2
     conv1 = dict(stride=c1.stride, padding=c1.padding, dilation=c1.dilation, groups=c1.groups)
     conv2 = dict(stride=c2.stride, padding=c2.padding, dilation=c2.dilation, groups=c2.groups)
@@ -255,6 +255,12 @@ class _Mask(torch.autograd.Function):
     def backward(ctx, h):
         (z,) = ctx.saved_tensors
         return _Mask.apply(h, z), None
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """A differentiable copy of (N,C,H,W) ``x`` with NHWC strides. ``x.contiguous(memory_format=
+    torch.channels_last)`` returns a 1-channel tensor unchanged, with strides torch then reads as NCHW."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last).copy_(x)
 
 
 def _is_nhwc(t: torch.Tensor) -> bool:
