@@ -10,7 +10,7 @@ import torch
 from .attacks import AttackConfig, get_attack
 from .attacks.base import build_optimizers, lr_milestones
 from .data import get_spec
-from .labels import recover_labels
+from .labels import recover_labels, refine_labels
 from .models import build_model
 from .update import ObservedUpdate, flatten, layout
 
@@ -102,7 +102,10 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc=method, leave=False)
+    refine_at = round(config.label_refine * config.iterations) if label_source == "recovered" else 0
     for it in steps:
+        if refine_at and it == refine_at:  # once, on the current reconstruction (AttackConfig.label_refine)
+            y = refine_labels(update, x.detach(), y, model)
         if time_limit is not None and time.perf_counter() - start > time_limit:
             raise TimeoutError(f"attack '{method}' exceeded its time limit of {time_limit:g} s at iteration {it}")
         for o in optimizers:

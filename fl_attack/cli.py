@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--labels", choices=("recovered", "oracle"), default=d.labels,
                    help="labels the attack uses: recovered from the output-bias update, or the true labels "
                         f"(oracle) (default: {d.labels})")
+    a.add_argument("--label-refine", type=float, default=0.0, metavar="F",
+                   help="with recovered labels, re-estimate the label counts once on the reconstruction "
+                        "after this fraction of the iterations, 0 <= F < 1 (not in the paper; helps after long "
+                        "local training, docs/attack-core.md) (default: 0, labels fixed)")
     a.add_argument("--seed", type=int, default=d.seed, metavar="S",
                    help=f"seed of the initial model w0, the victims' batch shuffling, the client draw and "
                         f"the attack's initial images (default: {d.seed})")
@@ -181,7 +185,8 @@ def _attack(args) -> int:
                               samples=args.samples, batch_size=args.batch_size, local_epochs=args.local_epochs,
                               lr=args.lr, iterations=args.iterations, nodes=args.nodes, classes=args.classes,
                               labels=args.labels, seed=args.seed, device=args.device, data_dir=args.data_dir,
-                              trace_every=args.trace_every)
+                              trace_every=args.trace_every,
+                              overrides={"label_refine": args.label_refine} if args.label_refine else {})
     try:  # every check before any training or any file is written
         pool = validate_settings(settings)
     except (ValueError, FileNotFoundError, TypeError) as exc:

@@ -32,26 +32,65 @@ def round_counts(raw: np.ndarray, total: int) -> np.ndarray:
 
 @torch.no_grad()
 def estimate_class_counts(update: ObservedUpdate, model: torch.nn.Module | None = None,
-                          num_dummy: int = 128, seed: int = 0) -> np.ndarray:
+                          num_dummy: int = 128, seed: int = 0, inputs: torch.Tensor | None = None) -> np.ndarray:
     """Raw (unrounded) per-class count estimates n_j, shape (num_classes,), summing to about k.
 
-    p_bar is the softmax averaged over ``num_dummy`` N(0, I) inputs (clamped to the pixel box) at
-    w0 and at wT. Raises KeyError if the state has no output bias named ``fl_attack.models.OUTPUT_BIAS``.
+    p_bar is the softmax averaged, at w0 and at wT, over ``inputs`` when given (normalised model
+    inputs (N,C,H,W), e.g. a reconstruction), else over ``num_dummy`` N(0, I) inputs clamped to the
+    pixel box. Raises KeyError if the state has no output bias named ``fl_attack.models.OUTPUT_BIAS``.
     """
     meta = update.metadata
     spec = get_spec(meta.dataset)
     if OUTPUT_BIAS not in update.w0:
         raise KeyError(f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' in the update")
     model = model or build_model(meta.dataset)
-    gen = torch.Generator().manual_seed(seed)
-    lo, hi = spec.pixel_box()
-    dummy = torch.randn(num_dummy, *spec.image_shape, generator=gen)
-    dummy = torch.maximum(torch.minimum(dummy, hi), lo)
-    probs = [torch.softmax(functional_call(model, dict(w), (dummy,)), dim=1).mean(0)
-             for w in (update.w0, update.wT)]
-    p_bar = (probs[0] + probs[1]) / 2
+    if inputs is None:
+        gen = torch.Generator().manual_seed(seed)
+        lo, hi = spec.pixel_box()
+        inputs = torch.randn(num_dummy, *spec.image_shape, generator=gen)
+        inputs = torch.maximum(torch.minimum(inputs, hi), lo)
+    p_bar = _mean_softmax(model, update, inputs).mean(0)
     delta_b = update.wT[OUTPUT_BIAS] - update.w0[OUTPUT_BIAS]
-    return (meta.num_samples * (p_bar + delta_b / (meta.lr * meta.local_steps))).numpy()
+    return (meta.num_samples * (p_bar.cpu() + delta_b / (meta.lr * meta.local_steps))).numpy()
+
+
+def _mean_softmax(model, update, inputs):
+    """(N, classes): the softmax of ``inputs`` averaged over the models at w0 and at wT."""
+    device = inputs.device
+    probs = [torch.softmax(functional_call(model, {k: v.to(device) for k, v in w.items()}, (inputs,)), dim=1)
+             for w in (update.w0, update.wT)]
+    return (probs[0] + probs[1]) / 2
+
+
+@torch.no_grad()
+def refine_labels(update: ObservedUpdate, inputs: torch.Tensor, labels: torch.Tensor,
+                  model: torch.nn.Module | None = None) -> torch.Tensor:
+    """Labels re-estimated from a reconstruction (not in the paper; docs/attack-core.md).
+
+    The counts come from ``estimate_class_counts`` with p_bar taken on ``inputs`` (the attack's
+    current X_hat, normalised, (k,C,H,W)) instead of dummy inputs; after long local training the
+    victim's softmax on its data departs from that on noise, and a reconstruction is closer to the
+    data. When the counts are unchanged, ``labels`` is returned as is; otherwise the new multiset is
+    assigned to the k images by an optimal matching (scipy.optimize.linear_sum_assignment) on
+    -log p(label | image), averaged over w0 and wT. Returns (k,) int64 on ``labels``' device.
+    Raises ValueError when inputs and labels disagree on k.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    k = labels.shape[0]
+    if inputs.shape[0] != k:
+        raise ValueError(f"need one label per image, got {inputs.shape[0]} images and {k} labels")
+    model = model or build_model(update.metadata.dataset).to(inputs.device)
+    counts = round_counts(estimate_class_counts(update, model, inputs=inputs), k)
+    if np.array_equal(counts, np.bincount(labels.cpu().numpy(), minlength=len(counts))):
+        return labels  # the same multiset: no image changes its label
+    slots = np.repeat(np.arange(len(counts)), counts)  # the new multiset, one slot per image
+    log_p = torch.log(_mean_softmax(model, update, inputs).clamp_min(1e-12)).cpu().double().numpy()
+    cost = -log_p[:, slots]  # (k images, k slots)
+    rows, cols = linear_sum_assignment(cost)
+    out = np.empty(k, dtype=np.int64)
+    out[rows] = slots[cols]
+    return torch.from_numpy(out).to(labels.device)
 
 
 def recover_labels(update: ObservedUpdate, model: torch.nn.Module | None = None, seed: int = 0) -> torch.Tensor:

@@ -112,6 +112,7 @@ BAD_INPUTS = [
     (["--methods", "pisme,dlgx"], "argument --methods: unknown attack method 'dlgx'; choose from: ig, nlsme, pisme"),
     (["--dataset", "mnist"], "unknown dataset 'mnist'; choose one of: cifar100, femnist"),
     (["--nodes", "0"], "the number of quadrature nodes m must be an integer >= 1, got 0"),
+    (["--label-refine", "1.5"], "label_refine must be in [0, 1) (a fraction of the iterations), got 1.5"),
     (["--batch-size", "60"], "batch size B=60 is larger than the client's k=50 samples"),
     (["--samples", "5000"], "no femnist client has k=5000 samples"),
     (["--clients", "101"], "101 clients asked for, but the femnist data has only 100 client(s) with k=50 samples"),

@@ -32,6 +32,9 @@ class AttackConfig:
     node_tolerance, node_check_every: pisme-adaptive only (fl_attack.attacks.pisme_adaptive): the
     largest accepted relative quadrature-error estimate, and the iterations between re-choices of m
     (0: at the learning-rate schedule's phases); ``nodes`` is then the largest m allowed.
+    label_refine: with recovered labels, the fraction of the iterations after which the label counts
+    are re-estimated once on the current X_hat and re-assigned (``fl_attack.labels.refine_labels``;
+    not in the paper); 0 (default) keeps the labels fixed.
     """
 
     iterations: int = 1000
@@ -54,6 +57,7 @@ class AttackConfig:
     observed_only: bool = False
     node_tolerance: float = 0.05
     node_check_every: int = 0
+    label_refine: float = 0.0
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -73,6 +77,8 @@ class AttackConfig:
             raise ValueError(f"node_tolerance must be > 0, got {self.node_tolerance}")
         if int(self.node_check_every) < 0:
             raise ValueError(f"node_check_every must be >= 0 (0: at the schedule's phases), got {self.node_check_every}")
+        if not 0 <= self.label_refine < 1:
+            raise ValueError(f"label_refine must be in [0, 1) (a fraction of the iterations), got {self.label_refine}")
         if int(self.trace_every) < 1:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
 
