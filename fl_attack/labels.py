@@ -39,19 +39,27 @@ def estimate_class_counts(update: ObservedUpdate, model: torch.nn.Module | None 
     inputs (N,C,H,W), e.g. a reconstruction), else over ``num_dummy`` N(0, I) inputs clamped to the
     pixel box. Raises KeyError if the state has no output bias named ``fl_attack.models.OUTPUT_BIAS``.
     """
-    meta = update.metadata
-    spec = get_spec(meta.dataset)
-    if OUTPUT_BIAS not in update.w0:
-        raise KeyError(f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' in the update")
-    model = model or build_model(meta.dataset)
+    _require_output_bias(update)
+    spec = get_spec(update.metadata.dataset)
+    model = model or build_model(update.metadata.dataset)
     if inputs is None:
         gen = torch.Generator().manual_seed(seed)
         lo, hi = spec.pixel_box()
         inputs = torch.randn(num_dummy, *spec.image_shape, generator=gen)
         inputs = torch.maximum(torch.minimum(inputs, hi), lo)
-    p_bar = _mean_softmax(model, update, inputs).mean(0)
+    return _raw_counts(update, _mean_softmax(model, update, inputs))
+
+
+def _require_output_bias(update: ObservedUpdate) -> None:
+    if OUTPUT_BIAS not in update.w0:
+        raise KeyError(f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' in the update")
+
+
+def _raw_counts(update: ObservedUpdate, probs: torch.Tensor) -> np.ndarray:
+    """n_j = k * (p_bar_j + delta_b_j / (eta * T)), with p_bar the mean of the (N, classes) ``probs``."""
+    meta = update.metadata
     delta_b = update.wT[OUTPUT_BIAS] - update.w0[OUTPUT_BIAS]
-    return (meta.num_samples * (p_bar.cpu() + delta_b / (meta.lr * meta.local_steps))).numpy()
+    return (meta.num_samples * (probs.mean(0).cpu() + delta_b / (meta.lr * meta.local_steps))).numpy()
 
 
 def _mean_softmax(model, update, inputs):
@@ -67,7 +75,7 @@ def refine_labels(update: ObservedUpdate, inputs: torch.Tensor, labels: torch.Te
                   model: torch.nn.Module | None = None) -> torch.Tensor:
     """Labels re-estimated from a reconstruction (not in the paper; docs/attack-core.md).
 
-    The counts come from ``estimate_class_counts`` with p_bar taken on ``inputs`` (the attack's
+    The counts are estimated as by ``estimate_class_counts``, with p_bar taken on ``inputs`` (the attack's
     current X_hat, normalised, (k,C,H,W)) instead of dummy inputs; after long local training the
     victim's softmax on its data departs from that on noise, and a reconstruction is closer to the
     data. When the counts are unchanged, ``labels`` is returned as is; otherwise the new multiset is
@@ -80,12 +88,14 @@ def refine_labels(update: ObservedUpdate, inputs: torch.Tensor, labels: torch.Te
     k = labels.shape[0]
     if inputs.shape[0] != k:
         raise ValueError(f"need one label per image, got {inputs.shape[0]} images and {k} labels")
+    _require_output_bias(update)
     model = model or build_model(update.metadata.dataset).to(inputs.device)
-    counts = round_counts(estimate_class_counts(update, model, inputs=inputs), k)
+    probs = _mean_softmax(model, update, inputs)  # one forward pass at w0 and wT serves both uses
+    counts = round_counts(_raw_counts(update, probs), k)
     if np.array_equal(counts, np.bincount(labels.cpu().numpy(), minlength=len(counts))):
         return labels  # the same multiset: no image changes its label
     slots = np.repeat(np.arange(len(counts)), counts)  # the new multiset, one slot per image
-    log_p = torch.log(_mean_softmax(model, update, inputs).clamp_min(1e-12)).cpu().double().numpy()
+    log_p = torch.log(probs.clamp_min(1e-12)).cpu().double().numpy()
     cost = -log_p[:, slots]  # (k images, k slots)
     rows, cols = linear_sum_assignment(cost)
     out = np.empty(k, dtype=np.int64)

@@ -44,21 +44,20 @@ def usable_cpus() -> int:
 
 def _cgroup_cpu_quota() -> int | None:
     """ceil(quota / period) of the cgroup's CPU limit (v2 cpu.max, else v1 cfs), None without one."""
-    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
-                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+    def read(path):
         try:
-            with open(quota_file) as f:
-                fields = f.read().split()
-            if period_file is not None:
-                with open(period_file) as f:
-                    fields = fields[:1] + f.read().split()[:1]
-            quota, period = fields[0], int(fields[1])
-            if quota in ("max", "-1"):
-                return None
-            return max(1, math.ceil(int(quota) / period))
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
+            with open(path) as f:
+                return f.read().split()
+        except OSError:
+            return []
+
+    fields = read("/sys/fs/cgroup/cpu.max") or (read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")[:1]
+                                                + read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")[:1])
+    try:
+        quota, period = fields[0], int(fields[1])
+        return None if quota in ("max", "-1") else max(1, math.ceil(int(quota) / period))
+    except (ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ attack's X_hat initialisation. "Over clients and seeds" therefore means over (pa
 """
 from __future__ import annotations
 
-import io
 import math
 import platform
 import sys
@@ -25,7 +24,7 @@ from fl_attack.api import reconstruct, resolve_device
 from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
 from fl_attack.metrics import evaluate_reconstruction, get_lpips
 from fl_attack.models import build_model
-from fl_attack.records import csv_text, write_bytes_atomic, write_text_atomic
+from fl_attack.records import csv_text, write_text_atomic
 from fl_attack.run_config import usable_cpus
 from fl_attack.training import train_local
 from fl_attack.update import ObservedUpdate
@@ -279,12 +278,10 @@ class Recorder:
 
 
 def save_figure(fig, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    """The experiments' figures: PNG at 110 dpi, written atomically (analysis.plots.save_figure)."""
+    from analysis.plots import save_figure as save_png
 
-    FigureCanvasAgg(fig)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    write_bytes_atomic(path, buffer.getvalue())
+    save_png(fig, path, dpi=110)
 
 
 def fmt(value, digits: int = 2) -> str:
