@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m strategies.launch
+	$(PY) -m strategies.launch --run-dir-file .last-run
+	$(PY) -m analysis.report "$$(cat .last-run)" --out "$$(cat .last-run)/report"
 
 test: setup
 	$(PY) -m pytest -q

@@ -23,7 +23,7 @@ from flwr.clientapp import ClientApp
 
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
-from fl_attack.run_config import RunSettings
+from strategies.settings import RunSettings
 from fl_attack.training import train_local
 
 from .defenses import TRAIN_MODS

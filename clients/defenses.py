@@ -22,7 +22,8 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 
-from fl_attack.defenses import DefenseSettings, transform_update
+from fl_attack.defenses import transform_update
+from strategies.defense_settings import DefenseSettings
 
 
 def _defense(context: Context) -> DefenseSettings:
@@ -62,7 +63,8 @@ def update_transform_mod(msg: Message, context: Context, call_next) -> Message:
     if reply.has_error():
         return reply
     (key, returned), = reply.content.array_records.items()
-    wT = transform_update(defense, w0, returned.to_torch_state_dict(), seed=client_seed(context, msg))
+    wT = transform_update(w0, returned.to_torch_state_dict(), seed=client_seed(context, msg),
+                          **defense.update_transforms())
     reply.content.array_records[key] = ArrayRecord(wT)
     return reply
 

@@ -133,51 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     a.set_defaults(handler=_attack)
 
-    b = sub.add_parser("bench", help="time one PI-SME step: ours against the literal Algorithm-1 loop",
-                       description="Time one PI-SME optimisation step (m node gradients, objective, double "
-                                   "backward, Adam) at the paper's size on a real client batch, for this "
-                                   "project's implementation and the literal Algorithm-1 loop, in one process. "
-                                   "Prints seconds per step, GFLOP/s (torch.utils.flop_counter), the fraction "
-                                   "of an fp32 GEMM peak measured in the same process, peak memory and the "
-                                   "largest relative gradient difference (float64 and float32).")
-    b.add_argument("--datasets", default="cifar100,femnist", help="comma-separated (default: cifar100,femnist)")
-    b.add_argument("--nodes", default="1,3,7,12", help="comma-separated m values (default: 1,3,7,12)")
-    b.add_argument("--samples", default="50", metavar="K", help="comma-separated batch sizes k (default: 50)")
-    b.add_argument("--widths", default="", metavar="W",
-                   help="comma-separated conv1 widths for a scaling table (default: the paper's model)")
-    b.add_argument("--repeats", type=int, default=3, help="timed steps per configuration, median reported (default: 3)")
-    b.add_argument("--threads", type=int, default=0, help="torch threads, >= 1 (default 0: torch's choice)")
-    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)")
-    b.add_argument("--json", action="store_true", help="machine-readable output")
-    b.set_defaults(handler=_bench)
-
-    e = sub.add_parser("experiment", help="paper experiments (table1, node-sweep, class-deficiency, "
-                                          "path-consistency, matched-compute, adaptive-nodes)",
-                       description="Same as `python -m analysis.experiments`; all arguments are passed on.",
-                       add_help=False)
-    e.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
-
-
-def _bench(args) -> int:
-    import json
-
-    from .bench import run_bench, summarize, validate_bench
-
-    try:
-        nodes = tuple(int(m) for m in args.nodes.split(","))
-        samples = tuple(int(k) for k in args.samples.split(","))
-        widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else (None,)
-    except ValueError:
-        raise UsageError("--nodes, --samples and --widths take comma-separated integers") from None
-    try:
-        validate_bench(tuple(args.datasets.split(",")), nodes, samples, args.repeats, args.threads or None, widths)
-    except (ValueError, FileNotFoundError) as exc:
-        raise UsageError(str(exc)) from None
-    result = run_bench(tuple(args.datasets.split(",")), nodes, samples, args.device, args.repeats,
-                       args.threads or None, widths, progress=(lambda s: None) if args.json else print)
-    print(json.dumps(result, indent=2) if args.json else summarize(result))
-    return 0
 
 
 def _attack(args) -> int:
@@ -201,10 +157,6 @@ def _attack(args) -> int:
 def main(argv=None) -> int:
     """Entry point of the ``fl-attack`` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["experiment"]:  # its own parser (analysis.experiments) handles the rest, --help too
-        from analysis.experiments import main as experiments_main
-
-        return experiments_main(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.images import save_comparison_grid
 from fl_attack.metrics import evaluate_reconstruction, get_lpips, label_count_accuracy
 from fl_attack.records import append_csv_row
-from fl_attack.run_config import RunSettings
+from .settings import RunSettings
 
 from .attacker import AttackOutcome
 from .timings import Timings

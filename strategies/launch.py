@@ -1,4 +1,4 @@
-"""The checked entry point: run one federation, wait for it, report, and clean up.
+"""The checked entry point: run one federation, wait for it, and clean up.
 
     python -m strategies.launch [--run-config 'key=value ...'] [--federation-config '...']
 
@@ -8,13 +8,16 @@ Plain ``flwr run`` returns 0 even when the run failed and leaves a detached Supe
    installation off, telemetry off, FLWR_HOME inside the project and FL_ATTACK_HOME set so the
    packaged app finds the bundled data;
 2. streams the run, then asks ``flwr ls`` for its final status;
-3. stops the SuperLink it started, writes the HTML report of the run and prints where it is;
-4. adds its clock (launch, ``flwr run`` exit, report) to the run's summary.json timings and prints
-   where the time went (strategies/timings.py);
+3. stops the SuperLink it started and prints where the run folder is (as the ServerApp named it);
+4. adds its clock (launch, ``flwr run`` exit) to the run's summary.json timings and prints where the
+   time went (strategies/timings.py);
 5. exits 0 only when the run completed and wrote its leakage record.
 
-It also passes the federation's client-resources-num-cpus to the ServerApp as the run config's
-client-num-cpus (the ServerApp cannot see the federation config), unless the run config sets it.
+``--run-config`` takes what ``flwr run`` takes (key=value strings, or one TOML file, dotted keys
+included), parsed by Flower's own parser. The launcher adds the federation's
+client-resources-num-cpus as the run config's client-num-cpus (the ServerApp cannot see the
+federation config) unless the run config sets it. The report is analysis' job, run afterwards
+(``make demo`` does both); nothing here imports analysis/.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,19 +58,31 @@ def _environment() -> dict:
     return env
 
 
-def _run_config(text: str, federation: str = DEFAULT_FEDERATION) -> tuple[str, str, Path]:
-    """Add a run-name when none is given, so the launcher knows the run folder, and the federation's
-    client CPUs as client-num-cpus (the attacker's thread count depends on it)."""
-    pairs = dict(re.findall(r'([\w-]+)=("[^"]*"|\S+)', text))
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def _run_config(overrides: list[str], federation: str, folder: Path) -> tuple[Path, str]:
+    """The user's ``--run-config`` values (key=value strings or one TOML file, dotted keys included),
+    parsed by Flower's own parser, plus the federation's client CPUs as client-num-cpus when the
+    user did not set it. Written to a new TOML file in ``folder``, the one file handed to ``flwr run``.
+    Returns (that file, the run folder to expect, or "" when the ServerApp names it)."""
+    from flwr.common.config import parse_config_args
+
+    pairs = parse_config_args(overrides or None)
     cpus = re.search(r"client-resources-num-cpus=(\d+)", federation)
     if cpus and "client-num-cpus" not in pairs:
-        pairs["client-num-cpus"] = cpus.group(1)
-    if "run-name" not in pairs:
-        pairs["run-name"] = f'"{time.strftime("%Y%m%d-%H%M%S")}-launch"'
-    name = pairs["run-name"].strip('"')
-    results = pairs.get("results-dir", '"results"').strip('"')
-    results_dir = Path(results) if Path(results).is_absolute() else ROOT / results
-    return " ".join(f"{k}={v}" for k, v in pairs.items()), name, results_dir / name
+        pairs["client-num-cpus"] = int(cpus.group(1))
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="run-config-", suffix=".toml", dir=folder)  # one per launch
+    os.close(fd)
+    path = Path(name)
+    path.write_text("".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in pairs.items()))
+    return path, str(pairs.get("run-name", ""))
 
 
 def _stop_superlink(control_port: str) -> None:
@@ -98,25 +114,33 @@ def _final_status(run_id: str, env: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m strategies.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-config", default="", help="run config overrides, e.g. 'dataset=\"cifar100\" num-server-rounds=3'")
+    parser.add_argument("--run-config", action="append", default=[],
+                        help="run config overrides as for flwr run: 'dataset=\"cifar100\" num-server-rounds=3' "
+                             "(repeatable) or one .toml file")
     parser.add_argument("--federation-config", default=DEFAULT_FEDERATION,
                         help=f"simulation options (default: '{DEFAULT_FEDERATION}')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is abandoned")
-    parser.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    parser.add_argument("--run-dir-file", default="", help="write the run folder's path to this file at the end")
     args = parser.parse_args(argv)
 
     env = _environment()
-    run_config, name, run_dir = _run_config(args.run_config, args.federation_config)
-    cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config,
+    try:
+        config_file, _ = _run_config(args.run_config, args.federation_config, Path(env["FLWR_HOME"]) / "launch")
+    except (ValueError, OSError) as exc:
+        print(f"fl-attack: error: --run-config: {exc}", file=sys.stderr)
+        return 2
+    cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", str(config_file),
            "--federation-config", args.federation_config]
     print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    run_id, started = None, time.time()
+    run_id, run_dir, started = None, None, time.time()
     try:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             sys.stdout.write(line)
             match = re.search(r"started run (\d+)", line)
             run_id = run_id or (match.group(1) if match else None)
+            found = re.search(r"fl-attack: leakage record in (.+)$", line.rstrip())
+            run_dir = run_dir or (Path(found.group(1)) if found else None)
             if time.time() - started > args.timeout:
                 proc.kill()
                 print(f"fl-attack: run abandoned after {args.timeout:.0f} s", file=sys.stderr)
@@ -127,25 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
     seconds = time.time() - started
-    ok = status.endswith("completed") and (run_dir / "rounds.csv").exists()
+    ok = status.endswith("completed") and run_dir is not None and (run_dir / "rounds.csv").exists()
     print(f"fl-attack: run {run_id} {status} in {seconds:.0f} s", flush=True)
     if not ok:
         print(f"fl-attack: error: the federation did not complete (status: {status}); see the log above"
-              + (f" and {run_dir}" if run_dir.exists() else ""), file=sys.stderr)
+              + (f" and {run_dir}" if run_dir is not None and run_dir.exists() else ""), file=sys.stderr)
         return 1
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
-    report_seconds = None
-    if not args.no_report:
-        from analysis.report import main as report_main
-
-        clock = time.perf_counter()
-        report_main([str(run_dir), "--out", str(run_dir / "report")])
-        report_seconds = time.perf_counter() - clock
-    _report_timings(run_dir, started, flwr_exited, report_seconds)
+    _report_timings(run_dir, started, flwr_exited)
+    if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)
+        Path(args.run_dir_file).write_text(f"{run_dir}\n")
     return 0
 
 
-def _report_timings(run_dir: Path, launched: float, flwr_exited: float, report_seconds: float | None) -> None:
+def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> None:
     """Add the launcher's clock to summary.json's timings and print where the time went."""
     from fl_attack.records import write_json_atomic
     from strategies.timings import table
@@ -158,8 +177,6 @@ def _report_timings(run_dir: Path, launched: float, flwr_exited: float, report_s
     if "timings" not in summary:
         return
     launcher = {"launched": launched, "flwr_exited": flwr_exited}
-    if report_seconds is not None:
-        launcher["report_seconds"] = round(report_seconds, 3)
     summary["timings"]["launcher"] = launcher
     write_json_atomic(path, summary)
     print(table(summary["timings"]), flush=True)

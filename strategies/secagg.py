@@ -27,7 +27,7 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
-from fl_attack.run_config import RunSettings
+from .settings import RunSettings
 
 from .attacker import AttackDispatcher
 from .evaluator import Evaluator

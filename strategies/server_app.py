@@ -3,7 +3,7 @@
 Run with ``flwr run .`` (see README). The run config is checked before the first round; results go
 to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.log, images/).
 
-The run config's ``defense`` picks how the server side runs (fl_attack/defenses.py):
+The run config's ``defense`` picks how the server side runs (strategies/defense_settings.py):
 - central-dp: LeakageFedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
   DifferentialPrivacyClientSideFixedClipping; the attacker sees each clipped, noise-free update;
 - secagg: Flower's legacy SecAgg+ workflow with SecAggLeakageFedAvg (strategies/secagg.py); the
@@ -30,7 +30,7 @@ from fl_attack.data import load_pool, num_partitions
 from fl_attack.models import build_model
 from fl_attack.paths import resolve_in_project
 from fl_attack.records import write_json_atomic
-from fl_attack.run_config import RunSettings
+from .settings import RunSettings
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
 from .strategy import LeakageFedAvg

@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.records import append_csv_row
-from fl_attack.run_config import RunSettings, usable_cpus
+from .settings import RunSettings, usable_cpus
 
 from .attacker import AttackDispatcher, AttackJob, AttackOutcome
 from .evaluator import Evaluator

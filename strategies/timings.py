@@ -5,7 +5,7 @@ epoch second they started, ``train-started``, in their simulation bookkeeping); 
 its hooks, each round's training and federated-evaluation spans and the final wait for attacks; the
 attacker times each attack (AttackOutcome.seconds); the evaluator times its scoring, images and CSV
 rows; the ServerApp times its own writes. The ServerApp stores the record as ``timings`` in
-summary.json; the launcher adds its clock (launch, ``flwr run`` exit, report) and prints ``table``.
+summary.json; the launcher adds its clock (launch, ``flwr run`` exit) and prints ``table``.
 
 Instants are epoch seconds (``time.time()``, comparable across the processes of one machine); the
 rest are durations in seconds. The server's timeline is split into spans that do not overlap and,
@@ -102,8 +102,6 @@ def breakdown(record: dict) -> list[tuple[str, float | None, str]]:
     other = wall - sum(s for _, s, _ in spans)
     rows = [("flwr run: launch to exit (wall)", wall, "")] + spans + [
         ("other: Flower between rounds, shutdown", other, "")]
-    if "report_seconds" in launcher:
-        rows.append(("report (after flwr run, not in the wall)", launcher["report_seconds"], ""))
     return rows
 
 

@@ -1,7 +1,7 @@
 """The attacks: the vectorised objectives against literal references, and the shared harness.
 
 THE REFERENCE TEST: on real client updates, PathIntegralSME.objective (all nodes in one vmapped
-pass, flat parameter vectors) equals fl_attack.attacks.reference.pisme_objective_reference (one
+pass, flat parameter vectors) equals tests/reference.py:pisme_objective_reference (one
 autograd call per node, dict parameters, Algorithm 1 as written), in value and in its gradients with
 respect to X_hat, the control point P1 and the calibration d. NL-SME, SME and IG are checked the
 same way against literal loops written here.
@@ -19,7 +19,7 @@ import fl_attack.api as api
 from fl_attack import ATTACKS, AttackConfig, ObservedUpdate, reconstruct
 from fl_attack.attacks import get_attack
 from fl_attack.attacks.base import lr_milestones
-from fl_attack.attacks.reference import pisme_objective_reference
+from tests.reference import pisme_objective_reference
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
 from fl_attack.training import train_local

@@ -27,9 +27,10 @@ from clients.client_app import app as client_app
 from clients.client_app import local_training
 from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.attacks.base import lsim, node_gradients
-from fl_attack.defenses import DefenseSettings, low_rank_update, quantize_update, topk_update, weight_matrices
+from fl_attack.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
+from strategies.defense_settings import DefenseSettings
 from fl_attack.models import build_model
-from fl_attack.run_config import RunSettings
+from strategies.settings import RunSettings
 from fl_attack.update import flatten, layout
 from strategies.attacker import AttackDispatcher
 from strategies.secagg import run_secagg
@@ -344,7 +345,7 @@ def launch(tmp_path, run_config: str, supernodes: int = 3):
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
     config = (f'num-server-rounds=1 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=5 '
               f'attack-nodes=2 attack-clients="all" results-dir="{results}" run-name="run" {run_config}')
-    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--no-report", "--run-config", config,
+    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config", config,
                            "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus=1"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     return proc, results / "run"

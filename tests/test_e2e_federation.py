@@ -19,12 +19,21 @@ def test_tiny_federation_end_to_end(tmp_path):
                   f'attack-nodes=2 attack-clients="all" attack-method="pisme,ig" results-dir="{results}" '
                   f'run-name="e2e"')
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
-    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config", run_config,
-                           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
+    # The launcher passes a TOML run config through unchanged (flwr run's own format).
+    (tmp_path / "overrides.toml").write_text("\n".join(
+        f"{k} = {v}" for k, v in (item.split("=", 1) for item in run_config.split())))
+    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config", str(tmp_path / "overrides.toml"),
+                           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
+                           "--run-dir-file", str(tmp_path / "run-dir")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
     run = results / "e2e"
+    assert (tmp_path / "run-dir").read_text().strip() == str(run)
+    # The report is analysis' job, after the run (make demo does both).
+    report = subprocess.run([sys.executable, "-m", "analysis.report", str(run), "--out", str(run / "report")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-4000:]
     config = json.loads((run / "config.json").read_text())
     assert config["run_config"]["attack-method"] == "pisme,ig" and config["seed"] == 0
     assert config["versions"]["flwr"] == "1.42.0"

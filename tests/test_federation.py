@@ -13,7 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
-from fl_attack.run_config import RunSettings, usable_cpus
+from strategies.settings import RunSettings, usable_cpus
 from fl_attack.training import train_local
 from strategies.attacker import AttackDispatcher, AttackJob
 from strategies.strategy import LeakageFedAvg, observed_update
@@ -341,7 +341,7 @@ def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
                                "evaluating": 133.0},
                          "2": {"configured": 134.0, "fit_started": 134.5, "trained": 140.0, "aggregated": 141.0,
                                "evaluating": 142.0}},
-              "launcher": {"launched": 100.0, "flwr_exited": 170.0, "report_seconds": 3.0}}
+              "launcher": {"launched": 100.0, "flwr_exited": 170.0}}
     rows = {label.split(":")[0].split(",")[0]: (value, note) for label, value, note in breakdown(record)}
     assert rows["flwr run"][0] == 70.0
     assert rows["start-up"][0] == 20.0 and "Flower + SuperLink 10.0" in rows["start-up"][1]
@@ -351,10 +351,9 @@ def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
     assert rows["federated evaluation"][0] == pytest.approx(2 + 1)
     assert rows["attacks"][0] == 12.0 and "busy 30.0 s summed over 1 attacks" in rows["attacks"][1]
     assert rows["evaluation"][0] == 2.0 and rows["writing results"][0] == pytest.approx(0.5)
-    spans = [v for k, (v, _) in rows.items() if k not in ("flwr run", "report (after flwr run")]
+    spans = [v for k, (v, _) in rows.items() if k != "flwr run"]
     assert sum(spans) == pytest.approx(70.0)  # the spans and "other" add up to the wall time
     assert rows["other"][0] == pytest.approx(70 - 20 - 15.5 - 0.5 - 3 - 12 - 2 - 0.5)
-    assert rows["report (after flwr run"][0] == 3.0
     assert "where the time went" in table(record)
     # Without the launcher (plain flwr run): the ServerApp's own clock.
     del record["launcher"]
@@ -362,12 +361,21 @@ def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
     assert rows["flwr run"] == 56.0 and rows["start-up"] == 10.0
 
 
-def test_the_launcher_passes_the_client_cpus_to_the_server():
+def test_the_launcher_passes_the_run_config_through_with_the_client_cpus(tmp_path):
+    import tomllib
+
     from strategies.launch import _run_config
 
-    text, _, _ = _run_config('run-name="x"', "num-supernodes=4 client-resources-num-cpus=3")
-    assert "client-num-cpus=3" in text
-    text, _, _ = _run_config('client-num-cpus=1', "num-supernodes=4 client-resources-num-cpus=3")
-    assert "client-num-cpus=1" in text and "client-num-cpus=3" not in text
-    text, _, _ = _run_config("", "num-supernodes=4")  # Flower's default (2) is the run config's default too
-    assert "client-num-cpus" not in text
+    def parsed(overrides, federation="num-supernodes=4 client-resources-num-cpus=3"):
+        path, _ = _run_config(overrides, federation, tmp_path)
+        return tomllib.loads(path.read_text())
+
+    assert parsed(['run-name="x"']) == {"run-name": "x", "client-num-cpus": 3}
+    assert parsed(["client-num-cpus=1"])["client-num-cpus"] == 1  # the user's value wins
+    assert "client-num-cpus" not in parsed([], "num-supernodes=4")  # Flower's default (2) is ours too
+    # Several strings, dotted keys and a TOML file are read with Flower's own parser.
+    assert parsed(['seed=3 lr=0.05', 'attack-options="tv_weight=0.02"', 'a.b=true']) == {
+        "seed": 3, "lr": 0.05, "attack-options": "tv_weight=0.02", "a.b": True, "client-num-cpus": 3}
+    (tmp_path / "mine.toml").write_text('dataset = "cifar100"\n[defense]\nkind = "x"\n')
+    assert parsed([str(tmp_path / "mine.toml")]) == {"dataset": "cifar100", "defense.kind": "x",
+                                                     "client-num-cpus": 3}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from fl_attack.attacks import gradients
 from fl_attack.attacks.gradients import avg_pool2, conv2d, path_gradient, relu
-from fl_attack.bench import run_bench, summarize
+from benchmarks.attack_step import run_bench, summarize
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
@@ -248,10 +248,10 @@ def test_path_gradient_under_no_grad_and_input_checks(real_update):
 
 
 def test_bench_rejects_bad_arguments_before_timing(capsys):
-    from fl_attack.cli import main
+    from benchmarks.attack_step import main
 
     for argv in (["--nodes", "0"], ["--widths", "4,0"], ["--threads", "-1"], ["--samples", "x"],
                  ["--datasets", "femnist", "--samples", "4,100000"], ["--datasets", "mnist"]):
-        assert main(["bench", *argv]) == 2, argv
+        assert main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert err.startswith("fl-attack: error:") and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err

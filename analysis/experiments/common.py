@@ -25,7 +25,7 @@ from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
 from fl_attack.metrics import evaluate_reconstruction, get_lpips
 from fl_attack.models import build_model
 from fl_attack.records import csv_text, write_text_atomic
-from fl_attack.run_config import usable_cpus
+from strategies.settings import usable_cpus
 from fl_attack.training import train_local
 from fl_attack.update import ObservedUpdate
 

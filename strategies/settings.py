@@ -2,8 +2,9 @@
 
 Flower hands the run config to both apps as a flat dict with kebab-case keys and TOML types.
 ``RunSettings.from_run_config`` turns it into typed settings and raises ValueError with a clear
-message for any bad value, so the ServerApp can fail before the first round starts. It needs no
-Flower import: the library stays usable without Flower.
+message for any bad value, so the ServerApp can fail before the first round starts. Both apps
+(clients/ and strategies/) read the run config through this module. The federation's policies live
+here too: the attacker's torch threads (the cores the clients leave idle) and which clients to attack.
 """
 from __future__ import annotations
 
@@ -11,23 +12,16 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from .attacks import ATTACKS, AttackConfig
-from .data import get_spec
-from .defenses import DefenseSettings
+from fl_attack.attacks import ATTACKS, AttackConfig
+from fl_attack.config import parse_key_values, typed_value
+from fl_attack.data import get_spec
+
+from .defense_settings import DefenseSettings
 
 
 def _parse_overrides(text: str) -> dict:
     """"tv_weight=0.02,lr_control_point=1e-5" -> AttackConfig overrides (typed like the defaults)."""
-    defaults = asdict(AttackConfig())
-    out = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        if "=" not in item:
-            raise ValueError(f"attack-options: expected key=value, got '{item}'")
-        key, value = (s.strip() for s in item.split("=", 1))
-        if key not in defaults:
-            raise ValueError(f"attack-options: unknown attack setting '{key}'; known: {sorted(defaults)}")
-        kind = type(defaults[key])
-        out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    out = parse_key_values(text, asdict(AttackConfig()), "attack-options", "attack setting")
     AttackConfig.from_overrides(**out)  # validates the combination
     return out
 
@@ -65,7 +59,7 @@ class RunSettings:
     """Typed view of the run config. Field names are the keys with '-' replaced by '_'.
 
     The defense keys ("defense", "defense-*", "secagg-*") are parsed into ``defense``, a
-    DefenseSettings (fl_attack/defenses.py).
+    DefenseSettings (strategies/defense_settings.py).
     """
 
     dataset: str = "femnist"
@@ -172,11 +166,7 @@ class RunSettings:
                 continue
             name = key.replace("-", "_")
             if name in known:
-                kind = type(getattr(cls, name))
-                try:
-                    values[name] = kind(value)
-                except (TypeError, ValueError):
-                    raise ValueError(f"run config '{key}' must be {kind.__name__}, got {value!r}") from None
+                values[name] = typed_value(f"run config '{key}'", value, getattr(cls, name))
             else:
                 extra[key] = value
         settings = cls(**values, defense=DefenseSettings.from_run_config(run_config), extra=extra)
@@ -233,6 +223,6 @@ class RunSettings:
         self.attack_config()  # checks attack-options
         self.defense.validate()
         if self.defense.low_rank:
-            from .models import build_model
+            from fl_attack.models import build_model
 
             self.defense.check_model(build_model(self.dataset).state_dict())

@@ -1,10 +1,10 @@
-"""``fl-attack bench``: the cost of one PI-SME optimisation step, ours against the literal loop.
+"""``python -m benchmarks.attack_step``: the cost of one PI-SME optimisation step, ours against the literal loop.
 
 One step = the m node gradients (eq. 8), the objective (eq. 10), its backward through the gradient
 (double backward) to X_hat, P1 and d, and the Adam update. Both implementations run in the same
 process on the same real client batch, after a warm-up:
 - "fast": fl_attack.attacks.pisme (the structured path of fl_attack.attacks.gradients);
-- "reference": fl_attack.attacks.reference, the literal Algorithm-1 loop (one call per node).
+- "reference": tests/reference.py, the literal Algorithm-1 loop (one call per node).
 The two are timed in alternation (step of one, step of the other), so a machine whose speed drifts
 biases neither. Reported per configuration: the median seconds per step, GFLOP/s (counted with
 torch.utils.flop_counter on the real step), the fraction of an fp32 GEMM peak measured in the same
@@ -14,7 +14,10 @@ float64 (where rounding cannot flip a ReLU) and in float32.
 """
 from __future__ import annotations
 
+import argparse
 import functools
+import json
+import sys
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -22,14 +25,14 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .api import resolve_device
-from .attacks import AttackConfig
-from .attacks.pisme import PathIntegralSME
-from .attacks.reference import pisme_objective_reference
-from .data import client_partition, get_spec, load_pool
-from .models import build_model
-from .training import train_local
-from .update import flatten, layout, unflatten
+from fl_attack.api import resolve_device
+from fl_attack.attacks import AttackConfig
+from fl_attack.attacks.pisme import PathIntegralSME
+from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.models import build_model
+from fl_attack.training import train_local
+from fl_attack.update import flatten, layout, unflatten
+from tests.reference import pisme_objective_reference
 
 
 @dataclass
@@ -284,3 +287,42 @@ def summarize(result: dict) -> str:
             lines.append(f"{dataset} width={width} k={k}: fast step time at m=7 / m=1 = "
                          f"{seven['seconds_per_step'] / one['seconds_per_step']:.2f}")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Command line: prints the table (or --json); exit status 2 with one line for a bad argument."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.attack_step",
+        description="Time one PI-SME optimisation step (m node gradients, objective, double backward, Adam) at "
+                    "the paper's size on a real client batch, for this project's implementation and the literal "
+                    "Algorithm-1 loop, in one process. Prints seconds per step, GFLOP/s "
+                    "(torch.utils.flop_counter), the fraction of an fp32 GEMM peak measured in the same process, "
+                    "peak memory and the largest relative gradient difference (float64 and float32).")
+    add = parser.add_argument
+    add("--datasets", default="cifar100,femnist", help="comma-separated (default: cifar100,femnist)")
+    add("--nodes", default="1,3,7,12", help="comma-separated m values (default: 1,3,7,12)")
+    add("--samples", default="50", metavar="K", help="comma-separated batch sizes k (default: 50)")
+    add("--widths", default="", metavar="W",
+        help="comma-separated conv1 widths for a scaling table (default: the paper's model)")
+    add("--repeats", type=int, default=3, help="timed steps per configuration, median reported (default: 3)")
+    add("--threads", type=int, default=0, help="torch threads, >= 1 (default 0: torch's choice)")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)")
+    add("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    datasets = tuple(args.datasets.split(","))
+    try:
+        nodes = tuple(int(m) for m in args.nodes.split(","))
+        samples = tuple(int(k) for k in args.samples.split(","))
+        widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else (None,)
+        validate_bench(datasets, nodes, samples, args.repeats, args.threads or None, widths)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    result = run_bench(datasets, nodes, samples, args.device, args.repeats, args.threads or None, widths,
+                       progress=(lambda s: None) if args.json else print)
+    print(json.dumps(result, indent=2) if args.json else summarize(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from ..quadrature import gauss_legendre
-from .base import lsim, total_variation
+from fl_attack.attacks.base import lsim, total_variation
+from fl_attack.quadrature import gauss_legendre
 
 
 def pisme_objective_reference(model, w0: dict, wT: dict, control_point: dict, calibration: dict,
