@@ -33,7 +33,8 @@ app = ClientApp()
 
 def _load_split(settings: RunSettings, partition_id: int):
     pool = load_pool(settings.dataset, settings.data_dir or None)
-    return client_partition(pool, partition_id, settings.samples, settings.classes, seed=settings.seed)
+    return client_partition(pool, partition_id, settings.samples, settings.classes, seed=settings.seed,
+                            held_out=settings.held_out)
 
 
 def _model(dataset: str, state: dict) -> torch.nn.Module:

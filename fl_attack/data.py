@@ -446,19 +446,52 @@ def _cifar_test_size(k: int, test_samples: int | None) -> int:
     return max(1, k // 5) if test_samples is None else test_samples
 
 
-def num_partitions(pool: Pool, num_samples: int, classes: int | None = None) -> int:
+def num_partitions(pool: Pool, num_samples: int, classes: int | None = None, held_out: int = 0) -> int:
     """Number of clients ``client_partition`` accepts for this pool and k = ``num_samples``.
 
     * femnist: writers with >= k LEAF-train samples (a writer with fewer is not a client).
-    * cifar100: ``N // (k + t)`` with t = max(1, k // 5) held-out samples, i.e. how many disjoint
-      clients fit. The same count bounds partition ids in class-restricted mode.
+    * cifar100: ``(N - held_out) // (k + t)`` with t = max(1, k // 5) held-out samples, i.e. how many
+      disjoint clients fit beside the server's ``held_out`` test samples (``server_test_set``). The
+      same count bounds partition ids in class-restricted mode.
 
     Raises ValueError for num_samples < 1, classes outside 1..num_classes or classes for femnist.
     """
     spec, k, _, _ = _check_args(pool, num_samples, classes)
     if spec.name == "femnist":
         return int(len(_femnist_eligible(pool, k)[0]))
-    return len(pool) // (k + _cifar_test_size(k, None))
+    return max(0, len(pool) - int(held_out)) // (k + _cifar_test_size(k, None))
+
+
+def _cifar_server_indices(pool: Pool, held_out: int, seed: int) -> np.ndarray:
+    """The last ``held_out`` entries of the seed's permutation: reserved for the server."""
+    return np.random.default_rng(seed).permutation(len(pool))[len(pool) - held_out:] if held_out else \
+        np.empty(0, dtype=np.int64)
+
+
+def server_test_set(pool: Pool, num_samples: int, seed: int = 0) -> ClientData:
+    """The server's own held-out test set, for centralised evaluation of the global model.
+
+    * femnist: ``num_samples`` of the LEAF-test samples of all writers (drawn with
+      ``default_rng(seed)``; all of them when there are fewer). No client trains on LEAF-test samples.
+    * cifar100: the last ``num_samples`` images of the seed's permutation, the ones ``client_partition``
+      never gives a client when called with ``held_out=num_samples`` (the federation does).
+
+    Images float32 (n,C,H,W) in [0,1], labels int64 (n,), ``client_id`` "server-test".
+    Raises ValueError for num_samples < 1 or more than the pool can hold out.
+    """
+    n = _as_index("num_samples", num_samples)
+    if n < 1:
+        raise ValueError(f"the server's test set needs num_samples >= 1, got {n}")
+    if get_spec(pool.dataset).name == "femnist":
+        candidates = np.flatnonzero(pool.split == 1)
+        if candidates.size == 0:
+            raise ValueError("the femnist data has no LEAF-test samples to hold out for the server")
+        idx = np.sort(np.random.default_rng(seed).choice(candidates, size=min(n, candidates.size), replace=False))
+    else:
+        if n >= len(pool):
+            raise ValueError(f"cannot hold out {n} of the {len(pool)} cifar100 images for the server")
+        idx = _cifar_server_indices(pool, n, seed)
+    return _to_client(pool, idx, "server-test", -1)
 
 
 def _to_client(pool: Pool, idx: np.ndarray, client_id: str, partition_id: int) -> ClientData:
@@ -495,6 +528,7 @@ def client_partition(
     classes: int | None = None,
     seed: int = 0,
     test_samples: int | None = None,
+    held_out: int = 0,
 ) -> ClientSplit:
     """Cut client ``partition_id``'s data from ``pool``: ``train`` exactly k = ``num_samples`` samples
     (the private set the attack targets) and ``test`` its held-out samples, disjoint from train.
@@ -516,6 +550,8 @@ def client_partition(
       passes its share to the others; if C > k, only k classes appear in train). Test gets what the
       classes have left, up to t. Clients may overlap in this mode.
       ``client_id`` = "cifar100-client-<p>".
+    * cifar100, ``held_out`` = H > 0: the H images of ``server_test_set(pool, H, seed)`` are never
+      given to a client (unrestricted clients are unchanged, there are just fewer of them).
 
     Raises (ValueError, before any sampling): num_samples < 1; classes outside 1..num_classes or given
     for femnist; partition_id outside ``range(num_partitions(...))`` (for cifar100 with the given t);
@@ -551,7 +587,7 @@ def client_partition(
     cid = f"cifar100-client-{p}"
     if n < k:
         raise ValueError(f"client {cid} has only {n} samples (the whole cifar100 pool), asked for {k}")
-    count = n // (k + t)
+    count = max(0, n - int(held_out)) // (k + t)
     if not 0 <= p < count:
         raise ValueError(
             f"partition {p} out of range: cifar100 data ({n} images) has {count} clients of "
@@ -569,7 +605,8 @@ def client_partition(
         raise ValueError(f"classes={classes} but the cifar100 pool has only {present.size} classes")
     rng = np.random.default_rng([seed, p])
     chosen = rng.choice(present, size=classes, replace=False)
-    members = [np.flatnonzero(pool.labels == c) for c in chosen]
+    reserved = _cifar_server_indices(pool, int(held_out), seed)
+    members = [np.setdiff1d(np.flatnonzero(pool.labels == c), reserved) for c in chosen]
     caps = np.array([m.size for m in members], dtype=np.int64)
     if caps.sum() < k:
         raise ValueError(

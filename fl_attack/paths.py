@@ -54,9 +54,11 @@ def asset(name: str) -> Path:
 
 
 def project_root() -> Path:
-    """The fl-attack checkout: the parent of the first package folder that holds the assets, else cwd."""
+    """The fl-attack checkout: the parent of the first package folder that holds the bundled data, else
+    cwd. Flower's packaged copy of the app has an assets/ folder too (its README) but no data, so
+    a plain ``flwr run .`` resolves results/ in the checkout, not inside $FLWR_HOME."""
     for package in _candidate_packages():
-        if (package / "assets").is_dir() and (package.parent / "pyproject.toml").is_file():
+        if (package / "assets" / "femnist_sample.npz").is_file() and (package.parent / "pyproject.toml").is_file():
             return package.parent
     return Path.cwd()
 

@@ -6,9 +6,13 @@ data through it; the evaluator gets the ground truth separately, after the attac
 """
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -132,3 +136,128 @@ def unflatten(flat: torch.Tensor, shapes: list[tuple[str, torch.Size]]) -> dict:
     """Views of a flat (P,) vector as a state dict (no copy; works under torch.func.vmap)."""
     sizes = [int(np.prod(s)) for _, s in shapes]
     return {k: p.view(s) for (k, s), p in zip(shapes, torch.split(flat, sizes))}
+
+
+@dataclass(frozen=True)
+class AttackTarget:
+    """Whose update an attack targets: public identifiers only, never data.
+
+    round: the FedAvg round, >= 1. partition_ids: the simulated client's partition id, or under
+    SecAgg+ (``aggregate`` True) every participant of the aggregate, ascending. node_id: Flower's
+    node id of the client (None for an aggregate). client_id: the dataset's client name (a LEAF
+    writer, "cifar100-client-P") or "aggregate:0,1,2". Raises ValueError for a round < 1, no or
+    negative partition ids, or several ids without ``aggregate``.
+    """
+
+    round: int
+    partition_ids: tuple[int, ...]
+    node_id: int | None = None
+    client_id: str = ""
+    aggregate: bool = False
+
+    def __post_init__(self):
+        ids = tuple(sorted(int(p) for p in self.partition_ids))
+        if int(self.round) < 1:
+            raise ValueError(f"an attack target's round must be >= 1, got {self.round}")
+        if not ids or ids[0] < 0:
+            raise ValueError(f"an attack target needs partition ids >= 0, got {self.partition_ids}")
+        if len(ids) > 1 and not self.aggregate:
+            raise ValueError(f"several partition ids {ids} make an aggregate: set aggregate=True")
+        object.__setattr__(self, "round", int(self.round))
+        object.__setattr__(self, "partition_ids", ids)
+
+    @property
+    def partition_id(self) -> int | None:
+        """The client's partition id; None for an aggregate."""
+        return None if self.aggregate else self.partition_ids[0]
+
+    @property
+    def name(self) -> str:
+        """"client-P", or "aggregate": the file name of its image grid and recorded update."""
+        return "aggregate" if self.aggregate else f"client-{self.partition_ids[0]}"
+
+    def describe(self) -> str:
+        """Human-readable, for logs: "round 3 partition 5" or "round 3 aggregate of 0,1,2"."""
+        if self.aggregate:
+            return f"round {self.round} aggregate of {','.join(map(str, self.partition_ids))}"
+        return f"round {self.round} partition {self.partition_ids[0]}"
+
+    def to_row(self) -> dict:
+        """The target as CSV cells (updates/index.csv)."""
+        return {"round": self.round, "partition_ids": ",".join(map(str, self.partition_ids)),
+                "node_id": "" if self.node_id is None else self.node_id, "client_id": self.client_id,
+                "aggregate": int(self.aggregate)}
+
+    @classmethod
+    def from_row(cls, row: dict) -> "AttackTarget":
+        """Inverse of ``to_row`` (values may be strings, as read from a CSV)."""
+        node = row.get("node_id")
+        return cls(round=int(row["round"]), partition_ids=tuple(int(p) for p in str(row["partition_ids"]).split(",")),
+                   node_id=None if node in (None, "") else int(node), client_id=str(row.get("client_id") or ""),
+                   aggregate=str(row.get("aggregate", "0")) in ("1", "True", "true"))
+
+
+# Recorded updates: what the attacker observed, kept in a run folder so it can be attacked again ----------
+UPDATE_INDEX = "index.csv"
+UPDATE_INDEX_COLUMNS = ["round", "partition_ids", "node_id", "client_id", "aggregate", "file", "sha256",
+                        "w0_file", "w0_sha256"]
+
+
+def _saved(obj) -> tuple[bytes, str]:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def save_update(update: ObservedUpdate, target: AttackTarget, folder) -> dict:
+    """Record ``update`` under ``folder`` (a run's ``updates/``) and append its line to ``index.csv``.
+
+    Files: ``round-R/w0.pt`` (the round's global weights, written once per round and shared) and
+    ``round-R/<target.name>.pt`` (wT, the public training metadata and the target), each written
+    atomically; the index holds their SHA-256. Only what the attacker observed is written, never data.
+    Returns the index row.
+    """
+    from .records import append_csv_row, write_bytes_atomic
+
+    folder = Path(folder)
+    rel = Path(f"round-{target.round}")
+    w0_bytes, w0_sha = _saved({"w0": update.w0})
+    if not (folder / rel / "w0.pt").exists():
+        write_bytes_atomic(folder / rel / "w0.pt", w0_bytes)
+    data, sha = _saved({"wT": update.wT, "metadata": update.metadata.to_dict(), "target": target.to_row()})
+    write_bytes_atomic(folder / rel / f"{target.name}.pt", data)
+    row = {**target.to_row(), "file": (rel / f"{target.name}.pt").as_posix(), "sha256": sha,
+           "w0_file": (rel / "w0.pt").as_posix(), "w0_sha256": w0_sha}
+    append_csv_row(folder / UPDATE_INDEX, row, UPDATE_INDEX_COLUMNS)
+    return row
+
+
+def load_update(folder, row: dict) -> tuple[ObservedUpdate, AttackTarget]:
+    """The (update, target) of one ``index.csv`` row of ``folder``, checked against its SHA-256.
+
+    Raises ValueError when a file's checksum differs from the index (a corrupt or altered record),
+    FileNotFoundError when a file is missing.
+    """
+    folder = Path(folder)
+
+    def read(name: str, sha: str):
+        data = (folder / name).read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise ValueError(f"recorded update {folder / name} does not match its checksum in {UPDATE_INDEX}")
+        return torch.load(io.BytesIO(data), weights_only=True)
+
+    w0 = read(row["w0_file"], row["w0_sha256"])["w0"]
+    saved = read(row["file"], row["sha256"])
+    target = AttackTarget.from_row(row)
+    meta = TrainingMetadata(**saved["metadata"])
+    return ObservedUpdate(w0, saved["wT"], meta, {"round": target.round}), target
+
+
+def read_update_index(folder) -> list[dict]:
+    """The rows of ``folder``/index.csv in file order ([] when nothing was recorded)."""
+    path = Path(folder) / UPDATE_INDEX
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from fl_attack import AttackConfig, ObservedUpdate, reconstruct
+from fl_attack.update import AttackTarget
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,9 @@ class AttackJob:
     update: ObservedUpdate
     method: str
     config: AttackConfig
+    target: AttackTarget  # whose update (public identifiers)
     labels: object = "recovered"  # "recovered", or an oracle label tensor the evaluator gave
     time_limit: float | None = None
-    tags: dict = field(default_factory=dict)  # public identifiers: round, node_id, partition_id
     threads: int | None = None  # torch threads on the actor for this job (None = the actor's own)
 
 
@@ -39,7 +40,7 @@ class AttackOutcome:
 
     job_id: int
     method: str
-    tags: dict
+    target: AttackTarget
     status: str
     error: str = ""
     images: torch.Tensor | None = None
@@ -49,6 +50,14 @@ class AttackOutcome:
     lsim_calibrated: float = float("nan")
     seconds: float = float("nan")
     device: str = ""
+    local_steps: int | None = None  # T of the attacked update
+
+    @classmethod
+    def failed(cls, job: "AttackJob", error: str, seconds: float = float("nan")) -> "AttackOutcome":
+        """A job that produced no reconstruction, with the cause."""
+        return cls(job.job_id, job.method, job.target, "failed", error=error, seconds=seconds,
+                   label_source="oracle" if not isinstance(job.labels, str) else job.labels,
+                   local_steps=job.update.metadata.local_steps)
 
 
 def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
@@ -57,16 +66,15 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
     try:
         rec = reconstruct(job.update, job.method, labels=job.labels, config=job.config, device=device,
                           time_limit=job.time_limit)
-        return AttackOutcome(job.job_id, job.method, job.tags, "ok", images=rec.images, labels=rec.labels,
+        return AttackOutcome(job.job_id, job.method, job.target, "ok", images=rec.images, labels=rec.labels,
                              label_source=rec.label_source, lsim_honest=rec.lsim_honest,
                              lsim_calibrated=rec.lsim_calibrated, seconds=rec.seconds,
                              device=str(torch.device(device) if device != "auto" else
-                                        ("cuda" if torch.cuda.is_available() else "cpu")))
+                                        ("cuda" if torch.cuda.is_available() else "cpu")),
+                             local_steps=job.update.metadata.local_steps)
     except Exception as exc:  # one failed attack must never kill the federation
-        log.warning("attack %s on %s failed: %s", job.method, job.tags, exc)
-        return AttackOutcome(job.job_id, job.method, job.tags, "failed", error=f"{type(exc).__name__}: {exc}",
-                             seconds=time.perf_counter() - start,
-                             label_source="oracle" if not isinstance(job.labels, str) else job.labels)
+        log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
+        return AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
 
 
 class AttackerActor:
@@ -149,8 +157,8 @@ class AttackDispatcher:
 
             for ref, job in list(self._pending.items()):
                 ray.cancel(ref)
-                outcomes.append(AttackOutcome(job.job_id, job.method, job.tags, "failed",
-                                              error=f"TimeoutError: still running after the {timeout:.0f} s drain"))
+                outcomes.append(AttackOutcome.failed(
+                    job, f"TimeoutError: still running after the {timeout:.0f} s drain"))
             self._pending.clear()
         return outcomes
 
@@ -171,8 +179,8 @@ class AttackDispatcher:
                 try:
                     out.append(ray.get(ref))
                 except Exception as exc:  # the actor died (e.g. out of memory)
-                    out.append(AttackOutcome(job.job_id, job.method, job.tags, "failed",
-                                             error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                    out.append(AttackOutcome.failed(
+                        job, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
         return out
 
     def shutdown(self) -> None:

@@ -5,7 +5,7 @@ ClientApp), and only after that client's reconstruction has come back. It scores
 reconstruction with the fl_attack metrics, saves the image grid and appends one row to
 attacks.csv per (round, client, method).
 
-An attack on a SecAgg+ aggregate (tags "participants": the partition ids in the aggregate) is
+An attack on a SecAgg+ aggregate (an AttackTarget with ``aggregate``: the participants' ids) is
 scored against the union of all participants' images, in partition order: the attack
 reconstructs as many images as the participants hold in total, so the Hungarian matching is
 one-to-one over the union.
@@ -21,6 +21,7 @@ from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.images import save_comparison_grid
 from fl_attack.metrics import evaluate_reconstruction, get_lpips, label_count_accuracy
 from fl_attack.records import append_csv_row
+from fl_attack.update import AttackTarget
 from .settings import RunSettings
 
 from .attacker import AttackOutcome
@@ -28,7 +29,7 @@ from .timings import Timings
 
 ATTACK_COLUMNS = ["round", "node_id", "partition_id", "client_id", "method", "dataset", "defense", "local_steps",
                   "nodes", "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
-                  "lsim_calibrated", "label_accuracy", "attack_seconds", "status", "error", "image"]
+                  "lsim_calibrated", "label_accuracy", "attack_seconds", "status", "error", "image", "lag_rounds"]
 _METRICS = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
 
 
@@ -39,6 +40,7 @@ class Evaluator:
         self.settings = settings
         self.run_dir = Path(run_dir)
         self.spec = get_spec(settings.dataset)
+        self.attack_config = settings.attack_config()
         self._lpips = None
         self.timings = Timings()  # scoring, images, writing (attacks.csv rows)
 
@@ -46,28 +48,27 @@ class Evaluator:
         """The client's private training samples (images in [0,1] NCHW, labels)."""
         s = self.settings
         pool = load_pool(s.dataset, s.data_dir or None)
-        return client_partition(pool, partition_id, s.samples, s.classes, seed=s.seed).train
+        return client_partition(pool, partition_id, s.samples, s.classes, seed=s.seed, held_out=s.held_out).train
 
     def oracle_labels(self, partition_id: int):
         """True labels, for runs that ask for attack-labels = "oracle" (an explicit leak, recorded)."""
         return self.private_train_set(partition_id).labels
 
-    def truth(self, tags: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def truth(self, target: AttackTarget) -> tuple[torch.Tensor, torch.Tensor]:
         """The private images and labels an attack is scored against: one client's, or for an
-        aggregate (tags "participants", e.g. "0,1,3") the union of the participants', concatenated."""
-        if tags.get("participants"):
-            sets = [self.private_train_set(int(p)) for p in str(tags["participants"]).split(",")]
-            return torch.cat([s.images for s in sets]), torch.cat([s.labels for s in sets])
-        one = self.private_train_set(int(tags["partition_id"]))
-        return one.images, one.labels
+        aggregate the union of the participants', concatenated in partition order."""
+        sets = [self.private_train_set(p) for p in target.partition_ids]
+        return torch.cat([s.images for s in sets]), torch.cat([s.labels for s in sets])
 
-    def record(self, outcome: AttackOutcome) -> dict:
-        """Score one outcome (if it succeeded) and append its row; returns the row."""
-        tags = outcome.tags
-        row = {"round": tags.get("round"), "node_id": tags.get("node_id"), "partition_id": tags.get("partition_id"),
-               "client_id": tags.get("client_id", ""), "method": outcome.method, "dataset": self.settings.dataset,
-               "defense": tags.get("defense", "none"), "local_steps": tags.get("local_steps"),
-               "nodes": tags.get("nodes"), "iterations": tags.get("iterations"),
+    def record(self, outcome: AttackOutcome, lag_rounds: int | None = None) -> dict:
+        """Score one outcome (if it succeeded) and append its row; returns the row.
+
+        ``lag_rounds``: how many rounds after its own the attack finished (the attacker's lag)."""
+        target, config = outcome.target, self.attack_config
+        row = {"round": target.round, "node_id": target.node_id, "partition_id": target.partition_id,
+               "client_id": target.client_id, "method": outcome.method, "dataset": self.settings.dataset,
+               "defense": self.settings.defense.label, "local_steps": outcome.local_steps,
+               "nodes": config.nodes, "iterations": config.iterations, "lag_rounds": lag_rounds,
                "labels": outcome.label_source or self.settings.attack_labels,
                "lsim_honest": outcome.lsim_honest, "lsim_calibrated": outcome.lsim_calibrated,
                "attack_seconds": round(outcome.seconds, 3) if not math.isnan(outcome.seconds) else float("nan"),
@@ -83,15 +84,14 @@ class Evaluator:
         return row
 
     def _score(self, outcome: AttackOutcome) -> dict:
-        tags = outcome.tags
+        target = outcome.target
         with self.timings.measure("scoring"):
-            images, labels = self.truth(tags)
+            images, labels = self.truth(target)
             if self._lpips is None:
                 self._lpips = get_lpips("cpu")
             scores = evaluate_reconstruction(outcome.images, images, lpips=self._lpips)
             label_acc = label_count_accuracy(outcome.labels, labels, self.spec.num_classes)
-        name = "aggregate" if tags.get("participants") else f"client-{tags['partition_id']}"
-        rel = Path("images") / f"round-{tags['round']}" / outcome.method / f"{name}.png"
+        rel = Path("images") / f"round-{target.round}" / outcome.method / f"{target.name}.png"
         with self.timings.measure("images"):
             save_comparison_grid(images, scores["matched_recon"], self.run_dir / rel)
         return {"psnr": scores["psnr"], "ssim": scores["ssim"], "fsim": scores["fsim"], "lpips": scores["lpips"],

@@ -27,6 +27,7 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.update import AttackTarget
 from .settings import RunSettings
 
 from .attacker import AttackDispatcher
@@ -43,7 +44,7 @@ def _weighted_mean(key: str):
     return aggregate
 
 
-def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, tags: dict) -> ObservedUpdate:
+def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, client: dict) -> ObservedUpdate:
     """The attacker's view of a SecAgg+ round: (w0, the aggregate, the participants' metadata as one).
 
     k = the participants' total num-examples; lr, B and E must agree across participants (ValueError
@@ -62,20 +63,22 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, tag
     w0_state = w0.to_torch_state_dict()
     aggregate = parameters_to_ndarrays(results[0].parameters)
     wT = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(w0_state, aggregate, strict=True))
-    return ObservedUpdate(w0_state, wT, meta, tags)
+    return ObservedUpdate(w0_state, wT, meta, client)
 
 
 class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
     """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the attacker."""
 
     def __init__(self, settings: RunSettings, run_dir, initial_state: dict, dispatcher: AttackDispatcher | None = None,
-                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, **fedavg_kwargs):
+                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, test_set=None,
+                 **fedavg_kwargs):
         self.keys = list(initial_state)
         super().__init__(initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
                          on_fit_config_fn=lambda server_round: {"server-round": server_round},
+                         evaluate_fn=self.evaluate_global,
                          fit_metrics_aggregation_fn=_weighted_mean("train-loss"),
                          evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"), **fedavg_kwargs)
-        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round)
+        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round, test_set=test_set)
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
@@ -100,8 +103,15 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         self._evaluation_received(server_round)
         with self.timings.measure("strategy"):
             loss, metrics = super().aggregate_evaluate(server_round, results, failures)
-        self._round_evaluated(server_round, loss, metrics.get("eval-accuracy"))
+        self._clients_evaluated(server_round, loss, metrics.get("eval-accuracy"))
+        self._finish_round(server_round, None)  # the legacy workflow evaluates centrally before this
         return loss, metrics
+
+    def evaluate_global(self, server_round: int, parameters, config):
+        """The legacy ``evaluate_fn``: the server's evaluation of the global model (round 0: the initial one)."""
+        state = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters, strict=True))
+        metrics = self.global_evaluation(server_round, state)
+        return None if metrics is None else (metrics["global-loss"], metrics)
 
     def _dispatch(self, server_round: int, results: list[FitRes]) -> None:
         """One attack per method on the round's aggregate, when attack-clients selects anyone."""
@@ -110,11 +120,13 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         if not results or not self.settings.select_clients(partitions, server_round):
             self._event(f"round {server_round}: no attack on the aggregate (attack-clients selects nobody)")
             return
-        participants = ",".join(str(p) for p in partitions)
-        tags = self._tags(server_round, node_id="", partition_id="", client_id=f"aggregate:{participants}",
-                          participants=participants)
-        self._submit(tags, lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
-                     lambda: self.evaluator.truth(tags)[1])
+        if not self.settings.attacks_round(server_round):
+            self._event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
+            return
+        target = AttackTarget(server_round, tuple(partitions), None,
+                              f"aggregate:{','.join(map(str, partitions))}", aggregate=True)
+        self._submit(target, lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
+                     lambda: self.evaluator.truth(target)[1])
         self._event(f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
                     f"{partitions} ({self.dispatcher.in_flight} in flight)")
 

@@ -12,12 +12,15 @@ The run config's ``defense`` picks how the server side runs (strategies/defense_
 """
 from __future__ import annotations
 
+import csv
+import json
 import logging
 import math
 import platform
 import time
 from dataclasses import asdict
 from importlib import metadata
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -26,14 +29,15 @@ from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
                                      DifferentialPrivacyServerSideFixedClipping)
 
 from fl_attack import __version__
-from fl_attack.data import load_pool, num_partitions
+from fl_attack.data import load_pool, num_partitions, server_test_set
 from fl_attack.models import build_model
 from fl_attack.paths import resolve_in_project
-from fl_attack.records import write_json_atomic
+from fl_attack.records import csv_text, write_json_atomic, write_text_atomic
+from fl_attack.update import UPDATE_INDEX
 from .settings import RunSettings
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
-from .strategy import LeakageFedAvg
+from .strategy import CHECKPOINT, LeakageFedAvg
 
 log = logging.getLogger(__name__)
 app = ServerApp()
@@ -49,16 +53,70 @@ def _versions() -> dict:
     return out
 
 
-def run_name(settings: RunSettings) -> str:
+RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")
+# Run-config keys a resumed run may change: where and how fast attacks run, and how many rounds.
+RESUMABLE_KEYS = {"resume", "num-server-rounds", "run-name", "results-dir", "attack-timeout", "attack-threads",
+                  "attack-actors", "attack-num-gpus", "attack-device", "client-num-cpus"}
+
+
+def run_folder(settings: RunSettings) -> Path:
+    """The run's folder. A named run (run-name) must not exist yet, so that two runs never share
+    one record; an unnamed one gets a fresh name (timestamp-dataset-methods, with -2, -3 ... when
+    taken). Raises ValueError for a named folder that already holds a run."""
+    root = resolve_in_project(settings.results_dir)
     if settings.run_name:
-        return settings.run_name
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
+        folder = root / settings.run_name
+        if any((folder / name).exists() for name in RUN_FILES):
+            raise ValueError(f"invalid run config: run folder {folder} already holds a run; choose another "
+                             f"run-name, or resume it with resume=\"{folder}\"")
+        return folder
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
+    folder, n = root / base, 1
+    while folder.exists():
+        n += 1
+        folder = root / f"{base}-{n}"
+    return folder
+
+
+def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, dict]:
+    """(the run folder, its last completed round R, R's global model) for resume="RUN_DIR".
+
+    Checks that the run config equals the interrupted run's (but for RESUMABLE_KEYS), then cuts
+    rounds.csv, attacks.csv and updates/index.csv back to rounds <= R, atomically, so the resumed
+    rounds never duplicate a row. Raises ValueError naming what does not fit, before any round.
+    """
+    folder = resolve_in_project(settings.resume)
+    try:
+        before = json.loads((folder / "config.json").read_text())["run_config"]
+        checkpoint = torch.load(folder / CHECKPOINT, weights_only=True)
+    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"invalid run config: resume='{settings.resume}' is not a resumable run folder "
+                         f"(needs config.json and {CHECKPOINT}): {exc}") from None
+    differing = sorted(k for k in set(before) | set(run_config) if k not in RESUMABLE_KEYS
+                       and before.get(k) != run_config.get(k))
+    if differing:
+        raise ValueError(f"invalid run config: resume: the run config differs from the interrupted run's in "
+                         f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change")
+    done = int(checkpoint["round"])
+    if done >= settings.num_server_rounds:
+        raise ValueError(f"invalid run config: resume: {folder} has finished all {done} rounds; raise "
+                         "num-server-rounds to go on")
+    for path, key in ((folder / "rounds.csv", "round"), (folder / "attacks.csv", "round"),
+                      (folder / "updates" / UPDATE_INDEX, "round")):
+        if path.exists():
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                kept = [row for row in reader if row.get(key) and int(row[key]) <= done]
+                columns = reader.fieldnames or []
+            write_text_atomic(path, csv_text(kept, columns))
+    return folder, done, checkpoint["arrays"]
 
 
 def check_partitions(settings: RunSettings, num_nodes: int) -> None:
-    """Fail before round 1 when the data cannot give every node its own partition."""
+    """Fail before round 1 when the data cannot give every node its own partition (beside the
+    server's held-out test set)."""
     pool = load_pool(settings.dataset, settings.data_dir or None)
-    available = num_partitions(pool, settings.samples, settings.classes)
+    available = num_partitions(pool, settings.samples, settings.classes, held_out=settings.held_out)
     if num_nodes > available:
         raise ValueError(f"{num_nodes} clients asked for, but the {settings.dataset} data has only {available} "
                          f"partitions of {settings.samples} samples; lower num-supernodes or samples-per-client")
@@ -78,20 +136,26 @@ def check_defense(settings: RunSettings, num_nodes: int) -> int:
     return sampled
 
 
-def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict):
+def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict, round_offset: int = 0):
     """(the strategy that runs, the leakage-tracking strategy inside it)."""
+    test_set = None
+    if settings.server_test_samples:
+        pool = load_pool(settings.dataset, settings.data_dir or None)
+        test_set = server_test_set(pool, settings.server_test_samples, seed=settings.seed)
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
     clients_per_round = min(num_nodes, sampled_clients(num_nodes, settings.fraction_train,
                                                        defense.secagg_min_clients if defense.secagg else 1))
     if defense.secagg:
         strategy = SecAggLeakageFedAvg(settings, run_dir, initial_state, clients_per_round=clients_per_round,
+                                       test_set=test_set,
                                        fraction_fit=settings.fraction_train,
                                        fraction_evaluate=settings.fraction_evaluate,
                                        min_fit_clients=defense.secagg_min_clients, min_evaluate_clients=min_evaluate,
                                        min_available_clients=defense.secagg_min_clients)
         return strategy, strategy
-    strategy = LeakageFedAvg(settings, run_dir, clients_per_round=clients_per_round,
+    strategy = LeakageFedAvg(settings, run_dir, clients_per_round=clients_per_round, round_offset=round_offset,
+                             test_set=test_set,
                              fraction_train=settings.fraction_train,
                              fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
                              min_evaluate_nodes=min_evaluate, min_available_nodes=1)
@@ -111,30 +175,41 @@ def main(grid: Grid, context: Context) -> None:
     num_nodes = len(list(grid.get_node_ids()))
     check_partitions(settings, num_nodes)
     check_defense(settings, num_nodes)
-    run_dir = resolve_in_project(settings.results_dir) / run_name(settings)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_config = dict(context.run_config)
     clock = time.perf_counter()
-    write_json_atomic(run_dir / "config.json", {
-        "run_config": dict(context.run_config), "seed": settings.seed, "run_name": run_dir.name,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
-        "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
+    if settings.resume:
+        run_dir, done, state = prepare_resume(settings, run_config)
+        config = json.loads((run_dir / "config.json").read_text())
+        config.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "after_round": done,
+                                                 "run_config": run_config})
+        write_json_atomic(run_dir / "config.json", config)
+    else:
+        run_dir, done, state = run_folder(settings), 0, build_model(settings.dataset, seed=settings.seed).state_dict()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", {
+            "run_config": run_config, "seed": settings.seed, "run_name": run_dir.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
+            "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
     config_seconds = time.perf_counter() - clock
     print(f"fl-attack: leakage record in {run_dir}", flush=True)
+    if done:
+        print(f"fl-attack: resuming after round {done} of {settings.num_server_rounds}", flush=True)
 
-    model = build_model(settings.dataset, seed=settings.seed)
-    runner, strategy = build_strategy(settings, run_dir, num_nodes, model.state_dict())
+    runner, strategy = build_strategy(settings, run_dir, num_nodes, state, round_offset=done)
+    if done:
+        strategy._event(f"resumed after round {done}: rounds {done + 1}..{settings.num_server_rounds} follow")
     started = time.time()
     try:
         if settings.defense.secagg:
             run_secagg(grid, context, strategy, settings)
         else:
-            runner.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                         num_rounds=settings.num_server_rounds, train_config=ConfigRecord({}))
+            runner.start(grid=grid, initial_arrays=ArrayRecord(state), num_rounds=settings.num_server_rounds - done,
+                         train_config=ConfigRecord({}), evaluate_fn=strategy.evaluate_global)
     finally:
         rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
         waves = math.ceil(strategy.dispatcher.in_flight / max(1, settings.attack_actors))
-        strategy.collect(timeout=settings.attack_timeout * waves + 60)
+        strategy.drain(timeout=settings.attack_timeout * waves + 60)
         strategy.dispatcher.shutdown()
         ok = sum(r["status"] == "ok" for r in strategy.rows)
         strategy.timings.add("writing", config_seconds)
@@ -144,5 +219,7 @@ def main(grid: Grid, context: Context) -> None:
         write_json_atomic(run_dir / "summary.json", {
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
             "attacks": len(strategy.rows), "attacks_ok": ok, "attacks_failed": len(strategy.rows) - ok,
+            "resumed_after_round": done or None,
+            "drain_seconds": round(time.time() - rounds_finished, 1),
             "cuda": torch.cuda.is_available(), "timings": timings})
     print(f"fl-attack: {ok}/{len(strategy.rows)} attacks succeeded; results in {run_dir}", flush=True)

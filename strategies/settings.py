@@ -85,6 +85,12 @@ class RunSettings:
     attack_timeout: float = 600.0
     attack_device: str = "auto"
     attack_options: str = ""
+    attack_rounds: str = "all"
+    attack_budget: int = 0
+    attack_max_backlog: int = 0
+    record_updates: bool = True
+    server_test_samples: int = 1000
+    resume: str = ""
     results_dir: str = "results"
     run_name: str = ""
     seed: int = 0
@@ -99,6 +105,11 @@ class RunSettings:
     @property
     def classes(self) -> int | None:
         return self.classes_per_client or None
+
+    @property
+    def held_out(self) -> int:
+        """Samples the server holds out for its own test set (0 without centralised evaluation)."""
+        return self.server_test_samples
 
     @property
     def threads(self) -> int:
@@ -134,6 +145,21 @@ class RunSettings:
         """Torch threads for an attack dispatched after the last round's training, when the clients
         are idle: attack-threads when it is set, else every core."""
         return self.attack_thread_count(clients_per_round=0, cpus=cpus)
+
+    def attacks_round(self, server_round: int) -> bool:
+        """Whether round ``server_round`` is attacked: attack-rounds "all", "none", "every:N" (rounds
+        N, 2N, ...), "first:N" (rounds 1..N) or comma-separated round numbers "1,5,10"."""
+        spec = self.attack_rounds.strip()
+        if spec == "all":
+            return True
+        if spec in ("none", ""):
+            return False
+        kind, _, number = spec.partition(":")
+        if kind == "every":
+            return server_round % int(number) == 0
+        if kind == "first":
+            return server_round <= int(number)
+        return server_round in {int(r) for r in spec.split(",")}
 
     def select_clients(self, partition_ids: list[int], server_round: int) -> list[int]:
         """Which of this round's partitions to attack: "all", "fraction:F" (seeded per round) or "0,3,5"."""
@@ -198,6 +224,11 @@ class RunSettings:
             (self.attack_timeout > 0, "attack-timeout must be > 0 seconds"),
             (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
             (self.results_dir != "", "results-dir must not be empty"),
+            (self.attack_budget >= 0, "attack-budget must be >= 0 attacks per round (0 = no limit)"),
+            (self.attack_max_backlog >= 0, "attack-max-backlog must be >= 0 attacks in flight (0 = no limit)"),
+            (self.server_test_samples >= 0, "server-test-samples must be >= 0 (0 = no centralised evaluation)"),
+            (not (self.resume and self.defense.secagg), "resume is not supported with defense secagg "
+                                                       "(Flower's legacy SecAgg+ workflow always starts at round 1)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -206,6 +237,19 @@ class RunSettings:
             if method not in ATTACKS:
                 raise ValueError(f"invalid run config: unknown attack-method '{method}'; "
                                  f"choose from: {', '.join(sorted(ATTACKS))}")
+        rounds = self.attack_rounds.strip()
+        try:
+            kind, _, number = rounds.partition(":")
+            if kind in ("every", "first"):
+                if int(number) < 1:
+                    raise ValueError
+            elif rounds not in ("all", "none", ""):
+                picked = [int(r) for r in rounds.split(",")]
+                if min(picked) < 1 or len(set(picked)) != len(picked):
+                    raise ValueError
+        except ValueError:
+            raise ValueError("invalid run config: attack-rounds must be 'all', 'none', 'every:N', 'first:N' (N >= 1) "
+                             f"or distinct round numbers >= 1 such as '1,5,10', got '{rounds}'") from None
         clients = self.attack_clients.strip()
         if clients.startswith("fraction:"):
             try:

@@ -1,34 +1,50 @@
 """An honest-but-curious FedAvg: aggregates exactly like FedAvg and attacks every chosen update.
 
 ``configure_train`` sees each round's global arrays (w0). ``aggregate_train`` sees every client's
-reply (wT, public metrics) before aggregation; it builds the attacker-facing ObservedUpdate from
-public information only, dispatches the attacks without waiting for them, then aggregates with
-the unchanged FedAvg code. Finished attacks go to the evaluator whenever the strategy next runs.
+reply (wT, public metrics) before aggregation; it drops non-finite updates, builds the
+attacker-facing ObservedUpdate of each chosen client from public information only, records it,
+dispatches the attacks without waiting for them, then aggregates the rest with the unchanged FedAvg
+code, in partition order so that one seed gives one global model. The server's centralised
+evaluation ends each round: it writes the round's row and checkpoints the global model. Finished
+attacks go to the evaluator whenever the strategy next runs.
 """
 from __future__ import annotations
 
 import logging
+import math
+import sys
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
-from fl_attack.records import append_csv_row
-from .settings import RunSettings, usable_cpus
+from fl_attack.data import get_spec
+from fl_attack.models import build_model
+from fl_attack.records import append_csv_row, write_bytes_atomic
+from fl_attack.update import AttackTarget, save_update
 
 from .attacker import AttackDispatcher, AttackJob, AttackOutcome
 from .evaluator import Evaluator
+from .settings import RunSettings, usable_cpus
 from .timings import Timings
 
 log = logging.getLogger(__name__)
 
-ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy", "attacks_in_flight", "seconds"]
+ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy", "attacks_in_flight", "seconds",
+                 "global_loss", "global_accuracy", "attack_lag_rounds", "attacks_dispatched", "attacks_skipped",
+                 "excluded"]
+CHECKPOINT = "checkpoint.pt"
 
 
-def observed_update(w0: ArrayRecord, reply: Message, dataset: str, tags: dict) -> ObservedUpdate:
+def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
     """The attacker's view of one reply: (w0, wT, public metadata). Raises ValueError on bad input.
 
     Only the ArrayRecord and the public training metrics are read; the reply's "simulation"
@@ -39,29 +55,72 @@ def observed_update(w0: ArrayRecord, reply: Message, dataset: str, tags: dict) -
                             local_epochs=int(metrics["local-epochs"]), num_samples=int(metrics["num-examples"]),
                             local_steps=int(metrics["local-steps"]))
     wT = reply.content["arrays"]
-    return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, tags)
+    return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, client)
+
+
+def partition_of(reply: Message) -> int | None:
+    """The simulated client's partition id (the reply's "simulation" record), None without one."""
+    sim = reply.content.get("simulation") if not reply.has_error() else None
+    return int(sim["partition-id"]) if sim is not None and "partition-id" in sim else None
+
+
+def in_partition_order(replies: Iterable[Message]) -> list[Message]:
+    """Replies sorted by partition id, then node id: the order they arrive in varies from run to
+    run, and floating-point sums depend on the order."""
+    def key(reply):
+        partition = partition_of(reply)
+        return (partition is None, partition if partition is not None else 0, int(reply.metadata.src_node_id))
+    return sorted(replies, key=key)
+
+
+def is_finite(arrays: ArrayRecord) -> bool:
+    """True when every array of the record is free of NaN and inf."""
+    return all(np.isfinite(array.numpy()).all() for array in arrays.values())
+
+
+def evaluate_model(dataset: str, state: dict, images: torch.Tensor, labels: torch.Tensor,
+                   batch: int = 500) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy in [0,1]) of the model ``state`` on images in [0,1] NCHW."""
+    spec = get_spec(dataset)
+    model = build_model(dataset)
+    model.load_state_dict(state)
+    model.eval()
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(labels), batch):
+            logits = model(spec.normalize(images[i:i + batch]))
+            loss += F.cross_entropy(logits, labels[i:i + batch], reduction="sum").item()
+            correct += int((logits.argmax(1) == labels[i:i + batch]).sum())
+    return loss / len(labels), correct / len(labels)
 
 
 class LeakageTracking:
     """What both honest-but-curious strategies share: the attacker, the evaluator and the records.
 
     A strategy mixes this in, calls ``_init_tracking`` from its ``__init__`` and reports each
-    round's start (w0), the attacks to run, the end of training and the evaluation; this class
-    writes events.log, rounds.csv and, through the evaluator, attacks.csv.
+    round's start (w0), the attacks to run, the end of training, the clients' evaluation and the
+    server's; this class writes events.log, rounds.csv, checkpoint.pt, updates/ and, through the
+    evaluator, attacks.csv.
 
-    It also keeps the run's timings (strategies/timings.py): each round's instants (configured,
-    first client fit started, trained, aggregated, evaluating), the clients' train-seconds, the
-    attacks' seconds, its own hooks' time and the final wait for attacks.
+    Which attacks run is the run config's: attack-rounds (which rounds), attack-clients (which
+    clients), attack-budget (at most so many per round) and attack-max-backlog (skip a round while
+    the attacker is that far behind). Every round's row says how many attacks were dispatched,
+    skipped and still in flight, and how many rounds behind the oldest of them is.
 
-    Attacks get torch threads by the run config's rule (RunSettings.attack_thread_count): the cores
-    the training clients leave idle, or every core for the attacks of the last round, dispatched
-    when the clients have finished training.
+    ``round_offset``: rounds already done before this strategy started (a resumed run): Flower's
+    round r is the run's round r + round_offset everywhere, also in what the clients are told.
+
+    It also keeps the run's timings (strategies/timings.py). Attacks get torch threads by the run
+    config's rule (RunSettings.attack_thread_count).
     """
 
     def _init_tracking(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None,
-                       evaluator: Evaluator | None, clients_per_round: int | None = None) -> None:
+                       evaluator: Evaluator | None, clients_per_round: int | None = None, round_offset: int = 0,
+                       test_set=None) -> None:
         self.settings = settings
         self.run_dir = run_dir
+        self.round_offset = round_offset
+        self.test_set = test_set  # the server's held-out ClientData, or None (no centralised evaluation)
         self.attack_config = settings.attack_config()
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
@@ -74,8 +133,10 @@ class LeakageTracking:
         self.global_arrays: dict[int, ArrayRecord] = {}
         self.submitted: list[AttackJob] = []
         self.rows: list[dict] = []
-        self._train_loss: dict[int, float] = {}
-        self._clients: dict[int, int] = {}
+        self.current_round = round_offset
+        # per round: clients, losses, accuracies, attack counts, excluded partitions
+        self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
+        self._in_flight_rounds: Counter = Counter()
         self._round_start: dict[int, float] = {}
         self._jobs = 0
         self._event(f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
@@ -83,37 +144,71 @@ class LeakageTracking:
                     f"{usable_cpus()} cores, client-num-cpus={settings.client_num_cpus}, "
                     f"clients per round={clients_per_round if clients_per_round is not None else 'unknown'})")
 
+    def _run_round(self, flower_round: int) -> int:
+        return flower_round + self.round_offset
+
     def _round_started(self, server_round: int, arrays: ArrayRecord) -> None:
+        self.current_round = server_round
         self._round_start[server_round] = time.time()
         self.round_times[server_round] = {"configured": self._round_start[server_round]}
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
-        self._event(f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight")
+        self._event(f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight"
+                    + (f", the oldest from round {min(self._in_flight_rounds)} ({self.lag_rounds()} round(s) behind)"
+                       if self._in_flight_rounds else ""))
 
-    def _tags(self, server_round: int, **public) -> dict:
-        return {"round": server_round, "defense": self.settings.defense.label, "nodes": self.attack_config.nodes,
-                "iterations": self.attack_config.iterations, **public}
+    def lag_rounds(self) -> int:
+        """How many rounds the oldest attack still in flight is behind the current round (0: none)."""
+        return self.current_round - min(self._in_flight_rounds) if self._in_flight_rounds else 0
 
-    def _submit(self, tags: dict, make_update: Callable[[], ObservedUpdate], oracle_labels: Callable[[], object]):
-        """One attack job per method on the update ``make_update()`` builds; a failure to build it
-        (e.g. a NaN update) is recorded as a failed attack and the round goes on."""
+    def _plan(self, server_round: int, candidates: list[int]) -> list[int]:
+        """The partitions to attack this round (each with every method), by the run config's schedule."""
+        if not self.settings.attacks_round(server_round):
+            self._event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
+            return []
+        targets = self.settings.select_clients(candidates, server_round)
+        methods = len(self.settings.methods)
+        backlog = self.settings.attack_max_backlog
+        if backlog and self.dispatcher.in_flight >= backlog:
+            self._round[server_round]["skipped"] += len(targets) * methods
+            self._event(f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
+                        f"{self.dispatcher.in_flight} still in flight (attack-max-backlog={backlog})")
+            return []
+        budget = self.settings.attack_budget
+        if budget and len(targets) * methods > budget:
+            kept = targets[:max(0, budget // methods)]
+            self._round[server_round]["skipped"] += (len(targets) - len(kept)) * methods
+            self._event(f"round {server_round}: attack-budget={budget} keeps partitions {kept} of {targets}")
+            targets = kept
+        return targets
+
+    def _submit(self, target: AttackTarget, make_update: Callable[[], ObservedUpdate],
+                oracle_labels: Callable[[], object]) -> None:
+        """One attack job per method on the update ``make_update()`` builds, recorded in updates/ first;
+        a failure to build it is recorded as a failed attack and the round goes on."""
         try:  # built once, shared by every method's job
             update = make_update()
-            tags["local_steps"] = update.metadata.local_steps
             labels = oracle_labels() if self.settings.attack_labels == "oracle" else "recovered"
         except Exception as exc:
             update, error = None, f"{type(exc).__name__}: {exc}"
+        if update is not None and self.settings.record_updates:
+            try:
+                with self.timings.measure("writing"):
+                    save_update(update, target, self.run_dir / "updates")
+            except Exception as exc:  # the attack can still run; only the replay copy is missing
+                self._event(f"could not record the update of {target.describe()}: {type(exc).__name__}: {exc}")
         for method in self.settings.methods:
             self._jobs += 1
             if update is None:
                 self.rows.append(self.evaluator.record(AttackOutcome(
-                    self._jobs, method, dict(tags), "failed", error=error,
-                    label_source=self.settings.attack_labels)))
+                    self._jobs, method, target, "failed", error=error, label_source=self.settings.attack_labels)))
                 continue
-            last_round = int(tags.get("round") or 0) >= self.settings.num_server_rounds  # clients idle now
-            job = AttackJob(self._jobs, update, method, self.attack_config, labels,
-                            time_limit=self.settings.attack_timeout, tags=dict(tags),
+            last_round = target.round >= self.settings.num_server_rounds  # clients idle now
+            job = AttackJob(self._jobs, update, method, self.attack_config, target, labels,
+                            time_limit=self.settings.attack_timeout,
                             threads=self.drain_threads if last_round else self.attack_threads)
             self.submitted.append(job)
+            self._in_flight_rounds[target.round] += 1
+            self._round[target.round]["dispatched"] += 1
             self.dispatcher.submit(job)
 
     def _training_received(self, server_round: int, train_seconds: list, train_started: list) -> None:
@@ -128,40 +223,102 @@ class LeakageTracking:
             times["fit_started"] = min(started)
 
     def _round_trained(self, server_round: int, clients: int, train_loss: float | None) -> None:
-        self._clients[server_round] = clients
+        record = self._round[server_round]
+        record["clients"] = clients
         if train_loss is not None:
-            self._train_loss[server_round] = float(train_loss)
+            record["train_loss"] = float(train_loss)
         self.collect()
         self.round_times.setdefault(server_round, {})["aggregated"] = time.time()
 
-    def _round_evaluated(self, server_round: int, eval_loss: float | None, eval_accuracy: float | None) -> None:
-        row = {"round": server_round, "clients": self._clients.get(server_round, 0),
-               "train_loss": self._train_loss.get(server_round), "attacks_in_flight": self.dispatcher.in_flight,
+    def _clients_evaluated(self, server_round: int, eval_loss: float | None, eval_accuracy: float | None) -> None:
+        """The clients' federated evaluation of the round's global model."""
+        self._round[server_round].update(eval_loss=eval_loss, eval_accuracy=eval_accuracy)
+        self.collect()
+
+    def global_evaluation(self, server_round: int, state: dict) -> dict | None:
+        """Loss and accuracy of the global model ``state`` on the server's held-out test set; None
+        without one. Round 0 is the initial model, logged only."""
+        if self.test_set is None:
+            return None
+        with self.timings.measure("global_evaluation"):
+            loss, accuracy = evaluate_model(self.settings.dataset, state, self.test_set.images, self.test_set.labels)
+        if server_round == 0:
+            self._event(f"initial global model: test accuracy {accuracy:.4f}, loss {loss:.4f} "
+                        f"on the server's {len(self.test_set)} held-out samples")
+        else:
+            self._round[server_round].update(global_loss=loss, global_accuracy=accuracy)
+        return {"global-loss": loss, "global-accuracy": accuracy}
+
+    def _finish_round(self, server_round: int, state: dict | None) -> None:
+        """The round's row in rounds.csv, then the checkpoint of its global model ``state`` (None:
+        no checkpoint), written atomically in that order."""
+        self.collect()
+        record = self._round[server_round]
+        row = {"round": server_round, "clients": record.get("clients", 0), "train_loss": record.get("train_loss"),
+               "attacks_in_flight": self.dispatcher.in_flight,
                "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
-               "eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
+               "eval_loss": record.get("eval_loss"), "eval_accuracy": record.get("eval_accuracy"),
+               "global_loss": record.get("global_loss"), "global_accuracy": record.get("global_accuracy"),
+               "attack_lag_rounds": self.lag_rounds(), "attacks_dispatched": record.get("dispatched", 0),
+               "attacks_skipped": record.get("skipped", 0),
+               "excluded": ",".join(map(str, record.get("excluded", [])))}
         with self.timings.measure("writing"):
             append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
-        self.collect()
+            if state is not None:
+                import io
+
+                buf = io.BytesIO()
+                torch.save({"round": server_round, "arrays": state}, buf)
+                write_bytes_atomic(self.run_dir / CHECKPOINT, buf.getvalue())
+        accuracy = record.get("global_accuracy")
+        self._event(f"round {server_round}: done; global accuracy "
+                    f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.dispatcher.in_flight} attack(s) "
+                    f"in flight, {self.lag_rounds()} round(s) behind")
 
     def _evaluation_received(self, server_round: int) -> None:
         self.round_times.setdefault(server_round, {})["evaluating"] = time.time()
 
-    def collect(self, timeout: float | None = None) -> list[dict]:
-        """Evaluate and record every finished attack; with ``timeout``, wait for all of them."""
-        if timeout is None:
-            outcomes = self.dispatcher.poll()
-        else:
-            with self.timings.measure("drain_wait"):
-                outcomes = self.dispatcher.drain(timeout)
+    def collect(self) -> list[dict]:
+        """Evaluate and record every finished attack (does not wait)."""
+        outcomes = self.dispatcher.poll()
+        return self._record(outcomes)
+
+    def _record(self, outcomes: list[AttackOutcome]) -> list[dict]:
         for outcome in outcomes:
             self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
-        rows = [self.evaluator.record(o) for o in outcomes]
-        for row in rows:
-            who = f"partition {row['partition_id']}" if row["partition_id"] not in (None, "") else row["client_id"]
-            self._event(f"attack done: round {row['round']} {who} {row['method']} "
-                        f"{row['status']} psnr={row['psnr']:.2f}" if row["status"] == "ok" else
-                        f"attack failed: round {row['round']} {who} {row['method']}: {row['error']}")
+            self._in_flight_rounds[outcome.target.round] -= 1
+            if self._in_flight_rounds[outcome.target.round] <= 0:
+                del self._in_flight_rounds[outcome.target.round]
+        rows = [self.evaluator.record(o, lag_rounds=self.current_round - o.target.round) for o in outcomes]
+        for row, outcome in zip(rows, outcomes):
+            self._event(f"attack done: {outcome.target.describe()} {row['method']} psnr={row['psnr']:.2f}"
+                        if row["status"] == "ok" else
+                        f"attack failed: {outcome.target.describe()} {row['method']}: {row['error']}")
         self.rows.extend(rows)
+        return rows
+
+    def drain(self, timeout: float) -> list[dict]:
+        """Wait up to ``timeout`` seconds for the attacks still in flight, with a progress bar and a
+        line in events.log every minute; the ones still running then are recorded as failed."""
+        rows = []
+        with self.timings.measure("drain_wait"):
+            left = self.dispatcher.in_flight
+            if left:
+                self._event(f"rounds done; waiting for {left} attack(s) still in flight "
+                            f"(the oldest from round {min(self._in_flight_rounds)}), at most {timeout:.0f} s")
+            deadline, next_note = time.monotonic() + timeout, time.monotonic() + 60
+            with tqdm(total=left, desc="fl-attack: attacks still running", unit="attack", file=sys.stderr,
+                      disable=not left) as bar:
+                while self.dispatcher.in_flight and time.monotonic() < deadline:
+                    done = self.collect()
+                    rows += done
+                    bar.update(len(done))
+                    if time.monotonic() > next_note:
+                        next_note += 60
+                        self._event(f"waiting for {self.dispatcher.in_flight} attack(s)")
+                    if not done:
+                        time.sleep(0.2)
+            rows += self._record(self.dispatcher.drain(0))  # the rest: recorded as failed
         return rows
 
     def timing_record(self) -> dict:
@@ -182,61 +339,85 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
     """FedAvg that hands each selected client update to the attacker, round after round.
 
     Under central DP it runs wrapped in one of Flower's DP strategy wrappers; it then sees each
-    update after the clipping and before the noise, which only touches the aggregate.
+    update after the clipping and before the noise, which only touches the aggregate. Pass
+    ``evaluate_global`` as ``evaluate_fn`` to ``start``: it ends each round.
     """
 
     def __init__(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None = None,
-                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, **fedavg_kwargs):
+                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, round_offset: int = 0,
+                 test_set=None, **fedavg_kwargs):
         super().__init__(**fedavg_kwargs)
-        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round)
+        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round, round_offset, test_set)
 
     # -- rounds ---------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         start = time.perf_counter()
+        server_round = self._run_round(server_round)
         self._round_started(server_round, arrays)
-        messages = super().configure_train(server_round, arrays, config, grid)
+        messages = super().configure_train(server_round, arrays, config, grid)  # tells clients the run's round
         if server_round > 1:  # round 1's configure belongs to the start-up span
             self.timings.add("strategy", time.perf_counter() - start)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
+        server_round = self._run_round(server_round)
+        replies = in_partition_order(replies)
         ok = [r for r in replies if not r.has_error()]
         self._training_received(server_round, [(r.content.get("metrics") or {}).get("train-seconds") for r in ok],
                                 [(r.content.get("simulation") or {}).get("train-started") for r in ok])
         with self.timings.measure("strategy"):
-            self._dispatch(server_round, ok)
-            arrays, metrics = super().aggregate_train(server_round, replies)
+            self._dispatch(server_round, ok)  # a non-finite update becomes a failed attack row
+            valid = self._exclude_non_finite(server_round, ok)
+            arrays, metrics = super().aggregate_train(server_round, valid) if valid else (None, None)
         train_loss = metrics["train-loss"] if metrics is not None and "train-loss" in metrics else None
-        self._round_trained(server_round, len(ok), train_loss)
+        self._round_trained(server_round, len(valid), train_loss)
         return arrays, metrics
 
+    def _exclude_non_finite(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """The replies whose weights are all finite; the others are logged and left out of the
+        aggregate (a NaN would poison every later round). With none left, Flower keeps the previous
+        global model."""
+        valid, excluded = [], []
+        for reply in replies:
+            (valid if is_finite(reply.content["arrays"]) else excluded).append(reply)
+        if excluded:
+            who = [partition_of(r) if partition_of(r) is not None else int(r.metadata.src_node_id) for r in excluded]
+            self._round[server_round]["excluded"].extend(who)
+            self._event(f"round {server_round}: excluded {len(excluded)} non-finite update(s) from the aggregate "
+                        f"(partitions {who})" + ("; no valid update: the global model stays as it was"
+                                                 if not valid else ""))
+        return valid
+
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        server_round = self._run_round(server_round)
         self._evaluation_received(server_round)
         with self.timings.measure("strategy"):
             metrics = super().aggregate_evaluate(server_round, replies)
         found = metrics if metrics is not None else {}
-        self._round_evaluated(server_round,
-                              float(found["eval-loss"]) if "eval-loss" in found else None,
-                              float(found["eval-accuracy"]) if "eval-accuracy" in found else None)
+        self._clients_evaluated(server_round, float(found["eval-loss"]) if "eval-loss" in found else None,
+                                float(found["eval-accuracy"]) if "eval-accuracy" in found else None)
         return metrics
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Flower's ``evaluate_fn``, called at the end of every round (and with round 0 before the
+        first): the server's evaluation of the global model, the round's row and its checkpoint."""
+        state = arrays.to_torch_state_dict()
+        run_round = self._run_round(server_round) if server_round > 0 else 0
+        metrics = self.global_evaluation(run_round, state)
+        if server_round > 0:
+            self._finish_round(run_round, state)
+        return MetricRecord(metrics) if metrics is not None else None
 
     # -- attacks --------------------------------------------------------------------------------
     def _dispatch(self, server_round: int, replies: list[Message]) -> None:
         w0 = self.global_arrays.get(server_round)
-        by_partition = {}
-        for reply in replies:
-            sim = reply.content.get("simulation")
-            if sim is not None and "partition-id" in sim:
-                by_partition[int(sim["partition-id"])] = reply
-        targets = self.settings.select_clients(list(by_partition), server_round)
-        for partition_id in targets:
+        by_partition = {partition_of(r): r for r in replies if partition_of(r) is not None}
+        for partition_id in self._plan(server_round, list(by_partition)):
             reply = by_partition[partition_id]
-            node_id = int(reply.metadata.src_node_id)
-            tags = self._tags(server_round, node_id=node_id, partition_id=partition_id,
-                              client_id=str(reply.content["simulation"].get("client-id", "")))
-            self._submit(tags, lambda: observed_update(w0, reply, self.settings.dataset,
-                                                       {"round": server_round, "node_id": node_id}),
-                         lambda: self.evaluator.oracle_labels(partition_id))
-        self._event(f"round {server_round}: dispatched attacks on partitions {targets} "
-                    f"({self.dispatcher.in_flight} in flight)")
+            target = AttackTarget(server_round, (partition_id,), int(reply.metadata.src_node_id),
+                                  str(reply.content["simulation"].get("client-id", "")))
+            self._submit(target, lambda reply=reply, target=target: observed_update(
+                             w0, reply, self.settings.dataset, {"round": server_round, "node_id": target.node_id}),
+                         lambda partition_id=partition_id: self.evaluator.oracle_labels(partition_id))
+        self._event(f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "
+                    f"{self.dispatcher.in_flight} in flight")

@@ -7,7 +7,6 @@ one real federation per defense through the checked launcher, from --run-config 
 """
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import math
@@ -16,14 +15,11 @@ import subprocess
 import sys
 from collections import OrderedDict
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.client_app import app as client_app
 from clients.client_app import local_training
 from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.attacks.base import lsim, node_gradients
@@ -32,76 +28,16 @@ from strategies.defense_settings import DefenseSettings
 from fl_attack.models import build_model
 from strategies.settings import RunSettings
 from fl_attack.update import flatten, layout
-from strategies.attacker import AttackDispatcher
-from strategies.secagg import run_secagg
-from strategies.server_app import build_strategy, check_defense
+from strategies.server_app import check_defense
+from tests.inprocess import BASE, federate
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = {"dataset": "femnist", "num-server-rounds": 1, "samples-per-client": 10, "batch-size": 5, "local-epochs": 1, "attack-iterations": 2,
-        "attack-nodes": 2, "attack-clients": "all", "attack-method": "pisme", "seed": 0}
 
 
 @pytest.fixture(autouse=True)
 def task_identity():
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     yield
-
-
-class InProcessGrid:
-    """A Grid that delivers each message to the ClientApp of its node, in this process.
-
-    Each node keeps its own Context (SecAgg+ keeps protocol state there across stages), and each
-    message's content is deep-copied, as the wire would: Flower reuses one RecordDict for all nodes.
-    """
-
-    def __init__(self, run_config: dict, partitions):
-        self.run = SimpleNamespace(run_id=1)
-        self.contexts = {100 + p: Context(1, 100 + p, {"partition-id": p, "num-partitions": 8}, RecordDict(),
-                                          dict(run_config)) for p in partitions}
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            node = msg.metadata.dst_node_id
-            delivered = Message(content=copy.deepcopy(msg.content), dst_node_id=node,
-                                message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
-            replies.append(client_app(delivered, self.contexts[node]))
-        return replies
-
-
-class RecordingDispatcher(AttackDispatcher):
-    """The in-process dispatcher, keeping every job it was given."""
-
-    def __init__(self):
-        super().__init__(use_ray=False, device="cpu")
-        self.jobs = []
-
-    def submit(self, job):
-        self.jobs.append(job)
-        super().submit(job)
-
-
-def federate(tmp_path, partitions=(0, 1), **overrides):
-    """One round of the real federation in process; returns (settings, tracking strategy, result, jobs)."""
-    run_config = {**BASE, **{k.replace("_", "-"): v for k, v in overrides.items()}}
-    settings = RunSettings.from_run_config(run_config)
-    check_defense(settings, len(partitions))
-    model = build_model("femnist", seed=0)
-    runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    strategy.dispatcher = dispatcher = RecordingDispatcher()
-    grid = InProcessGrid(run_config, partitions)
-    result = None
-    if settings.defense.secagg:
-        server = Context(1, 0, {}, RecordDict(), run_config)
-        run_secagg(grid, server, strategy, settings)
-    else:
-        result = runner.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1,
-                              train_config=ConfigRecord({}), timeout=600)
-    strategy.collect(timeout=120)
-    return settings, strategy, result, dispatcher.jobs
 
 
 def raw_update(settings: RunSettings, partition: int) -> OrderedDict:
@@ -125,11 +61,11 @@ def _rows(path):
 
 def test_none_observes_each_full_update(tmp_path):
     settings, _, _, jobs = federate(tmp_path)
-    assert sorted(j.tags["partition_id"] for j in jobs) == [0, 1]
+    assert sorted(j.target.partition_id for j in jobs) == [0, 1]
     for job in jobs:
-        raw = raw_update(settings, job.tags["partition_id"])
+        raw = raw_update(settings, job.target.partition_id)
         assert torch.allclose(flatten(observed(job)), flatten(raw), atol=1e-6)
-        assert job.tags["defense"] == "none" and job.config.observed_only is False
+        assert job.config.observed_only is False
     assert {r["defense"] for r in _rows(tmp_path / "attacks.csv")} == {"none"}
 
 
@@ -139,14 +75,14 @@ def test_local_dp_clips_to_the_norm_and_adds_noise_of_the_configured_scale(tmp_p
     sigma = clip * math.sqrt(2 * math.log(1.25 / 1e-5)) / epsilon
     assert settings.defense.local_dp_std == pytest.approx(sigma)
     for job in jobs:
-        raw = flatten(raw_update(settings, job.tags["partition_id"]))
+        raw = flatten(raw_update(settings, job.target.partition_id))
         assert raw.norm() > clip  # the bound binds
         clipped = raw * min(1.0, clip / float(raw.norm()))
         assert clipped.norm() <= clip * (1 + 1e-5)
         noise = flatten(observed(job)) - clipped
         assert float(noise.std()) == pytest.approx(sigma, rel=0.02)
         assert abs(float(noise.mean())) < 5 * sigma / math.sqrt(noise.numel())
-        assert job.tags["defense"] == f"local-dp(C={clip:g},eps={epsilon:g})"
+        assert settings.defense.label == f"local-dp(C={clip:g},eps={epsilon:g})"
 
 
 @pytest.mark.parametrize("side", ["server", "client"])
@@ -156,11 +92,11 @@ def test_central_dp_shows_the_attacker_each_clipped_noise_free_update(tmp_path, 
                                          defense_clip_norm=clip, defense_noise_multiplier=z)
     clipped = {}
     for job in jobs:
-        raw = flatten(raw_update(settings, job.tags["partition_id"]))
-        clipped[job.tags["partition_id"]] = raw * min(1.0, clip / float(raw.norm()))
+        raw = flatten(raw_update(settings, job.target.partition_id))
+        clipped[job.target.partition_id] = raw * min(1.0, clip / float(raw.norm()))
         seen = flatten(observed(job))
         assert seen.norm() <= clip * (1 + 1e-4)
-        assert torch.allclose(seen, clipped[job.tags["partition_id"]], atol=1e-6)  # no noise on it
+        assert torch.allclose(seen, clipped[job.target.partition_id], atol=1e-6)  # no noise on it
     # The noise goes to the aggregate only: std z*C/n around the mean of the clipped updates.
     w0 = flatten(build_model("femnist", seed=0).state_dict())
     aggregate = flatten(result.arrays.to_torch_state_dict()) - w0
@@ -197,8 +133,9 @@ def test_secagg_gives_the_strategy_the_same_aggregate_for_every_client(tmp_path,
     (job,) = jobs
     assert job.update.metadata.num_samples == 30 and job.update.metadata.local_steps == 2
     assert torch.allclose(flatten(job.update.wT), mean, atol=1e-5)
-    assert job.tags["participants"] == "0,1,2" and job.tags["defense"] == "secagg(shares=3,t=2)"
+    assert job.target.partition_ids == (0, 1, 2) and job.target.aggregate
     (row,) = _rows(tmp_path / "attacks.csv")
+    assert row["defense"] == "secagg(shares=3,t=2)"
     assert row["status"] == "ok", row["error"]
     assert row["client_id"] == "aggregate:0,1,2" and row["partition_id"] == ""
     assert math.isfinite(float(row["psnr"])) and (tmp_path / row["image"]).is_file()
@@ -214,19 +151,19 @@ def test_topk_sends_the_stated_fraction_of_non_zeros(tmp_path, adaptive):
     for job in jobs:
         seen = flatten(observed(job))
         assert int((seen != 0).sum()) == math.ceil(fraction * seen.numel())
-        raw = flatten(raw_update(settings, job.tags["partition_id"]))
+        raw = flatten(raw_update(settings, job.target.partition_id))
         kept = seen != 0
         assert torch.allclose(seen[kept], raw[kept], atol=1e-6)
         assert raw[~kept].abs().max() <= raw[kept].abs().min() + 1e-6  # the largest ones were kept
         assert job.config.observed_only is adaptive
-        assert job.tags["defense"] == ("topk(0.05)" if adaptive else "topk(0.05,naive)")
+        assert settings.defense.label == ("topk(0.05)" if adaptive else "topk(0.05,naive)")
 
 
 def test_low_rank_sends_updates_of_the_stated_rank(tmp_path):
     rank = 3
     settings, _, _, jobs = federate(tmp_path, defense="low-rank", defense_rank=rank)
     for job in jobs:
-        seen, raw = observed(job), raw_update(settings, job.tags["partition_id"])
+        seen, raw = observed(job), raw_update(settings, job.target.partition_id)
         for name, (rows, cols) in weight_matrices(seen):
             matrix = seen[name].reshape(rows, -1).double()
             assert int(torch.linalg.matrix_rank(matrix, rtol=1e-4)) == rank, name
@@ -248,7 +185,7 @@ def test_topk_and_local_dp_combine(tmp_path):
     _, _, _, jobs = federate(tmp_path, partitions=(0,), defense="topk+local-dp", defense_topk_fraction=0.1)
     seen = flatten(observed(jobs[0]))
     assert int((seen != 0).sum()) == math.ceil(0.1 * seen.numel())  # top-k of the noised update
-    assert jobs[0].tags["defense"] == "topk(0.1)+local-dp(C=0.05,eps=10)"
+    assert {r["defense"] for r in _rows(tmp_path / "attacks.csv")} == {"topk(0.1)+local-dp(C=0.05,eps=10)"}
 
 
 # --- the transforms and the adaptive attacker -----------------------------------------------------

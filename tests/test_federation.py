@@ -15,6 +15,7 @@ from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
 from strategies.settings import RunSettings, usable_cpus
 from fl_attack.training import train_local
+from fl_attack.update import AttackTarget
 from strategies.attacker import AttackDispatcher, AttackJob
 from strategies.strategy import LeakageFedAvg, observed_update
 
@@ -90,7 +91,7 @@ def test_observed_update_is_w0_and_the_returned_arrays(tmp_path):
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
     assert len(dispatcher.jobs) == 2
-    for job, reply in zip(sorted(dispatcher.jobs, key=lambda j: j.tags["partition_id"]), replies):
+    for job, reply in zip(sorted(dispatcher.jobs, key=lambda j: j.target.partition_id), replies):
         sent_w0, sent_wT = job.update.w0, job.update.wT
         for key, value in w0.to_torch_state_dict().items():
             assert torch.equal(sent_w0[key], value)
@@ -108,7 +109,7 @@ def test_the_attacker_gets_no_private_data(tmp_path):
         assert set(vars(job.update)) == {"w0", "wT", "metadata", "client"}
         assert set(job.update.client) <= {"round", "node_id"}  # no partition id, no client id
         assert job.labels == "recovered"
-        private = truth[job.tags["partition_id"]].images
+        private = truth[job.target.partition_id].images
         tensors = [*job.update.w0.values(), *job.update.wT.values()]
         assert not any(t.shape == private.shape for t in tensors)
 
@@ -129,7 +130,7 @@ def test_each_attack_is_scored_and_recorded(tmp_path):
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.collect(timeout=60)
+    strategy.drain(60)
     rows = _rows(tmp_path / "attacks.csv")
     assert sorted((r["partition_id"], r["method"]) for r in rows) == [("0", "ig"), ("0", "pisme"),
                                                                        ("1", "ig"), ("1", "pisme")]
@@ -145,7 +146,7 @@ def test_selection_by_partition_ids(tmp_path):
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    assert [j.tags["partition_id"] for j in dispatcher.jobs] == [1]
+    assert [j.target.partition_id for j in dispatcher.jobs] == [1]
 
 
 def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
@@ -153,11 +154,20 @@ def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
     w0, replies, _ = _round(settings, poison=0)
     strategy.global_arrays = {1: w0}
     arrays, _ = strategy.aggregate_train(1, replies)
-    assert arrays is not None
-    strategy.collect(timeout=60)
+    # The poisoned update is left out of the aggregate: FedAvg of the one valid reply is that reply.
+    aggregate, valid = arrays.to_torch_state_dict(), replies[1].content["arrays"].to_torch_state_dict()
+    assert all(torch.isfinite(v).all() and torch.allclose(v, valid[k]) for k, v in aggregate.items())
+    strategy.evaluate_global(1, arrays)
+    strategy.drain(60)
     rows = {r["partition_id"]: r for r in _rows(tmp_path / "attacks.csv")}
     assert rows["0"]["status"] == "failed" and "NaN" in rows["0"]["error"]
     assert rows["1"]["status"] == "ok"
+    (round_row,) = _rows(tmp_path / "rounds.csv")
+    assert round_row["excluded"] == "0" and round_row["clients"] == "1"
+    assert "excluded 1 non-finite update(s) from the aggregate (partitions [0])" in (tmp_path / "events.log").read_text()
+    # A round with no valid update keeps the previous global model (Flower keeps it on None).
+    _, replies, _ = _round(settings, partitions=(0,), poison=0)
+    assert strategy.aggregate_train(2, replies) == (None, None)
 
 
 def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypatch):
@@ -165,7 +175,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.collect(timeout=60)
+    strategy.drain(60)
     rows = _rows(tmp_path / "attacks.csv")
     assert {r["status"] for r in rows} == {"failed"}
     assert all("TimeoutError" in r["error"] for r in rows)
@@ -179,7 +189,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     settings, strategy, _ = _strategy(tmp_path / "b")
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.collect(timeout=60)
+    strategy.drain(60)
     assert all(r["status"] == "failed" and "boom" in r["error"] for r in _rows(tmp_path / "b" / "attacks.csv"))
 
 
@@ -225,7 +235,7 @@ def test_ray_dispatch_does_not_block(tmp_path):
         config = settings.attack_config()
         config.iterations = 40
         start = time.perf_counter()
-        dispatcher.submit(AttackJob(1, update, "pisme", config, tags={"round": 1}))
+        dispatcher.submit(AttackJob(1, update, "pisme", config, AttackTarget(1, (0,))))
         assert time.perf_counter() - start < 5 and dispatcher.in_flight == 1
         outcomes = dispatcher.drain(timeout=240)
         assert [o.status for o in outcomes] == ["ok"] and outcomes[0].images.shape == (10, 1, 28, 28)
@@ -272,7 +282,7 @@ def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_pat
     for server_round in (1, 2):
         strategy.global_arrays = {server_round: w0}
         strategy.aggregate_train(server_round, replies)
-    threads = {j.tags["round"]: j.threads for j in dispatcher.jobs}
+    threads = {j.target.round: j.threads for j in dispatcher.jobs}
     assert threads == {1: idle, 2: settings.attack_drain_thread_count()}
     events = (tmp_path / "events.log").read_text()
     assert f"attacker: {idle} torch thread(s) per attack while clients train" in events
@@ -287,8 +297,8 @@ def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
     before = torch.get_num_threads()
     try:
         actor = attacker.AttackerActor(threads=1, device="cpu")
-        actor.run(AttackJob(1, None, "pisme", None))
-        actor.run(AttackJob(2, None, "pisme", None, threads=2))
+        actor.run(AttackJob(1, None, "pisme", None, None))
+        actor.run(AttackJob(2, None, "pisme", None, None, threads=2))
         assert seen == [1, 2]
     finally:
         torch.set_num_threads(before)
@@ -301,12 +311,14 @@ def test_the_strategy_accumulates_the_rounds_timings(tmp_path):
     strategy.round_times[1] = {"configured": 990.0}
     strategy.aggregate_train(1, replies)
     strategy.aggregate_evaluate(1, [])
-    strategy.collect(timeout=60)
+    strategy.evaluate_global(1, w0)
+    strategy.drain(60)
     record = strategy.timing_record()
     seconds, counts = record["seconds"], record["counts"]
     assert seconds["client_train"] == pytest.approx(4.0) and counts["client_train"] == 2
     assert counts["attack"] == 2 and seconds["attack"] > 0  # the attacks' own seconds (AttackOutcome.seconds)
-    assert counts["scoring"] == 2 and counts["images"] == 2 and counts["writing"] == 3  # 2 attacks.csv + rounds.csv
+    # writing: 2 recorded updates, 2 attacks.csv rows, rounds.csv with the checkpoint
+    assert counts["scoring"] == 2 and counts["images"] == 2 and counts["writing"] == 5
     assert counts["strategy"] == 2 and counts["drain_wait"] == 1
     assert all(v >= 0 for v in seconds.values())
     times = record["rounds"]["1"]

@@ -1,0 +1,80 @@
+"""An in-process federation for tests: the real ClientApp and server side, no Flower runtime.
+
+The grid delivers each message to the ClientApp of its node in this process; the dispatcher runs
+attacks in process and keeps every job it was given.
+"""
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from clients.client_app import app as client_app
+from fl_attack.models import build_model
+from strategies.attacker import AttackDispatcher
+from strategies.secagg import run_secagg
+from strategies.server_app import build_strategy, check_defense
+from strategies.settings import RunSettings
+
+BASE = {"dataset": "femnist", "num-server-rounds": 1, "samples-per-client": 10, "batch-size": 5, "local-epochs": 1,
+        "attack-iterations": 2, "attack-nodes": 2, "attack-clients": "all", "attack-method": "pisme", "seed": 0}
+
+
+class InProcessGrid:
+    """A Grid that delivers each message to the ClientApp of its node, in this process.
+
+    Each node keeps its own Context (SecAgg+ keeps protocol state there across stages), and each
+    message's content is deep-copied, as the wire would: Flower reuses one RecordDict for all nodes.
+    """
+
+    def __init__(self, run_config: dict, partitions):
+        self.run = SimpleNamespace(run_id=1)
+        self.contexts = {100 + p: Context(1, 100 + p, {"partition-id": p, "num-partitions": 8}, RecordDict(),
+                                          dict(run_config)) for p in partitions}
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            delivered = Message(content=copy.deepcopy(msg.content), dst_node_id=node,
+                                message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
+            replies.append(client_app(delivered, self.contexts[node]))
+        return replies
+
+
+class RecordingDispatcher(AttackDispatcher):
+    """The in-process dispatcher, keeping every job it was given."""
+
+    def __init__(self):
+        super().__init__(use_ray=False, device="cpu")
+        self.jobs = []
+
+    def submit(self, job):
+        self.jobs.append(job)
+        super().submit(job)
+
+
+def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
+    """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
+    server side of server_app.build_strategy, the in-process dispatcher); returns (settings, tracking
+    strategy, Flower's result, the attack jobs)."""
+    run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
+    settings = RunSettings.from_run_config(run_config)
+    check_defense(settings, len(partitions))
+    model = build_model("femnist", seed=0)
+    runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
+    strategy.dispatcher = dispatcher = RecordingDispatcher()
+    grid = InProcessGrid(run_config, partitions)
+    result = None
+    if settings.defense.secagg:
+        server = Context(1, 0, {}, RecordDict(), run_config)
+        run_secagg(grid, server, strategy, settings)
+    else:
+        result = runner.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=num_rounds,
+                              train_config=ConfigRecord({}), timeout=600, evaluate_fn=strategy.evaluate_global)
+    strategy.drain(120)
+    return settings, strategy, result, dispatcher.jobs

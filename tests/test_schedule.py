@@ -1,0 +1,113 @@
+"""Attack scheduling, centralised evaluation, checkpoints and recorded updates, on an in-process
+federation of real FEMNIST writers (the real ClientApp and server side, several rounds)."""
+from __future__ import annotations
+
+import csv
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flwr.supercore.task_identity import TaskIdentity
+
+from fl_attack.data import load_pool, server_test_set
+from fl_attack.update import load_update, read_update_index
+from strategies.strategy import CHECKPOINT, evaluate_model
+from tests.inprocess import federate
+
+FAST = dict(attack_iterations=1, partitions=(0, 1, 2, 3), server_test_samples=200)
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _attacked(jobs) -> set[tuple[int, int, str]]:
+    return {(j.target.round, j.target.partition_id, j.method) for j in jobs}
+
+
+def test_every_n_rounds_on_a_fixed_panel(tmp_path):
+    _, _, _, jobs = federate(tmp_path, num_rounds=4, attack_rounds="every:2", attack_clients="0,2", **FAST)
+    assert _attacked(jobs) == {(r, p, "pisme") for r in (2, 4) for p in (0, 2)}
+    rounds = _rows(tmp_path / "rounds.csv")
+    assert [int(r["attacks_dispatched"]) for r in rounds] == [0, 2, 0, 2]
+    assert "round 1: not attacked (attack-rounds=every:2)" in (tmp_path / "events.log").read_text()
+
+
+def test_listed_rounds_under_a_budget(tmp_path):
+    _, _, _, jobs = federate(tmp_path, num_rounds=3, attack_rounds="1,3", attack_clients="all", attack_budget=3,
+                             attack_method="pisme,ig", **FAST)
+    # 4 clients x 2 methods = 8 attacks per round; a budget of 3 keeps one whole client (2 attacks).
+    assert _attacked(jobs) == {(r, 0, m) for r in (1, 3) for m in ("pisme", "ig")}
+    rounds = _rows(tmp_path / "rounds.csv")
+    assert [(int(r["attacks_dispatched"]), int(r["attacks_skipped"])) for r in rounds] == [(2, 6), (0, 0), (2, 6)]
+
+
+def test_first_rounds_and_a_full_backlog_skips(tmp_path):
+    settings, strategy, _, jobs = federate(tmp_path, num_rounds=3, attack_rounds="first:2", **FAST)
+    assert {j.target.round for j in jobs} == {1, 2} and len(jobs) == 8
+    # With attack-max-backlog, a round is skipped while that many attacks are still in flight.
+    strategy.settings = SimpleNamespace(**{**vars(settings), "attack_max_backlog": 4, "attack_rounds": "all"},
+                                        attacks_round=lambda r: True, methods=settings.methods,
+                                        select_clients=settings.select_clients)
+    strategy.dispatcher = SimpleNamespace(in_flight=4)
+    assert strategy._plan(4, [0, 1, 2, 3]) == []
+    assert strategy._round[4]["skipped"] == 4
+    assert "4 attack(s) skipped: 4 still in flight (attack-max-backlog=4)" in (tmp_path / "events.log").read_text()
+
+
+def test_each_round_is_evaluated_centrally_and_checkpointed(tmp_path):
+    settings, _, _, _ = federate(tmp_path, num_rounds=2, attack_clients="none", lr=0.05, **FAST)
+    rounds = _rows(tmp_path / "rounds.csv")
+    assert [r["round"] for r in rounds] == ["1", "2"]
+    checkpoint = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    assert checkpoint["round"] == 2
+    # The recorded accuracy is the checkpointed model's on the server's held-out set.
+    test = server_test_set(load_pool("femnist"), 200, seed=0)
+    loss, accuracy = evaluate_model("femnist", checkpoint["arrays"], test.images, test.labels)
+    assert float(rounds[-1]["global_accuracy"]) == pytest.approx(accuracy)
+    assert float(rounds[-1]["global_loss"]) == pytest.approx(loss)
+    assert all(0 <= float(r["global_accuracy"]) <= 1 for r in rounds)
+    assert "initial global model: test accuracy" in (tmp_path / "events.log").read_text()
+
+
+def test_the_server_test_set_is_disjoint_from_every_clients_training_data():
+    from fl_attack.data import client_partition, num_partitions
+
+    for dataset, k in (("femnist", 10), ("cifar100", 16)):
+        pool = load_pool(dataset)
+        test = server_test_set(pool, 300, seed=0)
+        held = {bytes(x.numpy()) for x in (test.images * 255).round().to(torch.uint8)}
+        for p in range(min(20, num_partitions(pool, k, held_out=300))):
+            train = client_partition(pool, p, k, seed=0, held_out=300).train
+            assert not held & {bytes(x.numpy()) for x in (train.images * 255).round().to(torch.uint8)}, (dataset, p)
+        restricted = client_partition(pool, 0, k, classes=5, seed=0, held_out=300).train if dataset == "cifar100" \
+            else None
+        if restricted is not None:
+            assert not held & {bytes(x.numpy()) for x in (restricted.images * 255).round().to(torch.uint8)}
+
+
+def test_every_attacked_update_is_recorded_with_a_checksum(tmp_path):
+    _, _, _, jobs = federate(tmp_path, num_rounds=2, attack_clients="1,3", **FAST)
+    index = read_update_index(tmp_path / "updates")
+    assert sorted((int(r["round"]), r["partition_ids"]) for r in index) == [(1, "1"), (1, "3"), (2, "1"), (2, "3")]
+    by_target = {(j.target.round, j.target.partition_id): j for j in jobs}
+    for row in index:
+        update, target = load_update(tmp_path / "updates", row)
+        job = by_target[(target.round, target.partition_id)]
+        assert target == job.target and update.metadata == job.update.metadata
+        assert all(torch.equal(update.wT[k], job.update.wT[k]) and torch.equal(update.w0[k], job.update.w0[k])
+                   for k in update.w0)
+    # A record that was altered is refused.
+    path = tmp_path / "updates" / index[0]["file"]
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        load_update(tmp_path / "updates", index[0])
