@@ -227,15 +227,13 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
 
 
 COMPARE_COLUMNS = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean",
-                   "ssim_mean", "lpips_mean", "label_accuracy_mean", "final_eval_accuracy"]
+                   "ssim_mean", "lpips_mean", "label_accuracy_mean", "final_accuracy", "accuracy_source"]
 
 
-def final_eval_accuracy(run: Run) -> float:
-    """eval_accuracy of the last round that has one; NaN when none."""
-    accuracy = run.rounds.dropna(subset=["eval_accuracy"]) if not run.rounds.empty else run.rounds
-    if accuracy.empty:
-        return math.nan
-    return float(accuracy.sort_values("round")["eval_accuracy"].iloc[-1])
+def final_accuracy(run: Run) -> tuple[float, str | None]:
+    """(accuracy of the last round that has one, its column): see `round_accuracy`; (NaN, None) when none."""
+    accuracy, source = round_accuracy(run.rounds)
+    return (float(accuracy.iloc[-1]), source) if source is not None else (math.nan, None)
 
 
 def rounds_seen(run: Run) -> int:
@@ -269,7 +267,7 @@ def compare_runs(runs: Sequence[Run]) -> pd.DataFrame:
         }
         for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
             row[f"{metric}_mean"] = _mean_or_nan(ok[metric]) if not ok.empty else math.nan
-        row["final_eval_accuracy"] = final_eval_accuracy(run)
+        row["final_accuracy"], row["accuracy_source"] = final_accuracy(run)
         for key in keys:
             value = run.run_config.get(key)
             row[key] = _canonical(value) if isinstance(value, (list, dict)) else value

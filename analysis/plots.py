@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from fl_attack.records import write_bytes_atomic
 
-from .aggregate import (GROUP_KEYS, METHOD_ORDER, MIN_CI_N, final_eval_accuracy, per_round, run_labels,
+from .aggregate import (GROUP_KEYS, METHOD_ORDER, MIN_CI_N, final_accuracy, per_round, run_labels,
                         sorted_methods)
 from .load import Run
 
@@ -162,7 +162,8 @@ def plot_training(runs: Run | Sequence[Run]) -> Figure:
 
 
 def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
-    """Final eval accuracy (y) against mean PSNR over ok attacks (x), one labelled point per run."""
+    """Final accuracy (y, `final_accuracy`: global, else eval) against mean PSNR over ok attacks (x),
+    one labelled point per run."""
     runs = _as_runs(runs)
     fig = Figure(figsize=(6, 4.2), layout="constrained")
     ax = fig.add_subplot()
@@ -170,17 +171,19 @@ def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
     for label, run in zip(run_labels(runs), runs):
         ok = run.attacks[run.attacks["status"] == "ok"]
         psnr = ok["psnr"].dropna().mean() if not ok.empty else np.nan
-        accuracy = final_eval_accuracy(run)
+        accuracy, source = final_accuracy(run)
         if not (np.isnan(psnr) or np.isnan(accuracy)):
-            points.append((psnr, accuracy, label))
+            points.append((psnr, accuracy, label, source))
     if not points:
         _no_data(ax, "no run has both attacks and eval accuracy")
         return fig
-    for i, (x, y, label) in enumerate(points):
+    sources = sorted({point[3] for point in points})
+    for i, (x, y, label, source) in enumerate(points):
+        label += f" ({source})" if len(sources) > 1 else ""
         ax.scatter([x], [y], color=f"C{i % 10}", s=40, zorder=3)
         ax.annotate(label, (x, y), xytext=(5, 5), textcoords="offset points", fontsize="small")
     ax.set_xlabel("mean PSNR of reconstructions (dB)  →  more leakage")
-    ax.set_ylabel("final eval accuracy  →  more utility")
+    ax.set_ylabel(f"final {' / '.join(s.replace('_', ' ') for s in sources)}  →  more utility")
     ax.set_title("Utility vs leakage (one point per run)")
     ax.grid(alpha=0.3)
     ax.margins(0.15)

@@ -101,7 +101,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str =
     utility = None
     if len(runs) > 1:
         utility = _Picture("utility_vs_leakage", figure_png(plot_utility_vs_leakage(runs)),
-                           "Final eval accuracy against mean PSNR over ok attacks, one point per run.")
+                           "Final accuracy (global when the run has it, else eval) against mean PSNR over ok attacks, one point per run.")
 
     if fmt == "html":
         path = out_dir / "report.html"

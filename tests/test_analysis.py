@@ -220,11 +220,12 @@ def test_compare_runs_shows_exactly_the_differing_keys(tmp_path):
                           pngs=False))
     table = compare_runs([a, b, c])
     fixed = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean", "ssim_mean",
-             "lpips_mean", "label_accuracy_mean", "final_eval_accuracy"]
+             "lpips_mean", "label_accuracy_mean", "final_accuracy", "accuracy_source"]
     assert list(table.columns) == fixed + ["defense", "seed", "clip"]
     assert list(table["defense"]) == ["none", "dp", "dp"]
     assert table["clip"].isna().tolist() == [True, True, False]
-    assert table["final_eval_accuracy"].tolist() == pytest.approx([0.6, 0.7, 0.7])
+    assert table["final_accuracy"].tolist() == pytest.approx([0.6, 0.7, 0.7])
+    assert table["accuracy_source"].tolist() == ["eval_accuracy"] * 3
     # Two runs with the same config: no config columns at all.
     assert list(compare_runs([a, a]).columns) == fixed
     assert compare_runs([a, a])["name"].nunique() == 2

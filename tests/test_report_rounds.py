@@ -157,6 +157,9 @@ def test_leakage_vs_accuracy_figure_is_written(tmp_path):
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 5 and summary.loc[4, "defense"] == "topk"  # the old run's defense, from its config
     assert summary["accuracy_source"].tolist() == ["global_accuracy"] * 4 + ["eval_accuracy"]
+    comparison = pd.read_csv(out / "comparison.csv")
+    assert comparison["final_accuracy"].tolist() == pytest.approx([0.2, 0.2])  # global 0.05 * 4, eval 0.1 * 2
+    assert comparison["accuracy_source"].tolist() == ["global_accuracy", "eval_accuracy"]
     with pytest.raises(ValueError, match="x must be"):
         plot_leakage(runs, x="loss")
 
