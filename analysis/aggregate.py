@@ -73,7 +73,8 @@ def mean_ci95(values, metric: str | None = None) -> tuple[float, float, float]:
         return math.nan, math.nan, math.nan
     with np.errstate(invalid="ignore"):
         mean = float(x.mean())
-    # One value has no spread; an infinite value (PSNR of an exact reconstruction) has no interval.
+    # Too few values give no trustworthy spread; an infinite value (old runs' PSNR of an exact
+    # reconstruction) has no interval.
     if n < MIN_CI_N or not np.isfinite(x).all():
         return mean, math.nan, math.nan
     half = t_quantile_975(n - 1) * float(x.std(ddof=1)) / math.sqrt(n)

@@ -66,7 +66,7 @@ def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_MET
     tables = [per_round(run.attacks, run.rounds) for run in runs]
     sources = {s for table in tables for s in table["accuracy_source"].dropna()}
     columns = 2 if len(metrics) > 1 else 1
-    fig = Figure(figsize=(5 * columns if columns > 1 else 8, 3.6 * math.ceil(len(metrics) / columns)),
+    fig = Figure(figsize=(10 if columns > 1 else 8, 3.6 * math.ceil(len(metrics) / columns)),
                  layout="constrained")
     axes = fig.subplots(math.ceil(len(metrics) / columns), columns, squeeze=False).ravel()
     for ax in axes[len(metrics):]:
@@ -88,14 +88,17 @@ def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_MET
                 rows = rows[where]
                 group = dict(zip(GROUP_KEYS, keys))
                 style = (label, *(group[key] for key in varies))
-                styles += [style] if style not in styles else []
-                name = " · ".join(str(part) for part in [group["method"], *style[1:]]
-                                  + ([label] if len(runs) > 1 else [])
-                                  + ([rows["accuracy_source"].iloc[0]] if x == "accuracy" and len(sources) > 1 else []))
+                if style not in styles:
+                    styles.append(style)
+                parts = [group["method"], *style[1:]]
+                if len(runs) > 1:
+                    parts.append(label)
+                if x == "accuracy" and len(sources) > 1:
+                    parts.append(rows["accuracy_source"].iloc[0])
                 color = method_color(str(group["method"]))
                 xs, low, high = (rows[c].to_numpy(dtype=float) for c in (x, f"{metric}_ci95_low", f"{metric}_ci95_high"))
                 ax.plot(xs, rows[f"{metric}_mean"].to_numpy(dtype=float), marker="o", ms=4, color=color,
-                        ls=_LINESTYLES[styles.index(style) % len(_LINESTYLES)], label=name)
+                        ls=_LINESTYLES[styles.index(style) % len(_LINESTYLES)], label=" · ".join(map(str, parts)))
                 if x == "round":
                     ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
                 else:

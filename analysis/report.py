@@ -459,7 +459,7 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
             parts.append('<p class="note">No attacks yet: attacks.csv is missing or has no rows, '
                          "so there is nothing to tabulate.</p>")
             continue
-        parts.append("<h3>Per round and method</h3>")
+        parts.append("<h3>Per round, method, defense and labels</h3>")
         parts.append(_html_table(section.per_round, "per-round", grouped=True))
         parts.append("<h3>Per client</h3>")
         parts.append(_html_table(section.per_client, "per-client"))
@@ -524,7 +524,7 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
         if section.run.attacks.empty:
             lines += ["> No attacks yet: attacks.csv is missing or has no rows.", ""]
             continue
-        lines += ["### Per round and method", "", _md_table(section.per_round),
+        lines += ["### Per round, method, defense and labels", "", _md_table(section.per_round),
                   "### Per client", "", _md_table(section.per_client)]
         if section.heat_map is not None:
             lines.append(saved(section.heat_map, figure_dir))
