@@ -8,8 +8,9 @@
 Command line: python -m analysis.report RUN_DIR [RUN_DIR ...] --out REPORT_DIR [--format html|md]
 """
 
-from .aggregate import compare_runs, mean_ci95, per_client, per_round, summary_sentences
-from .load import MalformedLineWarning, NotARunError, Run, load_run
+from .aggregate import (METRIC_RANGES, compare_runs, mean_ci95, per_client, per_round, summary_sentences,
+                        summary_table)
+from .load import MalformedLineWarning, MixedRunsError, NotARunError, Run, load_run
 
 
 def __getattr__(name):
@@ -21,5 +22,5 @@ def __getattr__(name):
         return write_report
     raise AttributeError(f"module 'analysis' has no attribute {name!r}")
 
-__all__ = ["load_run", "Run", "NotARunError", "MalformedLineWarning", "per_round", "per_client",
-           "compare_runs", "summary_sentences", "mean_ci95", "write_report"]
+__all__ = ["load_run", "Run", "NotARunError", "MixedRunsError", "MalformedLineWarning", "per_round", "per_client",
+           "compare_runs", "summary_table", "summary_sentences", "mean_ci95", "METRIC_RANGES", "write_report"]

@@ -2,6 +2,8 @@
 
 Failed attacks (status "failed") are counted in n_attacks/n_failed and never averaged in.
 Metric statistics use the ok rows whose value is a number (lpips may be NaN even when ok).
+Leakage is grouped per method, defense and labels source (recovered/oracle), and set against the
+model's accuracy of the same round (global_accuracy when the run has it, else eval_accuracy).
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ from .load import Run
 
 METRICS = ("psnr", "ssim", "fsim", "lpips", "lsim_honest", "label_accuracy")
 STATS = ("mean", "median", "ci95_low", "ci95_high")
+# The range each metric can take (fl_attack/metrics.py; lsim is a cosine dissimilarity, attacks/base.py).
+# Intervals are clipped to it.
+METRIC_RANGES = {"psnr": (0.0, 100.0), "ssim": (-1.0, 1.0), "fsim": (0.0, 1.0), "lpips": (0.0, math.inf),
+                 "lsim_honest": (0.0, 2.0), "lsim_calibrated": (0.0, 2.0), "label_accuracy": (0.0, 1.0)}
+# Fewer values than this give no interval.
+MIN_CI_N = 3
+# A run's leakage groups: one row of the summary table each, one line of each plot.
+GROUP_KEYS = ["method", "defense", "labels"]
+# The model accuracy a round's leakage is set against, in order of preference.
+ACCURACY_COLUMNS = ("global_accuracy", "eval_accuracy")
 # Known attacks first, in the paper's order; any other method follows alphabetically.
 METHOD_ORDER = ("pisme", "nlsme", "sme", "ig")
 
@@ -48,11 +60,12 @@ def _t975_fallback(dof: int) -> float:
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
 
 
-def mean_ci95(values) -> tuple[float, float, float]:
+def mean_ci95(values, metric: str | None = None) -> tuple[float, float, float]:
     """(mean, low, high) of the 95% t-interval of the mean: mean ± t(0.975, n-1)·sd/√n.
 
-    NaNs are dropped first. mean is NaN for n=0; low and high are NaN for n<2 or when a value
-    is infinite (the mean is then inf).
+    NaNs are dropped first. mean is NaN for n=0; low and high are NaN for n < MIN_CI_N or when a
+    value is infinite (the mean is then inf). With a `metric` of METRIC_RANGES, low and high are
+    clipped to its range.
     """
     x = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce").dropna(), dtype="float64")
     n = x.size
@@ -60,11 +73,13 @@ def mean_ci95(values) -> tuple[float, float, float]:
         return math.nan, math.nan, math.nan
     with np.errstate(invalid="ignore"):
         mean = float(x.mean())
-    # One value has no spread; an infinite value (PSNR of an exact reconstruction) has no interval.
-    if n < 2 or not np.isfinite(x).all():
+    # Too few values give no trustworthy spread; an infinite value (old runs' PSNR of an exact
+    # reconstruction) has no interval.
+    if n < MIN_CI_N or not np.isfinite(x).all():
         return mean, math.nan, math.nan
     half = t_quantile_975(n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
-    return mean, mean - half, mean + half
+    bottom, top = METRIC_RANGES.get(metric, (-math.inf, math.inf))
+    return mean, min(max(mean - half, bottom), top), max(min(mean + half, top), bottom)
 
 
 def method_sort_key(method: str) -> tuple[int, str]:
@@ -84,28 +99,40 @@ def _ok(attacks: pd.DataFrame) -> pd.DataFrame:
     return attacks[attacks["status"] == "ok"]
 
 
+def round_accuracy(rounds: pd.DataFrame) -> tuple[pd.Series, str | None]:
+    """(accuracy per round, its column): the first of ACCURACY_COLUMNS with a value; (empty, None) if none."""
+    for column in ACCURACY_COLUMNS:
+        if column in rounds.columns and rounds[column].notna().any():
+            return rounds.dropna(subset=[column]).set_index("round")[column].sort_index(), column
+    return pd.Series(dtype="float64"), None
+
+
 def per_round_columns() -> list[str]:
     """Column names of `per_round`'s table."""
-    return (["round", "method", "n_attacks", "n_ok", "n_failed"]
-            + [f"{metric}_{stat}" for metric in METRICS for stat in STATS])
+    return (["round", *GROUP_KEYS, "n_attacks", "n_ok", "n_failed"]
+            + [f"{metric}_{stat}" for metric in METRICS for stat in STATS] + ["accuracy", "accuracy_source"])
 
 
-def per_round(attacks: pd.DataFrame) -> pd.DataFrame:
-    """Per (round, method) leakage statistics.
+def per_round(attacks: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (round, method, defense, labels) leakage statistics, with the model's accuracy that round.
 
-    Input: an attacks table (Run.attacks). Output: one row per (round, method), sorted, with
-    n_attacks, n_ok, n_failed and for each metric in METRICS: {metric}_mean, _median,
-    _ci95_low, _ci95_high over ok rows (interval NaN when fewer than 2 values).
+    Input: an attacks table (Run.attacks) and optionally the rounds table (Run.rounds). Output:
+    one row per group, sorted, with n_attacks, n_ok, n_failed, for each metric in METRICS
+    {metric}_mean, _median, _ci95_low, _ci95_high over ok rows (`mean_ci95`: no interval below
+    MIN_CI_N values, clipped to METRIC_RANGES), then accuracy and accuracy_source (the rounds.csv
+    column it comes from, see `round_accuracy`; NaN/None without rounds).
     """
+    accuracy, source = round_accuracy(rounds) if rounds is not None else (pd.Series(dtype="float64"), None)
     rows = []
     if not attacks.empty:
-        for (round_, method), group in attacks.groupby(["round", "method"], sort=False):
+        for (round_, *keys), group in attacks.groupby(["round", *GROUP_KEYS], sort=False, dropna=False):
             ok = _ok(group)
-            row = {"round": round_, "method": method, "n_attacks": len(group), "n_ok": len(ok),
-                   "n_failed": int((group["status"] == "failed").sum())}
+            row = {"round": round_, **dict(zip(GROUP_KEYS, keys)), "n_attacks": len(group), "n_ok": len(ok),
+                   "n_failed": int((group["status"] == "failed").sum()),
+                   "accuracy": accuracy.get(round_, math.nan), "accuracy_source": source}
             for metric in METRICS:
                 values = ok[metric].dropna()
-                mean, low, high = mean_ci95(values)
+                mean, low, high = mean_ci95(values, metric)
                 row.update({f"{metric}_mean": mean,
                             f"{metric}_median": float(values.median()) if len(values) else math.nan,
                             f"{metric}_ci95_low": low, f"{metric}_ci95_high": high})
@@ -118,7 +145,7 @@ def _sort_round_method(table: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table.astype({"n_attacks": "int64", "n_ok": "int64", "n_failed": "int64"})
     order = table["method"].map(method_sort_key)
-    table = table.assign(_order=order).sort_values(["round", "_order"], kind="stable")
+    table = table.assign(_order=order).sort_values(["round", "_order", "defense", "labels"], kind="stable")
     return table.drop(columns="_order").reset_index(drop=True)
 
 
@@ -201,15 +228,13 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
 
 
 COMPARE_COLUMNS = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean",
-                   "ssim_mean", "lpips_mean", "label_accuracy_mean", "final_eval_accuracy"]
+                   "ssim_mean", "lpips_mean", "label_accuracy_mean", "final_accuracy", "accuracy_source"]
 
 
-def final_eval_accuracy(run: Run) -> float:
-    """eval_accuracy of the last round that has one; NaN when none."""
-    accuracy = run.rounds.dropna(subset=["eval_accuracy"]) if not run.rounds.empty else run.rounds
-    if accuracy.empty:
-        return math.nan
-    return float(accuracy.sort_values("round")["eval_accuracy"].iloc[-1])
+def final_accuracy(run: Run) -> tuple[float, str | None]:
+    """(accuracy of the last round that has one, its column): see `round_accuracy`; (NaN, None) when none."""
+    accuracy, source = round_accuracy(run.rounds)
+    return (float(accuracy.iloc[-1]), source) if source is not None else (math.nan, None)
 
 
 def rounds_seen(run: Run) -> int:
@@ -243,7 +268,7 @@ def compare_runs(runs: Sequence[Run]) -> pd.DataFrame:
         }
         for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
             row[f"{metric}_mean"] = _mean_or_nan(ok[metric]) if not ok.empty else math.nan
-        row["final_eval_accuracy"] = final_eval_accuracy(run)
+        row["final_accuracy"], row["accuracy_source"] = final_accuracy(run)
         for key in keys:
             value = run.run_config.get(key)
             row[key] = _canonical(value) if isinstance(value, (list, dict)) else value
@@ -260,61 +285,85 @@ def _accuracy_text(value: float) -> str:
     return f"{value * 100:.1f}%" if 0.0 <= value <= 1.0 else f"{value:.3g}"
 
 
-def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
-    """Plain-language findings for one run.
+SUMMARY_COLUMNS = [*GROUP_KEYS, "rounds_attacked", "n_ok", "n_failed", "psnr_first", "psnr_last", "psnr_mean",
+                   "psnr_best", "ssim_mean", "lpips_mean", "label_accuracy_mean", "accuracy_source",
+                   "psnr_accuracy_corr", "psnr_trend"]
 
-    First one overall sentence per method (or "No attacks yet: ..." for a run without attack
-    rows), the final eval accuracy, and a note when fewer rounds finished than configured; then
-    one sentence per (round, method), e.g. "Round 3: pisme recovered 5 of 8 attacked clients with
-    PSNR > 20 dB (mean 23.1 dB)." Recovered: an ok attack with PSNR > threshold (dB).
+
+def summary_table(run: Run) -> pd.DataFrame:
+    """One row per (method, defense, labels) group of the run's attacks: SUMMARY_COLUMNS.
+
+    rounds_attacked: distinct rounds with an attack row (failed included); psnr_first/psnr_last:
+    mean ok PSNR in the first/last attacked round (NaN when none was ok); psnr_mean/psnr_best:
+    mean/max over ok attacks; psnr_accuracy_corr: Pearson correlation over rounds of the round's
+    mean PSNR with the model's accuracy (column accuracy_source); psnr_trend: least-squares slope
+    of the round's mean PSNR in dB per round. Both need MIN_CI_N rounds, else NaN.
+    """
+    rows = []
+    for keys, attacks in run.attacks.groupby(GROUP_KEYS, sort=False, dropna=False):
+        ok = _ok(attacks)
+        psnr = ok["psnr"].dropna()
+        by_round = per_round(attacks, run.rounds)
+        rows.append({**dict(zip(GROUP_KEYS, keys)), "rounds_attacked": attacks["round"].nunique(), "n_ok": len(ok),
+                     "n_failed": int((attacks["status"] == "failed").sum()),
+                     "psnr_first": by_round["psnr_mean"].iloc[0], "psnr_last": by_round["psnr_mean"].iloc[-1],
+                     "psnr_mean": _mean_or_nan(psnr), "psnr_best": psnr.max() if len(psnr) else math.nan,
+                     **{f"{metric}_mean": _mean_or_nan(ok[metric]) for metric in ("ssim", "lpips", "label_accuracy")},
+                     "accuracy_source": by_round["accuracy_source"].iloc[0],
+                     "psnr_accuracy_corr": _fit(by_round["accuracy"], by_round["psnr_mean"], "corr"),
+                     "psnr_trend": _fit(by_round["round"], by_round["psnr_mean"], "slope")})
+    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    if table.empty:
+        return table
+    table = table.assign(_order=table["method"].map(method_sort_key))
+    table = table.sort_values(["_order", "defense", "labels"], kind="stable", na_position="last")
+    return table.drop(columns="_order").reset_index(drop=True)
+
+
+def _fit(x: pd.Series, y: pd.Series, what: str) -> float:
+    """Pearson correlation ("corr") or least-squares slope of y on x ("slope") over the finite
+    pairs; NaN for fewer than MIN_CI_N pairs or no spread."""
+    keep = np.isfinite(x.to_numpy(dtype=float)) & np.isfinite(y.to_numpy(dtype=float))
+    x, y = x[keep].to_numpy(dtype=float), y[keep].to_numpy(dtype=float)
+    if len(x) < MIN_CI_N or x.std() == 0 or (what == "corr" and y.std() == 0):
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1]) if what == "corr" else float(np.polyfit(x, y, 1)[0])
+
+
+def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
+    """A few plain-language findings for one run (the numbers per group are in `summary_table`).
+
+    One overall sentence per method (or "No attacks yet: ..." for a run without attack rows), the
+    model's final accuracy, and a note when fewer rounds finished than configured.
+    Recovered: an ok attack with PSNR > threshold (dB).
     """
     attacks = run.attacks
-    sentences, round_sentences = [], []
+    sentences = []
     limit = f"{threshold:g} dB"
     if attacks.empty:
         sentences.append("No attacks yet: attacks.csv has no rows.")
-    else:
-        for (round_, method), group in _round_method_groups(attacks):
-            ok = _ok(group)
-            psnr = ok["psnr"].dropna()
-            clients = group["partition_id"].nunique(dropna=False)
-            recovered = ok.loc[ok["psnr"] > threshold, "partition_id"].nunique(dropna=False)
-            text = f"Round {round_}: {method} recovered {recovered} of {clients} attacked clients with PSNR > {limit}"
-            text += f" (mean {_fmt(psnr.mean())} dB)." if len(psnr) else " (no PSNR values)."
-            failed = int((group["status"] == "failed").sum())
-            if failed:
-                text += f" {failed} attack{'s' if failed > 1 else ''} failed."
-            round_sentences.append(text)
-        for method in sorted_methods(attacks):
-            group = attacks[attacks["method"] == method]
-            ok = _ok(group)
-            psnr = ok["psnr"].dropna()
-            above = int((psnr > threshold).sum())
-            n_rounds = group["round"].nunique()
-            text = (f"Overall, {method} exceeded {limit} in {above} of {len(group)} attacks "
-                    f"over {n_rounds} round{'s' if n_rounds != 1 else ''}")
-            if len(psnr):
-                by_round = ok.groupby("round")["psnr"].mean().dropna()
-                best_round = int(by_round.idxmax())
-                text += (f"; mean PSNR {_fmt(psnr.mean())} dB, best round {best_round} "
-                         f"(mean {_fmt(by_round.max())} dB).")
-            else:
-                text += "; no attack produced a PSNR."
-            sentences.append(text)
-    accuracy = final_eval_accuracy(run)
-    if not math.isnan(accuracy):
-        accurate = run.rounds.dropna(subset=["eval_accuracy"]).sort_values("round")
-        sentences.append(f"Model utility: eval accuracy {_accuracy_text(accuracy)} after round "
-                         f"{int(accurate['round'].iloc[-1])}.")
+    for method in sorted_methods(attacks):
+        group = attacks[attacks["method"] == method]
+        ok = _ok(group)
+        psnr = ok["psnr"].dropna()
+        above = int((psnr > threshold).sum())
+        n_rounds = group["round"].nunique()
+        text = (f"Overall, {method} exceeded {limit} in {above} of {len(group)} attacks "
+                f"over {n_rounds} round{'s' if n_rounds != 1 else ''}")
+        if len(psnr):
+            by_round = ok.groupby("round")["psnr"].mean().dropna()
+            best_round = int(by_round.idxmax())
+            text += (f"; mean PSNR {_fmt(psnr.mean())} dB, best round {best_round} "
+                     f"(mean {_fmt(by_round.max())} dB).")
+        else:
+            text += "; no attack produced a PSNR."
+        sentences.append(text)
+    accuracy, source = round_accuracy(run.rounds)
+    if source is not None:
+        sentences.append(f"Model utility: {source.replace('_', ' ')} {_accuracy_text(accuracy.iloc[-1])} "
+                         f"after round {int(accuracy.index[-1])}.")
     planned = run.run_config.get("num-server-rounds")
     finished = int(run.rounds["round"].max()) if not run.rounds.empty else 0
     if isinstance(planned, (int, float)) and finished < planned:
         sentences.append(f"Incomplete run: {finished} of {int(planned)} configured rounds in rounds.csv.")
-    return sentences + round_sentences
-
-
-def _round_method_groups(attacks: pd.DataFrame):
-    keys = sorted({(int(r), str(m)) for r, m in zip(attacks["round"], attacks["method"])},
-                  key=lambda key: (key[0], method_sort_key(key[1])))
-    for round_, method in keys:
-        yield (round_, method), attacks[(attacks["round"] == round_) & (attacks["method"] == method)]
+    return sentences

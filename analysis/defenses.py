@@ -8,7 +8,8 @@ Runs every setting of ``GRID`` as a real federation through the checked launcher
 
 - ``runs/<setting>/``: each run folder (config.json, rounds.csv, attacks.csv, images/);
 - ``defenses.csv`` and ``defenses.md``: one row per setting: defense, parameters, mean PSNR, SSIM,
-  LPIPS and label accuracy of PI-SME's reconstructions (over ok attacks), final test accuracy;
+  LPIPS and label accuracy of PI-SME's reconstructions (over ok attacks), final accuracy (global
+  when the run has it, else the clients' eval accuracy);
 - ``leakage_vs_accuracy.png``: final test accuracy against mean PSNR, one point per setting;
 - ``report/report.html``: analysis.write_report over all the runs.
 
@@ -75,8 +76,8 @@ def run_config(setting: dict, dataset: str, rounds: int, results: Path, name: st
 
 
 def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
-    """One row per run: TABLE_COLUMNS, metric means over ok attacks, final eval accuracy."""
-    from .aggregate import final_eval_accuracy
+    """One row per run: TABLE_COLUMNS, metric means over ok attacks, final accuracy (`final_accuracy`)."""
+    from .aggregate import final_accuracy
     from .load import load_run
 
     rows = []
@@ -90,7 +91,7 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
         for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
             values = ok[metric].dropna()
             row[metric] = float(values.mean()) if len(values) else math.nan
-        row["final_accuracy"] = final_eval_accuracy(run)
+        row["final_accuracy"] = final_accuracy(run)[0]
         rows.append(row)
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 

@@ -3,6 +3,8 @@
 The federation appends rows while it runs, so every file may be missing, empty (header only)
 or cut off in the middle of its last line. Reading never fails on that: malformed lines are
 skipped with a `MalformedLineWarning`, missing files give empty tables with the usual columns.
+Older folders (fewer columns) and newer ones (unknown extra columns) load alike; a folder whose
+rows come from two runs is refused (`MixedRunsError`).
 """
 
 from __future__ import annotations
@@ -16,27 +18,29 @@ from pathlib import Path
 
 import pandas as pd
 
-ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy"]
-ROUND_NUMERIC = ROUND_COLUMNS
+from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS
 
-ATTACK_COLUMNS = [
-    "round", "node_id", "partition_id", "client_id", "method", "dataset", "local_steps", "nodes",
-    "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated",
-    "label_accuracy", "attack_seconds", "status", "error", "image",
-]
+ROUND_NUMERIC = ROUND_COLUMNS
 # node_id and client_id stay text: Flower node ids are 64-bit and would lose digits as floats.
 ATTACK_NUMERIC = [
     "round", "partition_id", "local_steps", "nodes", "iterations", "psnr", "ssim", "fsim", "lpips",
-    "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds",
+    "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds", "lag_rounds",
 ]
 ATTACK_STATUSES = ("ok", "failed")
 # A row without these cannot be placed in a table at all.
 ROUND_REQUIRED = ("round",)
 ATTACK_REQUIRED = ("round", "method", "status")
+# One attack per round, client, method and labels source in one run; a repeat means two runs' rows.
+ATTACK_KEY = ["round", "partition_id", "method", "labels", "label_estimator"]
+RUN_ID_COLUMNS = ("run_id", "run_name")
 
 
 class NotARunError(ValueError):
     """Raised for a path that is not an fl-attack run folder (no config.json or attacks.csv)."""
+
+
+class MixedRunsError(NotARunError):
+    """Raised for a run folder whose CSV rows come from more than one run."""
 
 
 class MalformedLineWarning(UserWarning):
@@ -74,8 +78,9 @@ def is_run_folder(path: str | Path) -> bool:
 def load_run(path: str | Path) -> Run:
     """Load the run folder at `path` into a `Run`.
 
-    Raises NotARunError when `path` is not a folder with config.json or attacks.csv.
-    Warns (MalformedLineWarning) for each skipped CSV line and for an unreadable config.json.
+    Raises NotARunError when `path` is not a folder with config.json or attacks.csv, MixedRunsError
+    when its rows come from two runs (see `check_single_run`). Empty `defense` cells (older runs)
+    take the run's configured defense. Warns (MalformedLineWarning) for each skipped CSV line and for an unreadable config.json.
     """
     path = Path(path)
     if not is_run_folder(path):
@@ -85,6 +90,9 @@ def load_run(path: str | Path) -> Run:
     rounds = read_table(path / "rounds.csv", ROUND_COLUMNS, ROUND_NUMERIC, required=ROUND_REQUIRED)
     attacks = read_table(path / "attacks.csv", ATTACK_COLUMNS, ATTACK_NUMERIC, required=ATTACK_REQUIRED,
                          statuses=ATTACK_STATUSES)
+    check_single_run(path, rounds, attacks)
+    if attacks["defense"].isna().any():
+        attacks["defense"] = attacks["defense"].fillna(configured_defense(config))
     if not rounds.empty:
         rounds = rounds.sort_values("round", kind="stable").reset_index(drop=True)
     if not attacks.empty:
@@ -92,6 +100,35 @@ def load_run(path: str | Path) -> Run:
         attacks = attacks.sort_values(["round", "method", "partition_id"], kind="stable",
                                       na_position="last").reset_index(drop=True)
     return Run(path=path, name=str(name), config=config, rounds=rounds, attacks=attacks)
+
+
+def configured_defense(config: dict) -> str:
+    """The defense label of config.json ("defense": {"label": ...}), else run_config's, else "none"."""
+    defense = config.get("defense")
+    if isinstance(defense, dict) and defense.get("label"):
+        return str(defense["label"])
+    run_config = config.get("run_config")
+    return str(run_config.get("defense") or "none") if isinstance(run_config, dict) else "none"
+
+
+def check_single_run(path: Path, rounds: pd.DataFrame, attacks: pd.DataFrame) -> None:
+    """Raise MixedRunsError when the rows of `path` come from more than one run: a run_id/run_name
+    column with two values, a round twice in rounds.csv, or an attack (ATTACK_KEY) twice in attacks.csv."""
+    for name, table in (("rounds.csv", rounds), ("attacks.csv", attacks)):
+        for column in RUN_ID_COLUMNS:
+            if column in table.columns and table[column].nunique() > 1:
+                raise MixedRunsError(f"{path / name} mixes rows of several runs ({column}: "
+                                     f"{', '.join(sorted(map(str, table[column].dropna().unique())))})")
+    twice = rounds.loc[rounds["round"].duplicated(), "round"]
+    if not twice.empty:
+        raise MixedRunsError(f"{path / 'rounds.csv'} mixes rows of several runs "
+                             f"(round {int(twice.iloc[0])} appears more than once)")
+    repeated = attacks[attacks.duplicated(ATTACK_KEY, keep=False)]
+    if not repeated.empty:
+        first = repeated.iloc[0]
+        raise MixedRunsError(f"{path / 'attacks.csv'} mixes rows of several runs ({len(repeated)} rows repeat an "
+                             f"attack, e.g. round {first['round']}, partition {first['partition_id']:g}, "
+                             f"{first['method']}, labels {first['labels']})")
 
 
 def _read_config(path: Path) -> dict:

@@ -8,6 +8,7 @@ Empty data gives a figure saying so rather than an error.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from matplotlib.figure import Figure
 
 from fl_attack.records import write_bytes_atomic
 
-from .aggregate import METHOD_ORDER, final_eval_accuracy, per_round, run_labels, sorted_methods
+from .aggregate import (GROUP_KEYS, METHOD_ORDER, MIN_CI_N, final_accuracy, per_round, run_labels,
+                        sorted_methods)
 from .load import Run
 
 _LINESTYLES = ("-", "--", ":", "-.")
@@ -44,47 +46,90 @@ def _no_data(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def plot_leakage_over_rounds(runs: Run | Sequence[Run], metric: str = "psnr",
-                             threshold: float | None = None) -> Figure:
-    """Mean `metric` per round, one line per (run, method), with its 95% interval as a band.
+LEAKAGE_METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
+_ACCURACY_LABELS = {"global_accuracy": "global accuracy (server, held-out test pool)",
+                    "eval_accuracy": "eval accuracy (clients' federated evaluation)"}
 
-    Colour = method, line style = run. `threshold` (dB) draws a dashed reference line.
+
+def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_METRICS, x: str = "round",
+                 threshold: float | None = None) -> Figure:
+    """Mean leakage per round, one panel per metric, one line per (run, method, defense, labels).
+
+    x: "round", or "accuracy" (the model's accuracy that round, `round_accuracy`: global_accuracy,
+    else eval_accuracy; the axis says which, the legend too when runs differ). The 95% interval of
+    the mean is a band (x="round") or a bar (x="accuracy"), drawn where per_round gives one.
+    Colour = method, line style = run/defense/labels. `threshold` (dB) draws a dashed line on PSNR.
     """
+    if x not in ("round", "accuracy"):
+        raise ValueError(f"x must be 'round' or 'accuracy', got {x!r}")
     runs = _as_runs(runs)
-    fig = Figure(figsize=(8, 4.2), layout="constrained")
-    ax = fig.add_subplot()
-    drawn = False
-    for i, (label, run) in enumerate(zip(run_labels(runs), runs)):
-        table = per_round(run.attacks)
-        for method in sorted_methods(run.attacks):
-            rows = table[table["method"] == method]
-            x = rows["round"].to_numpy(dtype=float)
-            mean = rows[f"{metric}_mean"].to_numpy(dtype=float)
-            if np.isnan(mean).all():
-                continue
-            name = method if len(runs) == 1 else f"{method} · {label}"
-            color = method_color(method)
-            ax.plot(x, mean, marker="o", ms=4, color=color, ls=_LINESTYLES[i % len(_LINESTYLES)], label=name)
-            ax.fill_between(x, rows[f"{metric}_ci95_low"].to_numpy(dtype=float),
-                            rows[f"{metric}_ci95_high"].to_numpy(dtype=float), color=color, alpha=0.15,
-                            linewidth=0)
-            drawn = True
-    if not drawn:
-        _no_data(ax, f"no {metric} values yet (no attacks, or all failed)")
-        return fig
-    if threshold is not None and metric == "psnr":
-        ax.axhline(threshold, color="0.5", lw=0.8, ls="--")
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"mean {_METRIC_LABELS.get(metric, metric)}")
-    ax.set_title(f"{_METRIC_LABELS.get(metric, metric)} over rounds (band: 95% interval of the mean)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    tables = [per_round(run.attacks, run.rounds) for run in runs]
+    sources = {s for table in tables for s in table["accuracy_source"].dropna()}
+    columns = 2 if len(metrics) > 1 else 1
+    fig = Figure(figsize=(10 if columns > 1 else 8, 3.6 * math.ceil(len(metrics) / columns)),
+                 layout="constrained")
+    axes = fig.subplots(math.ceil(len(metrics) / columns), columns, squeeze=False).ravel()
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
+    # One source: the axis names it; several (old and new runs): the legend says which per line.
+    x_label = "round" if x == "round" else "model accuracy (which one: see legend)"
+    if x == "accuracy" and len(sources) == 1:
+        x_label = _ACCURACY_LABELS[next(iter(sources))]
+    legend = True
+    varies = [key for key in ("defense", "labels")
+              if len({v for table in tables for v in table[key].dropna()}) > 1]
+    for ax, metric in zip(axes, metrics):
+        styles: list = []
+        for label, table in zip(run_labels(runs), tables):
+            for keys, rows in table.groupby(GROUP_KEYS, sort=False, dropna=False):
+                where = rows[x].notna() & rows[f"{metric}_mean"].notna()
+                if not where.any():
+                    continue
+                rows = rows[where]
+                group = dict(zip(GROUP_KEYS, keys))
+                style = (label, *(group[key] for key in varies))
+                if style not in styles:
+                    styles.append(style)
+                parts = [group["method"], *style[1:]]
+                if len(runs) > 1:
+                    parts.append(label)
+                if x == "accuracy" and len(sources) > 1:
+                    parts.append(rows["accuracy_source"].iloc[0])
+                color = method_color(str(group["method"]))
+                xs, low, high = (rows[c].to_numpy(dtype=float) for c in (x, f"{metric}_ci95_low", f"{metric}_ci95_high"))
+                ax.plot(xs, rows[f"{metric}_mean"].to_numpy(dtype=float), marker="o", ms=4, color=color,
+                        ls=_LINESTYLES[styles.index(style) % len(_LINESTYLES)], label=" · ".join(map(str, parts)))
+                if x == "round":
+                    ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
+                else:
+                    ax.vlines(xs, low, high, color=color, alpha=0.5)
+        if not styles:
+            _no_data(ax, f"no {metric} values yet" + (" with an accuracy" if x == "accuracy" else ""))
+            continue
+        if threshold is not None and metric == "psnr":
+            ax.axhline(threshold, color="0.5", lw=0.8, ls="--")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(f"mean {_METRIC_LABELS.get(metric, metric)}")
+        if x == "round":
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        if legend:  # on the first panel drawn only
+            ax.legend(fontsize="x-small")
+            legend = False
+    what = "over rounds" if x == "round" else "against the model's accuracy, one point per round"
+    fig.suptitle(f"Leakage {what} ({'band' if x == 'round' else 'bar'}: 95% interval of the mean, "
+                 f"n ≥ {MIN_CI_N})", fontsize="medium")
     return fig
 
 
+def plot_leakage_over_rounds(runs: Run | Sequence[Run], metric: str = "psnr",
+                             threshold: float | None = None) -> Figure:
+    """One metric of `plot_leakage` against round."""
+    return plot_leakage(runs, (metric,), "round", threshold)
+
+
 def plot_training(runs: Run | Sequence[Run]) -> Figure:
-    """Training curve: loss (train solid, eval dashed) and eval accuracy per round, per run."""
+    """Training curve: loss (train solid, eval dashed) and accuracy (eval solid, global dashed) per round, per run."""
     runs = _as_runs(runs)
     fig = Figure(figsize=(9, 3.6), layout="constrained")
     loss_ax, accuracy_ax = fig.subplots(1, 2)
@@ -99,26 +144,29 @@ def plot_training(runs: Run | Sequence[Run]) -> Figure:
                 loss_ax.plot(rounds["round"], rounds[column], ls=style, marker="o", ms=3, color=color,
                              label=f"{what} · {label}" if len(runs) > 1 else what)
                 drawn = True
-        if rounds["eval_accuracy"].notna().any():
-            accuracy_ax.plot(rounds["round"], rounds["eval_accuracy"], marker="o", ms=3, color=color,
-                             label=label)
-            drawn = True
+        for column, style in (("eval_accuracy", "-"), ("global_accuracy", "--")):
+            what = column.split("_")[0]
+            if rounds[column].notna().any():
+                accuracy_ax.plot(rounds["round"], rounds[column], ls=style, marker="o", ms=3, color=color,
+                                 label=f"{what} · {label}" if len(runs) > 1 else what)
+                drawn = True
     if not drawn:
         _no_data(loss_ax, "no finished rounds yet")
         _no_data(accuracy_ax, "no finished rounds yet")
         return fig
-    for ax, title in ((loss_ax, "loss"), (accuracy_ax, "eval accuracy")):
+    for ax, title in ((loss_ax, "loss"), (accuracy_ax, "accuracy")):
         ax.set_xlabel("round")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        if ax.get_legend_handles_labels()[0] and (ax is loss_ax or len(runs) > 1):
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     return fig
 
 
 def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
-    """Final eval accuracy (y) against mean PSNR over ok attacks (x), one labelled point per run."""
+    """Final accuracy (y, `final_accuracy`: global, else eval) against mean PSNR over ok attacks (x),
+    one labelled point per run."""
     runs = _as_runs(runs)
     fig = Figure(figsize=(6, 4.2), layout="constrained")
     ax = fig.add_subplot()
@@ -126,17 +174,19 @@ def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
     for label, run in zip(run_labels(runs), runs):
         ok = run.attacks[run.attacks["status"] == "ok"]
         psnr = ok["psnr"].dropna().mean() if not ok.empty else np.nan
-        accuracy = final_eval_accuracy(run)
+        accuracy, source = final_accuracy(run)
         if not (np.isnan(psnr) or np.isnan(accuracy)):
-            points.append((psnr, accuracy, label))
+            points.append((psnr, accuracy, label, source))
     if not points:
         _no_data(ax, "no run has both attacks and eval accuracy")
         return fig
-    for i, (x, y, label) in enumerate(points):
+    sources = sorted({point[3] for point in points})
+    for i, (x, y, label, source) in enumerate(points):
+        label += f" ({source})" if len(sources) > 1 else ""
         ax.scatter([x], [y], color=f"C{i % 10}", s=40, zorder=3)
         ax.annotate(label, (x, y), xytext=(5, 5), textcoords="offset points", fontsize="small")
     ax.set_xlabel("mean PSNR of reconstructions (dB)  →  more leakage")
-    ax.set_ylabel("final eval accuracy  →  more utility")
+    ax.set_ylabel(f"final {' / '.join(s.replace('_', ' ') for s in sources)}  →  more utility")
     ax.set_title("Utility vs leakage (one point per run)")
     ax.grid(alpha=0.3)
     ax.margins(0.15)
@@ -205,5 +255,5 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     return write_bytes_atomic(path, figure_png(fig, dpi=dpi))
 
 
-__all__ = ["plot_leakage_over_rounds", "plot_training", "plot_utility_vs_leakage", "plot_per_client",
+__all__ = ["plot_leakage", "plot_leakage_over_rounds", "plot_training", "plot_utility_vs_leakage", "plot_per_client",
            "figure_png", "save_figure", "method_color"]

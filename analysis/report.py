@@ -5,7 +5,12 @@ Usage:
 
 Writes REPORT_DIR/report.html (PNGs inlined as data URIs, CSS inline, no scripts, no external
 links) or REPORT_DIR/report.md with figures/ and images/ beside it, and the tables
-per_round.csv, per_client.csv, comparison.csv (+ .parquet when pyarrow is importable).
+summary.csv, per_round.csv, per_client.csv, comparison.csv (+ .parquet when pyarrow is importable).
+
+Sections: summary (a few sentences per run and one table row per run, method, defense and labels
+source), comparison of runs (several folders), plots (leakage against round and against the
+model's accuracy, training curve), configuration, then per run: per-round and per-client tables,
+heat map, failed attacks and the best/worst reconstructions.
 Exit codes: 0 done, 2 bad arguments or a folder that is not a run, 1 the report could not be written.
 """
 
@@ -30,10 +35,9 @@ import pandas as pd
 from fl_attack.records import write_bytes_atomic, write_text_atomic
 
 from .aggregate import (METRICS, STATS, compare_runs, differing_keys, per_client, per_round, run_labels,
-                        sorted_methods, summary_sentences)
+                        sorted_methods, summary_sentences, summary_table)
 from .load import NotARunError, Run, load_run
-from .plots import (figure_png, plot_leakage_over_rounds, plot_per_client, plot_training,
-                    plot_utility_vs_leakage)
+from .plots import figure_png, plot_leakage, plot_per_client, plot_training, plot_utility_vs_leakage
 
 FORMATS = ("html", "md")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -56,6 +60,7 @@ class _RunSection:
     label: str
     per_round: pd.DataFrame
     per_client: pd.DataFrame
+    summary: pd.DataFrame
     sentences: list[str]
     heat_map: _Picture | None = None
     grids: list[tuple[int, list[_Picture | str]]] = field(default_factory=list)
@@ -83,16 +88,20 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str =
 
     figures = []
     if any(not run.attacks.empty for run in runs):
-        figures.append(_Picture("psnr_over_rounds",
-                                figure_png(plot_leakage_over_rounds(runs, "psnr", threshold=threshold)),
-                                "Mean PSNR per round and method; the band is the 95% interval of the mean."))
+        figures.append(_Picture("leakage_over_rounds", figure_png(plot_leakage(runs, threshold=threshold)),
+                                "Mean leakage per round, method, defense and labels source; the band is "
+                                "the 95% interval of the mean (given from 3 values)."))
+        figures.append(_Picture("leakage_vs_accuracy", figure_png(plot_leakage(runs, x="accuracy",
+                                                                               threshold=threshold)),
+                                "Mean leakage against the model's accuracy in the same round (the axis "
+                                "names the accuracy used), rounds joined in order; bars: 95% intervals."))
     if any(not run.rounds.empty for run in runs):
         figures.append(_Picture("training", figure_png(plot_training(runs)),
-                                "Training curve: loss and eval accuracy per finished round."))
+                                "Training curve: loss and accuracy per finished round."))
     utility = None
     if len(runs) > 1:
         utility = _Picture("utility_vs_leakage", figure_png(plot_utility_vs_leakage(runs)),
-                           "Final eval accuracy against mean PSNR over ok attacks, one point per run.")
+                           "Final accuracy (global when the run has it, else eval) against mean PSNR over ok attacks, one point per run.")
 
     if fmt == "html":
         path = out_dir / "report.html"
@@ -109,8 +118,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str =
 def _build_sections(runs: list[Run], threshold: float) -> list[_RunSection]:
     sections = []
     for label, run in zip(run_labels(runs), runs):
-        section = _RunSection(run=run, label=label, per_round=per_round(run.attacks),
-                              per_client=per_client(run.attacks),
+        section = _RunSection(run=run, label=label, per_round=per_round(run.attacks, run.rounds),
+                              per_client=per_client(run.attacks), summary=summary_table(run),
                               sentences=summary_sentences(run, threshold=threshold))
         if not run.attacks.empty:
             section.heat_map = _Picture(f"per_client_{_slug(label)}", figure_png(plot_per_client(run)),
@@ -177,7 +186,7 @@ def _slug(text: str) -> str:
 def _export_tables(sections: list[_RunSection], comparison: pd.DataFrame, out_dir: Path) -> None:
     per_round_all = _concat_with_run([(s.label, s.per_round) for s in sections])
     per_client_all = _concat_with_run([(s.label, s.per_client) for s in sections])
-    tables = {"per_round": per_round_all, "per_client": per_client_all, "comparison": comparison}
+    tables = {"summary": _summary_all(sections), "per_round": per_round_all, "per_client": per_client_all, "comparison": comparison}
     for name, table in tables.items():
         write_text_atomic(out_dir / f"{name}.csv", table.to_csv(index=False))
     try:
@@ -186,6 +195,13 @@ def _export_tables(sections: list[_RunSection], comparison: pd.DataFrame, out_di
         return
     for name, table in tables.items():
         _write_parquet(table, out_dir / f"{name}.parquet")
+
+
+def _summary_all(sections: list[_RunSection]) -> pd.DataFrame:
+    """The runs' summary tables in one, with a run column when there are several runs."""
+    if len(sections) == 1:
+        return sections[0].summary
+    return _concat_with_run([(s.label, s.summary) for s in sections])
 
 
 def _concat_with_run(tables: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
@@ -221,7 +237,7 @@ def _write_parquet(table: pd.DataFrame, path: Path) -> None:
 
 def _float_text(number: float) -> str:
     if math.isnan(number):
-        return "–"
+        return ""
     if math.isinf(number):
         return "inf" if number > 0 else "-inf"
     return f"{number:.0f}" if abs(number) >= 1000 else f"{number:.4g}"
@@ -234,7 +250,7 @@ def _cell(value) -> tuple[str, str | None]:
     except (TypeError, ValueError):
         missing = False
     if missing is True:
-        return "–", None
+        return "", None
     if isinstance(value, (int,)) and not isinstance(value, bool):
         return str(value), None
     if hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iu":
@@ -370,6 +386,12 @@ nav { font-size: .9rem; } nav a { margin-right: 1rem; color: #2a5bd7; }
 """
 
 
+_SUMMARY_NOTE = ("One row per method, defense and labels source. PSNR first/last: mean in the first and last "
+                 "round attacked; best: the highest single attack. psnr_accuracy_corr: correlation over rounds "
+                 "of the round's mean PSNR with the model's accuracy (accuracy_source); psnr_trend: dB per "
+                 "round. Both need 3 rounds; blank cells: not enough data.")
+
+
 def _figure_html(picture: _Picture) -> str:
     return (f'<figure><img src="{_data_uri(picture.png)}" alt="{html.escape(picture.caption)}">'
             f"<figcaption>{html.escape(picture.caption)}</figcaption></figure>")
@@ -386,7 +408,8 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
              "<h1>fl-attack leakage report</h1>",
              f'<p class="meta">Generated {html.escape(now)} from {len(runs)} run folder'
              f'{"s" if len(runs) > 1 else ""}. Recovered means PSNR &gt; {threshold:g} dB. '
-             "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean.</p>"]
+             "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "
+             "given from 3 values and clipped to the metric's range (blank otherwise).</p>"]
     links = [("summary", "Summary")]
     if len(sections) > 1:
         links.append(("comparison", "Comparison"))
@@ -405,6 +428,10 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
             parts.append('<p class="note">No attacks yet: this run has no rows in attacks.csv.</p>')
         parts.append('<ul class="sentences">' + "".join(f"<li>{html.escape(s)}</li>" for s in section.sentences)
                      + "</ul>")
+    summary = _summary_all(sections)
+    if not summary.empty:
+        parts.append(f"<p>{html.escape(_SUMMARY_NOTE)}</p>")
+        parts.append(_html_table(summary, "summary"))
 
     if len(sections) > 1:
         parts.append('<h2 id="comparison">Comparison of runs</h2>')
@@ -416,7 +443,7 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
             parts.append(_figure_html(utility))
 
     if figures:
-        parts.append('<h2 id="plots">Leakage and training over rounds</h2>')
+        parts.append('<h2 id="plots">Leakage against round and model accuracy, training</h2>')
         parts.extend(_figure_html(picture) for picture in figures)
 
     parts.append('<h2 id="config">Configuration</h2>')
@@ -432,7 +459,7 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
             parts.append('<p class="note">No attacks yet: attacks.csv is missing or has no rows, '
                          "so there is nothing to tabulate.</p>")
             continue
-        parts.append("<h3>Per round and method</h3>")
+        parts.append("<h3>Per round, method, defense and labels</h3>")
         parts.append(_html_table(section.per_round, "per-round", grouped=True))
         parts.append("<h3>Per client</h3>")
         parts.append(_html_table(section.per_client, "per-client"))
@@ -473,11 +500,15 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
 
     lines = ["# fl-attack leakage report", "",
              f"Recovered means PSNR > {threshold:g} dB. Failed attacks are counted, never averaged in; "
-             "intervals are 95% t-intervals of the mean.", "", "## Summary", ""]
+             "intervals are 95% t-intervals of the mean, given from 3 values and clipped to the metric's range "
+             "(blank otherwise).", "", "## Summary", ""]
     for section in sections:
         if len(sections) > 1:
             lines += [f"### {section.label}", ""]
         lines += [f"- {sentence}" for sentence in section.sentences] + [""]
+    summary = _summary_all(sections)
+    if not summary.empty:
+        lines += [_SUMMARY_NOTE, "", _md_table(summary)]
     if len(sections) > 1:
         keys = differing_keys(runs)
         lines += ["## Comparison of runs", "", f"Differing run-config keys: {', '.join(keys) or 'none'}.", "",
@@ -485,7 +516,7 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
         if utility is not None:
             lines.append(saved(utility, figure_dir))
     if figures:
-        lines += ["## Leakage and training over rounds", ""]
+        lines += ["## Leakage against round and model accuracy, training", ""]
         lines += [saved(picture, figure_dir) for picture in figures]
     lines += ["## Configuration", "", _md_table(_config_table(runs, [s.label for s in sections]))]
     for section in sections:
@@ -493,7 +524,7 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
         if section.run.attacks.empty:
             lines += ["> No attacks yet: attacks.csv is missing or has no rows.", ""]
             continue
-        lines += ["### Per round and method", "", _md_table(section.per_round),
+        lines += ["### Per round, method, defense and labels", "", _md_table(section.per_round),
                   "### Per client", "", _md_table(section.per_client)]
         if section.heat_map is not None:
             lines.append(saved(section.heat_map, figure_dir))

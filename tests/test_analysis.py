@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import (MalformedLineWarning, NotARunError, compare_runs, load_run, mean_ci95, per_client,
-                      per_round, summary_sentences, write_report)
+from analysis import (METRIC_RANGES, MalformedLineWarning, NotARunError, compare_runs, load_run, mean_ci95,
+                      per_client, per_round, summary_sentences, write_report)
 from analysis.aggregate import _t975_fallback, t_quantile_975
 from analysis.load import ATTACK_COLUMNS, ROUND_COLUMNS
 from analysis.report import main
@@ -46,7 +46,7 @@ def attack_row(round_, partition, method="pisme", psnr=20.0, status="ok", image=
     failed = status == "failed"
     row = {name: "" for name in ATTACK_COLUMNS}
     row.update(round=round_, node_id=1000 + partition, partition_id=partition, client_id=f"c{partition}",
-               method=method, dataset="femnist", local_steps=20, nodes=4, iterations=200, labels="[1, 2]",
+               method=method, dataset="femnist", local_steps=20, nodes=4, iterations=200, labels="recovered",
                status=status, attack_seconds=1.5)
     if failed:
         row["error"] = "RuntimeError: out of memory"
@@ -153,7 +153,7 @@ def parse_report(path: Path) -> TableParser:
 
 
 def as_number(text: str) -> float:
-    return math.nan if text == "–" else float(text)
+    return math.nan if text == "" else float(text)
 
 
 # ---------------------------------------------------------------- aggregation
@@ -173,6 +173,9 @@ def test_mean_ci95_by_hand():
     assert mean_ci95([10, 20, 30]) == pytest.approx((20.0, 20 - half, 20 + half))
     mean, low, high = mean_ci95([7.0])
     assert mean == 7.0 and math.isnan(low) and math.isnan(high)
+    # Two values: no interval; PSNR's interval stops at 0 dB.
+    assert mean_ci95([12, 18])[0] == 15.0 and all(math.isnan(v) for v in mean_ci95([12, 18])[1:])
+    assert mean_ci95([10, 20, 30], "psnr") == pytest.approx((20.0, 0.0, 20 + half))
     assert all(math.isnan(v) for v in mean_ci95([]))
 
 
@@ -185,13 +188,12 @@ def test_per_round_matches_hand_computation(known_run):
     half = T_0975_DF2 * 10.0 / math.sqrt(3)
     assert first["psnr_mean"] == pytest.approx(20.0)
     assert first["psnr_median"] == pytest.approx(20.0)
-    assert first["psnr_ci95_low"] == pytest.approx(20.0 - half)
+    assert first["psnr_ci95_low"] == 0.0  # 20 - half < 0 dB, clipped
     assert first["psnr_ci95_high"] == pytest.approx(20.0 + half)
     assert first["ssim_mean"] == pytest.approx(0.5)  # ssim = psnr / 40
     sme = table.iloc[2]
-    sd = np.std([12, 18], ddof=1)
     assert sme["psnr_mean"] == pytest.approx(15.0)
-    assert sme["psnr_ci95_high"] == pytest.approx(15 + 12.706204736 * sd / math.sqrt(2))
+    assert math.isnan(sme["psnr_ci95_high"])  # two values: no interval
     single = table.iloc[1]
     assert single["psnr_mean"] == 25.0 and math.isnan(single["psnr_ci95_low"])
     # lpips missing on the only ok row of round 3 -> NaN, psnr still there.
@@ -218,11 +220,12 @@ def test_compare_runs_shows_exactly_the_differing_keys(tmp_path):
                           pngs=False))
     table = compare_runs([a, b, c])
     fixed = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean", "ssim_mean",
-             "lpips_mean", "label_accuracy_mean", "final_eval_accuracy"]
+             "lpips_mean", "label_accuracy_mean", "final_accuracy", "accuracy_source"]
     assert list(table.columns) == fixed + ["defense", "seed", "clip"]
     assert list(table["defense"]) == ["none", "dp", "dp"]
     assert table["clip"].isna().tolist() == [True, True, False]
-    assert table["final_eval_accuracy"].tolist() == pytest.approx([0.6, 0.7, 0.7])
+    assert table["final_accuracy"].tolist() == pytest.approx([0.6, 0.7, 0.7])
+    assert table["accuracy_source"].tolist() == ["eval_accuracy"] * 3
     # Two runs with the same config: no config columns at all.
     assert list(compare_runs([a, a]).columns) == fixed
     assert compare_runs([a, a])["name"].nunique() == 2
@@ -232,10 +235,9 @@ def test_summary_sentences(known_run):
     sentences = summary_sentences(load_run(known_run), threshold=15)
     assert sentences[0] == ("Overall, pisme exceeded 15 dB in 4 of 6 attacks over 3 rounds; mean PSNR 21.4 dB, "
                             "best round 2 (mean 25.0 dB).")
-    assert ("Round 1: pisme recovered 2 of 4 attacked clients with PSNR > 15 dB "
-            "(mean 20.0 dB). 1 attack failed.") in sentences
-    assert "Round 2: sme recovered 1 of 2 attacked clients with PSNR > 15 dB (mean 15.0 dB)." in sentences
-    assert any(s.startswith("Model utility: eval accuracy 80.0% after round 3") for s in sentences)
+    assert sentences[1].startswith("Overall, sme exceeded 15 dB in 1 of 2 attacks")
+    # No sentence per round: the numbers are in the summary table.
+    assert sentences[2:] == ["Model utility: eval accuracy 80.0% after round 3."]
 
 
 # ---------------------------------------------------------------- partial and broken folders
@@ -268,8 +270,8 @@ def test_rounds_csv_missing_and_bad_rows(tmp_path):
     rows = [attack_row(1, 0, psnr=20), attack_row(1, 1, status="failed")]
     folder = make_run(tmp_path / "partial", rows, rounds=None)
     with open(folder / "attacks.csv", "a") as handle:
-        handle.write("2,1,1,c1,pisme,femnist,20,4,200,[1],abc" + ",1" * 6 + ",1.5,ok,,x.png\n")
-        handle.write("2,1,1,c1,pisme,femnist,20,4,200,[1]" + ",1" * 7 + ",1.5,maybe,,x.png\n")
+        handle.write("2,1,1,c1,pisme,femnist,none,20,4,200,recovered,abc" + ",1" * 6 + ",1.5,ok,,,,x.png\n")
+        handle.write("2,1,1,c1,pisme,femnist,none,20,4,200,recovered" + ",1" * 7 + ",1.5,maybe,,,,x.png\n")
     with pytest.warns(MalformedLineWarning) as caught:
         run = load_run(folder)
     messages = " ".join(str(w.message) for w in caught)
@@ -362,17 +364,21 @@ def test_report_html_is_self_contained_and_numbers_match(known_run, tmp_path, ca
         round_, method = int(row[0]), row[1]
         group = raw[(raw["round"] == round_) & (raw["method"] == method)]
         values = ok[(ok["round"] == round_) & (ok["method"] == method)]
-        assert [int(x) for x in row[2:5]] == [len(group), len(values), int((group["status"] == "failed").sum())]
-        cells = [as_number(x) for x in row[5:]]
+        assert row[2:4] == ["none", "recovered"]
+        assert [int(x) for x in row[4:7]] == [len(group), len(values), int((group["status"] == "failed").sum())]
+        cells = [as_number(x) for x in row[7:-2]]
+        assert as_number(row[-2]) == pytest.approx(0.5 + 0.1 * round_) and row[-1] == "eval_accuracy"
         for i, metric in enumerate(["psnr", "ssim", "fsim", "lpips", "lsim_honest", "label_accuracy"]):
             column = values[metric].dropna()
             mean = column.mean() if len(column) else math.nan
             median = column.median() if len(column) else math.nan
-            if len(column) > 1:
+            if len(column) >= 3:
                 half = t_quantile_975(len(column) - 1) * column.std(ddof=1) / math.sqrt(len(column))
             else:
                 half = math.nan
-            for got, want in zip(cells[4 * i: 4 * i + 4], (mean, median, mean - half, mean + half)):
+            bottom, top = METRIC_RANGES[metric]
+            for got, want in zip(cells[4 * i: 4 * i + 4], (mean, median, max(mean - half, bottom),
+                                                            min(mean + half, top))):
                 if math.isnan(want):
                     assert math.isnan(got), (round_, method, metric)
                 else:
@@ -380,9 +386,13 @@ def test_report_html_is_self_contained_and_numbers_match(known_run, tmp_path, ca
 
     comparison = parser.table("comparison")
     assert len(comparison) == 2
-    assert "Round 1: pisme recovered 2 of 4 attacked clients with PSNR &gt; 15 dB" in text
+    assert "Round 1: pisme recovered" not in text
+    summary = parser.table("summary")
+    assert [row[:4] for row in summary] == [[known_run.name, "pisme", "none", "recovered"],
+                                            [known_run.name, "sme", "none", "recovered"],
+                                            ["other", "pisme", "dp", "recovered"]]
     # Exports.
-    for name in ("per_round", "per_client", "comparison"):
+    for name in ("summary", "per_round", "per_client", "comparison"):
         assert (out / f"{name}.csv").is_file()
     exported = pd.read_csv(out / "per_round.csv")
     assert exported.columns[0] == "run" and len(exported) == 5
@@ -415,7 +425,8 @@ def test_markdown_report(known_run, tmp_path):
     assert "## Summary" in text and "| round | method |" in text
     for target in [line.split("](", 1)[1].split(")", 1)[0] for line in text.splitlines() if line.startswith("![")]:
         assert (out / target).is_file(), target
-    assert (out / "figures" / "psnr_over_rounds.png").is_file()
+    assert (out / "figures" / "leakage_over_rounds.png").is_file()
+    assert (out / "figures" / "leakage_vs_accuracy.png").is_file()
 
 
 def make_big_run(folder: Path, n_rounds: int = 10, n_clients: int = 10) -> Path:
