@@ -20,16 +20,13 @@ import torch
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.images import save_comparison_grid
 from fl_attack.metrics import evaluate_reconstruction, get_lpips, label_count_accuracy
-from fl_attack.records import append_csv_row
+from fl_attack.records import ATTACK_COLUMNS, append_csv_row
 from fl_attack.update import AttackTarget
 from .settings import RunSettings
 
 from .attacker import AttackOutcome
 from .timings import Timings
 
-ATTACK_COLUMNS = ["round", "node_id", "partition_id", "client_id", "method", "dataset", "defense", "local_steps",
-                  "nodes", "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
-                  "lsim_calibrated", "label_accuracy", "attack_seconds", "status", "error", "image", "lag_rounds"]
 _METRICS = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
 
 
@@ -69,6 +66,7 @@ class Evaluator:
                "client_id": target.client_id, "method": outcome.method, "dataset": self.settings.dataset,
                "defense": self.settings.defense.label, "local_steps": outcome.local_steps,
                "nodes": config.nodes, "iterations": config.iterations, "lag_rounds": lag_rounds,
+               "label_estimator": getattr(config, "label_estimator", "paper"),
                "labels": outcome.label_source or self.settings.attack_labels,
                "lsim_honest": outcome.lsim_honest, "lsim_calibrated": outcome.lsim_calibrated,
                "attack_seconds": round(outcome.seconds, 3) if not math.isnan(outcome.seconds) else float("nan"),

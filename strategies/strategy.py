@@ -28,7 +28,7 @@ from tqdm import tqdm
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.data import get_spec
 from fl_attack.models import build_model
-from fl_attack.records import append_csv_row, write_bytes_atomic
+from fl_attack.records import ROUND_COLUMNS, append_csv_row, write_bytes_atomic
 from fl_attack.update import AttackTarget, save_update
 
 from .attacker import AttackDispatcher, AttackJob, AttackOutcome
@@ -38,9 +38,6 @@ from .timings import Timings
 
 log = logging.getLogger(__name__)
 
-ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy", "attacks_in_flight", "seconds",
-                 "global_loss", "global_accuracy", "attack_lag_rounds", "attacks_dispatched", "attacks_skipped",
-                 "excluded"]
 CHECKPOINT = "checkpoint.pt"
 
 

@@ -43,7 +43,7 @@ def attack(round_, partition, method="pisme", labels="recovered", **metrics) -> 
 def rounds(n: int) -> list[dict]:
     return [{"round": r, "clients": 4, "train_loss": 1 / r, "eval_loss": 1 / r, "eval_accuracy": 0.1 * r,
              "attacks_in_flight": 0, "seconds": 2.0, "global_loss": 1 / r, "global_accuracy": 0.05 * r,
-             "attack_backlog": 0} for r in range(1, n + 1)]
+             "attack_lag_rounds": 0} for r in range(1, n + 1)]
 
 
 def make_folder(folder: Path, attacks: list[dict], round_rows: list[dict], attack_columns=ATTACK_COLUMNS,
@@ -178,7 +178,7 @@ def test_old_new_and_unknown_columns_load(tmp_path):
         assert list(run.rounds.columns[:len(ROUND_COLUMNS)]) == ROUND_COLUMNS
         assert run.attacks.loc[0, "psnr"] == 20.0 and run.attacks.loc[0, "defense"] == "none"
     assert math.isnan(old.rounds.loc[0, "global_accuracy"]) and old.attacks.loc[0, "label_estimator"] is None
-    assert new.rounds.loc[0, "attack_backlog"] == 0 and new.attacks.loc[0, "label_estimator"] == "bias"
+    assert new.rounds.loc[0, "attack_lag_rounds"] == 0 and new.attacks.loc[0, "label_estimator"] == "bias"
     assert new.attacks["lag_rounds"].dtype == "float64"
     assert extra.attacks.loc[0, "future"] == "x" and extra.rounds.loc[0, "gpu_seconds"] == "3"
 
