@@ -11,7 +11,7 @@ attacks go to the evaluator whenever the strategy next runs.
 from __future__ import annotations
 
 import logging
-import math
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -39,6 +39,9 @@ from .timings import Timings
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
+# Set to a round number, the ServerApp process exits abruptly right after that round's checkpoint
+# (no clean-up, no summary.json): how the tests interrupt a real federation.
+CRASH_ENV = "FL_ATTACK_CRASH_AFTER_ROUND"
 
 
 def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
@@ -267,6 +270,9 @@ class LeakageTracking:
                 buf = io.BytesIO()
                 torch.save({"round": server_round, "arrays": state}, buf)
                 write_bytes_atomic(self.run_dir / CHECKPOINT, buf.getvalue())
+        if os.environ.get(CRASH_ENV) == str(server_round):  # fault injection for the resume tests
+            self._event(f"round {server_round}: {CRASH_ENV} set: the ServerApp dies here, as if killed")
+            os._exit(70)
         accuracy = record.get("global_accuracy")
         self._event(f"round {server_round}: done; global accuracy "
                     f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.dispatcher.in_flight} attack(s) "
