@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_FEDERATION = "num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+DEFAULT_FEDERATION = "num-supernodes=6 client-resources-num-cpus=1 client-resources-num-gpus=0.0"
 
 
 def _free_port() -> int:

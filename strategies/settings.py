@@ -64,18 +64,18 @@ class RunSettings:
 
     dataset: str = "femnist"
     data_dir: str = ""
-    num_server_rounds: int = 2
+    num_server_rounds: int = 3
     fraction_train: float = 1.0
     fraction_evaluate: float = 1.0
     local_epochs: int = 5
     batch_size: int = 8
-    lr: float = 0.004
-    samples_per_client: int = 16
+    lr: float = 0.05
+    samples_per_client: int = 32
     classes_per_client: int = 0
     client_threads: int = 1
     client_num_cpus: int = 2
     attack_method: str = "pisme"
-    attack_clients: str = "fraction:0.5"
+    attack_clients: str = "0"
     attack_iterations: int = 200
     attack_nodes: int = 3
     attack_labels: str = "recovered"

@@ -311,7 +311,7 @@ class LeakageTracking:
                             f"(the oldest from round {min(self._in_flight_rounds)}), at most {timeout:.0f} s")
             deadline, next_note = time.monotonic() + timeout, time.monotonic() + 60
             with tqdm(total=left, desc="fl-attack: attacks still running", unit="attack", file=sys.stderr,
-                      disable=not left) as bar:
+                      disable=not left, mininterval=10) as bar:  # Flower logs every refresh as a line
                 while self.dispatcher.in_flight and time.monotonic() < deadline:
                     done = self.collect()
                     rows += done
