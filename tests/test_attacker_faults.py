@@ -84,11 +84,13 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
             dispatcher.submit(_job(job_id))
         assert dispatcher._load == [2, 2]  # least loaded: 1 and 3 on actor 0, 2 and 4 on actor 1
         while not (tmp_path / "hang-3.started").exists():  # job 3 runs once job 1 has died
-            assert time.perf_counter() - start < 60, "job 3 never started"
+            assert time.perf_counter() - start < 150, "job 3 never started"
             outcomes += dispatcher.poll()
             time.sleep(0.2)
         ray.kill(dispatcher._actors[0], no_restart=False)  # Ray restarts it
-        outcomes += dispatcher.drain(timeout=60)
+        # Generous: each restart starts a Python process that imports torch (~5 s here, far more on a
+        # loaded machine); the test takes ~25 s on an idle 2-core machine.
+        outcomes += dispatcher.drain(timeout=150)
     finally:
         dispatcher.shutdown()
     by_id = {o.job_id: o for o in outcomes}
@@ -99,7 +101,6 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
     assert by_id[2].status == "failed"
     assert by_id[2].error.startswith("ActorDiedError: the attacker actor died under this job 2 times; last cause: ")
     assert (tmp_path / "crash-1").read_text() == "0" and (tmp_path / "crash-2").read_text() == "0"
-    assert time.perf_counter() - start < 60
 
 
 def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtime, tmp_path, caplog):
@@ -117,7 +118,7 @@ def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtim
                                   actor_cls=DiesOnce)
     try:
         dispatcher.submit(_job(7))
-        outcomes = dispatcher.drain(timeout=60)
+        outcomes = dispatcher.drain(timeout=150)
     finally:
         dispatcher.shutdown()
     assert [(o.job_id, o.status) for o in outcomes] == [(7, "ok")], outcomes[0].error
