@@ -62,8 +62,10 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     uses it in standalone runs; the attacker itself never sees the ground truth).
     time_limit: seconds; past it the attack stops with TimeoutError (the federation records it as
     failed and goes on).
-    Returns a Reconstruction. Raises ValueError for an unknown method, bad settings or oracle labels
-    of the wrong length, before any optimisation.
+    Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, an update
+    that is not the dataset's model (``ObservedUpdate.check_against``: foreign keys such as
+    'private_images', missing keys, other shapes) or oracle labels of the wrong length, before any
+    optimisation.
     """
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
@@ -71,6 +73,7 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
         raise TypeError(f"update must be an ObservedUpdate, got {type(update).__name__}")
     meta = update.metadata
     spec = get_spec(meta.dataset)
+    update.check_against(build_model(meta.dataset, seed=0))  # seeded: the global RNG is left as it was
     k = meta.num_samples
     if isinstance(labels, str):
         if labels != "recovered":

@@ -4,13 +4,19 @@
 
 ``attack`` runs the standalone experiment of fl_attack.standalone: it trains N real victim
 clients under the paper protocol, attacks each update with each method and writes results.csv,
-per-attack traces and image grids. Every setting is checked before any training; a bad one ends
-the command with a one-line ``fl-attack: error: ...`` message and exit status 2.
+per-attack traces and image grids. Every setting is checked before any training, the --out folder
+included (created, and a file written and removed in it); a bad one ends the command with a
+one-line ``fl-attack: error: ...`` message and exit status 2.
+
+Exit status: 0 when at least one attack succeeded, 1 when every attack failed or a run-time error
+(e.g. a full disk) ended the run (one ``fl-attack: error:`` line, no traceback), 2 for a bad
+setting, 130 when interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from .attacks import ATTACKS
@@ -18,6 +24,7 @@ from .data import DATASETS
 from .standalone import RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
 
 PROG = "fl-attack"
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 ATTACK_EPILOG = f"""\
@@ -136,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prepare_out(out: Path) -> None:
+    """Create the --out folder and check a file can be written in it (root ignores file modes, so
+    it is tried, not asked with os.access). Raises UsageError with one line otherwise."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
+
+
 def _attack(args) -> int:
     settings = AttackSettings(dataset=args.dataset, methods=tuple(args.methods), clients=args.clients,
                               samples=args.samples, batch_size=args.batch_size, local_epochs=args.local_epochs,
@@ -148,9 +168,13 @@ def _attack(args) -> int:
     except (ValueError, FileNotFoundError, TypeError) as exc:
         raise UsageError(str(exc)) from None
     out = Path(args.out)
+    _prepare_out(out)
     rows = run_attack_experiment(settings, out, progress=not args.no_progress, pool=pool)
     failed = sum(1 for r in rows if r["psnr"] != r["psnr"])
     print(f"{PROG}: {len(rows)} attack(s), {failed} failed; results in {out / 'results.csv'}", file=sys.stderr)
+    if rows and failed == len(rows):
+        print(f"{PROG}: error: every attack failed; see the messages above", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -167,9 +191,9 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, FileNotFoundError) as exc:  # after validation: a run-time failure, still one line
+    except (ValueError, OSError) as exc:  # after validation: a run-time failure (a full disk...), one line
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; rows already written are kept", file=sys.stderr)
         return 130

@@ -1,17 +1,26 @@
 """Crash-safe result files: atomic text, JSON and whole-CSV writes, and CSV rows appended one whole
 line at a time.
 
-A row is formatted in memory and written with a single ``os.write`` on an O_APPEND descriptor,
-then fsync'd, so a crash never leaves half a row and never loses a row already written.
+Every write goes through ``_write_all``: a short ``os.write`` is continued until every byte is on
+the file, a failing ``os.write`` (ENOSPC, EIO, ...) is retried ``WRITE_TRIES`` times with a short
+backoff, and then an OSError naming the file is raised. Files are fsync'd, and so is their folder
+when a file is created or renamed into it, so a finished write survives a power cut.
+
+A CSV row is formatted in memory and appended on an O_APPEND descriptor under an exclusive flock;
+a row that cannot be written whole is cut off again, so the file never keeps half a row.
 """
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import io
 import json
+import logging
 import math
 import os
 import secrets
+import time
 from pathlib import Path
 
 # The columns of a run folder's CSVs (README "Results of a run"), shared by the writers
@@ -24,6 +33,42 @@ ATTACK_COLUMNS = ["round", "node_id", "partition_id", "client_id", "method", "da
                   "nodes", "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
                   "lsim_calibrated", "label_accuracy", "attack_seconds", "status", "error", "label_estimator",
                   "lag_rounds", "image"]
+log = logging.getLogger(__name__)
+
+WRITE_TRIES = 4  # one write and three retries
+RETRY_DELAYS = (0.05, 0.2, 0.5)  # seconds before the 2nd, 3rd and 4th try
+
+
+def _write_all(fd: int, data: bytes, path) -> None:
+    """Write every byte of ``data`` to ``fd``: short writes are continued, a failing write is retried
+    (``WRITE_TRIES`` tries in all, ``RETRY_DELAYS`` apart). Raises OSError naming ``path`` (same errno
+    as the last failure) when a write still fails; the bytes written before it stay on the file (the
+    callers cut them off or discard the file). TypeError for ``data`` that is not bytes-like."""
+    view = memoryview(data).cast("B")
+    done, failures = 0, 0
+    while done < len(view):
+        try:
+            n = os.write(fd, view[done:])
+        except OSError as exc:
+            failures += 1
+            if failures >= WRITE_TRIES:
+                raise OSError(exc.errno, f"could not write {path} ({failures} tries, {done} of "
+                                         f"{len(view)} bytes written): {exc.strerror}") from exc
+            log.warning("write to %s failed (%s); retrying", path, exc.strerror)
+            time.sleep(RETRY_DELAYS[min(failures, len(RETRY_DELAYS)) - 1])
+            continue
+        if n <= 0:  # a write that makes no progress would loop forever
+            raise OSError(errno.EIO, f"could not write {path}: os.write wrote {n} of {len(view) - done} bytes")
+        done += n
+
+
+def _fsync_dir(folder) -> None:
+    """fsync a folder, so a file just created or renamed in it stays after a crash."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
@@ -35,22 +80,29 @@ def _temp_beside(path: Path) -> tuple[int, str]:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
         except FileExistsError:
             continue
+        except OSError as exc:  # e.g. a read-only folder: name the file the caller asked for
+            raise OSError(exc.errno, f"could not write {path}: {exc.strerror}") from exc
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
+    """Write ``data`` to a temporary file beside ``path``, fsync it, rename it over ``path`` and fsync
+    the folder.
 
-    Creates missing parent folders; on any error the temporary file is removed and ``path`` is untouched.
+    Creates missing parent folders; on any error the temporary file is removed and ``path`` is
+    untouched. Raises OSError naming ``path`` when the folder is not writable or a write still fails
+    after its retries (``_write_all``); TypeError when ``data`` is not bytes-like.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temp_beside(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            _write_all(fd, data, path)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -92,33 +144,64 @@ def csv_text(rows: list[dict], columns) -> str:
     return buf.getvalue()
 
 
-def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> None:
-    """Append ``row`` (missing columns left empty) to the CSV at ``path``, creating it with a header.
+def _cut_partial_line(fd: int, path) -> int:
+    """Cut off a last line without its "\n" (a row an earlier crash left half written); returns the
+    file's size after. A quoted cell holding a newline would be cut at that newline: the rows written
+    here hold numbers and identifiers only."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    keep, end = 0, size
+    while end > 0:  # search back for the last newline, 64 KiB at a time
+        start = max(0, end - 65536)
+        found = os.pread(fd, end - start, start).rfind(b"\n")
+        if found >= 0:
+            keep = start + found + 1
+            break
+        end = start
+    log.warning("%s ended in a partial line of %d bytes (an earlier crash); cut it off", path, size - keep)
+    os.ftruncate(fd, keep)
+    return keep
 
-    Raises ValueError for keys that are not in ``columns``, so no value is silently dropped.
+
+def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> None:
+    """Append ``row`` (missing columns left empty) as one whole line to the CSV at ``path``, creating
+    the file (and missing folders) with a header line first; then fsync the file, and its folder
+    when the file was new.
+
+    Never half a row: the row is one buffer written under an exclusive flock (other appenders wait);
+    if the file does not end in "\n" (a partial line an earlier crash left), that partial line is
+    TRUNCATED before the row is written, so the file only ever holds whole lines; a row that still
+    cannot be written whole after the retries of ``_write_all`` is cut off again and OSError naming
+    ``path`` is raised. Raises ValueError, before touching the disk, for keys that are not in
+    ``columns``, so no value is silently dropped.
     """
     unknown = sorted(set(row) - set(columns))
     if unknown:
         raise ValueError(f"row has columns not in the file's header: {unknown}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        header = io.StringIO()
-        csv.writer(header).writerow(columns)
-        fd, tmp = _temp_beside(path)
-        with os.fdopen(fd, "w") as f:
-            f.write(header.getvalue())
-        try:
-            os.link(tmp, path)  # atomic create-if-absent: never clobbers a header written meanwhile
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
     line = io.StringIO()
-    csv.writer(line).writerow([csv_cell(row.get(c)) for c in columns])
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    csv.writer(line, lineterminator="\n").writerow([csv_cell(row.get(c)) for c in columns])
+    header = io.StringIO()
+    csv.writer(header, lineterminator="\n").writerow(columns)
+    created = not path.exists()
+    try:  # O_RDWR: the partial-line check reads the file's end
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise OSError(exc.errno, f"could not write {path}: {exc.strerror}") from exc
     try:
-        os.write(fd, line.getvalue().encode())
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = _cut_partial_line(fd, path)
+        data = line.getvalue().encode() if size else (header.getvalue() + line.getvalue()).encode()
+        try:
+            _write_all(fd, data, path)
+        except BaseException:
+            os.ftruncate(fd, size)  # never leave half a row behind
+            os.fsync(fd)
+            raise
         os.fsync(fd)
     finally:
-        os.close(fd)
+        os.close(fd)  # also releases the flock
+    if created:
+        _fsync_dir(path.parent)

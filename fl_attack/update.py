@@ -19,6 +19,9 @@ import torch
 
 StateDict = "OrderedDict[str, torch.Tensor]"
 
+# The only keys ObservedUpdate.client may hold: public identifiers the server knows anyway.
+PUBLIC_CLIENT_KEYS = frozenset({"round", "node_id", "partition_id", "client_id", "participants"})
+
 
 def local_steps(num_samples: int, batch_size: int, local_epochs: int) -> int:
     """T = E * ceil(k / B), the number of local SGD steps of one client."""
@@ -69,6 +72,8 @@ def _as_state(weights, name: str) -> "OrderedDict[str, torch.Tensor]":
             value = torch.from_numpy(np.array(value, copy=True))
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name}['{key}'] must be a tensor or ndarray, got {type(value).__name__}")
+        if not torch.is_floating_point(value):
+            raise ValueError(f"{name}['{key}'] has dtype {value.dtype}; model parameters are floating point")
         out[key] = value.detach().to(torch.float32).cpu().clone()
     return out
 
@@ -78,8 +83,12 @@ class ObservedUpdate:
     """What the server observes of one client in one round: (w0, wT, metadata).
 
     w0, wT: dicts parameter name -> float32 tensor (the model's state dict layout), same keys and
-    shapes. Validated on construction; raises ValueError on mismatched keys or shapes and on
-    NaN/inf values, before any attack work starts.
+    shapes, given as floating-point tensors or ndarrays (copied to float32 on the CPU).
+    client: public identifiers only, keys from PUBLIC_CLIENT_KEYS (round, node_id, partition_id,
+    client_id, participants), values int, float, str or bool.
+    Validated on construction; raises ValueError on mismatched keys or shapes, a non-floating dtype,
+    NaN/inf values or a client key outside PUBLIC_CLIENT_KEYS, and TypeError for a non-scalar client
+    value, before any attack work starts. ``check_against`` checks the update against its model.
     """
 
     w0: dict
@@ -101,11 +110,42 @@ class ObservedUpdate:
                     raise ValueError(f"{name}['{key}'] contains NaN or inf; the update cannot be attacked")
         if not isinstance(self.metadata, TrainingMetadata):
             raise TypeError("metadata must be a TrainingMetadata")
+        if not isinstance(self.client, dict):
+            raise TypeError(f"client must be a dict of public identifiers, got {type(self.client).__name__}")
         for key, value in self.client.items():
-            if not isinstance(value, (int, float, str)):
+            if not isinstance(value, (int, float, str, bool)):
                 raise TypeError(f"client['{key}'] must be a public scalar identifier, got {type(value).__name__}")
+            if key not in PUBLIC_CLIENT_KEYS:
+                raise ValueError(f"client['{key}'] is not a public identifier; client may only hold "
+                                 f"{', '.join(sorted(PUBLIC_CLIENT_KEYS))}")
         object.__setattr__(self, "w0", w0)
         object.__setattr__(self, "wT", wT)
+
+    def check_against(self, model) -> None:
+        """Check that this update is one of ``model`` (an nn.Module or its state dict): exactly the
+        model's state-dict keys, each of the model's shape, and floating-point model tensors.
+
+        Raises ValueError naming the first offending key: a tensor the model does not have (e.g.
+        'private_images' smuggled in beside the weights), a model tensor the update lacks, or a
+        shape that differs.
+        """
+        state = model.state_dict() if isinstance(model, torch.nn.Module) else model
+        if not isinstance(state, dict):
+            raise TypeError(f"model must be an nn.Module or its state dict, got {type(state).__name__}")
+        extra = [k for k in self.w0 if k not in state]
+        if extra:
+            raise ValueError(f"the update has tensor '{extra[0]}', which is not one of the model's parameters "
+                             f"({len(extra)} such key(s): {extra[:5]})")
+        missing = [k for k in state if k not in self.w0]
+        if missing:
+            raise ValueError(f"the update lacks the model's tensor '{missing[0]}' ({len(missing)} missing: {missing[:5]})")
+        for key, reference in state.items():
+            if tuple(self.w0[key].shape) != tuple(reference.shape):
+                raise ValueError(f"the update's '{key}' has shape {tuple(self.w0[key].shape)}, "
+                                 f"the model's {tuple(reference.shape)}")
+            if not torch.is_floating_point(reference):
+                raise ValueError(f"the model's '{key}' has dtype {reference.dtype}; only floating-point "
+                                 "parameters can be attacked")
 
     @property
     def delta_w(self) -> "OrderedDict[str, torch.Tensor]":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from fl_attack.config import typed_value
+from fl_attack.config import check_field_types, typed_value
 from fl_attack.defenses import weight_matrices
 
 DEFENSES = ("none", "local-dp", "central-dp", "secagg", "topk", "low-rank", "quantize")
@@ -97,6 +97,7 @@ class DefenseSettings:
 
     def validate(self) -> None:
         """Check every value that needs no model or federation; ValueError with the key otherwise."""
+        check_field_types(self, _field_to_key)
         names = self.names
         unknown = [n for n in names if n not in DEFENSES]
         if unknown or not names:

@@ -7,7 +7,9 @@ Plain ``flwr run`` returns 0 even when the run failed and leaves a detached Supe
 1. starts its own local SuperLink (through ``flwr run``) on free ports, with runtime dependency
    installation off, telemetry off, FLWR_HOME inside the project and FL_ATTACK_HOME set so the
    packaged app finds the bundled data;
-2. streams the run, then asks ``flwr ls`` for its final status;
+2. streams the run, then asks ``flwr ls`` for its final status; a run that prints nothing for
+   ``--silence-timeout`` seconds, or runs past ``--timeout``, is abandoned: the ``flwr run`` process
+   group is killed, the reason printed, and the exit status is 1;
 3. stops the SuperLink it started and prints where the run folder is (as the ServerApp named it);
 4. adds its clock (launch, ``flwr run`` exit) to the run's summary.json timings and prints where the
    time went (strategies/timings.py);
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import re
 import shlex
 import signal
@@ -31,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -101,6 +105,75 @@ def _stop_superlink(control_port: str) -> None:
                 pass
 
 
+def _flwr_command(config_file: Path, federation: str) -> list[str]:
+    """The command that runs the federation (a test may put another one in its place)."""
+    return ["flwr", "run", str(ROOT), "--stream", "--run-config", str(config_file), "--federation-config", federation]
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace`` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the leader or children that ignored SIGTERM
+    except ProcessLookupError:
+        pass
+
+
+def stream(cmd: list[str], env: dict, timeout: float, silence_timeout: float, on_line) -> str:
+    """Run ``cmd`` in its own process group, hand each output line (stdout and stderr) to
+    ``on_line`` as it arrives, and wait for it to end.
+
+    timeout: seconds in all; silence_timeout: seconds without a line. A reader thread feeds a queue,
+    so silence is noticed even when no line ever comes. Past either limit the whole process group is
+    killed (SIGTERM, SIGKILL 5 s later). Returns "" when the command ended by itself, else why it
+    was abandoned (one sentence).
+    """
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)  # end of output
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    started = last = time.monotonic()
+    reason, ended = "", False
+    try:
+        while True:
+            now = time.monotonic()
+            if now - last >= silence_timeout:
+                reason = f"no output for {silence_timeout:g} s (--silence-timeout)"
+            elif now - started >= timeout:
+                reason = f"still running after {timeout:g} s (--timeout)"
+            if reason:
+                break
+            try:
+                line = lines.get(timeout=min(silence_timeout - (now - last), timeout - (now - started)))
+            except queue.Empty:
+                continue
+            if line is None:
+                ended = True
+                break
+            last = time.monotonic()
+            on_line(line)
+    finally:
+        if not ended:  # abandoned, or interrupted (Ctrl-C)
+            _kill_group(proc)
+        proc.wait()
+        reader.join(timeout=5)
+    return reason
+
+
 def _final_status(run_id: str, env: dict) -> str:
     out = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=env,
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
@@ -120,8 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--federation-config", default=DEFAULT_FEDERATION,
                         help=f"simulation options (default: '{DEFAULT_FEDERATION}')")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is abandoned")
+    parser.add_argument("--silence-timeout", type=float, default=900,
+                        help="seconds without any output before the run is abandoned (default: 900)")
     parser.add_argument("--run-dir-file", default="", help="write the run folder's path to this file at the end")
     args = parser.parse_args(argv)
+    for name in ("timeout", "silence_timeout"):
+        value = getattr(args, name)
+        if not (value > 0 and value != float("inf")):
+            print(f"fl-attack: error: --{name.replace('_', '-')} must be a finite number of seconds > 0, "
+                  f"got {value}", file=sys.stderr)
+            return 2
 
     env = _environment()
     try:
@@ -129,27 +210,32 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"fl-attack: error: --run-config: {exc}", file=sys.stderr)
         return 2
-    cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", str(config_file),
-           "--federation-config", args.federation_config]
+    cmd = _flwr_command(config_file, args.federation_config)
     print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    run_id, run_dir, started = None, None, time.time()
+    found = {"run_id": None, "run_dir": None}
+    started = time.time()
+
+    def on_line(line: str) -> None:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        match = re.search(r"started run (\d+)", line)
+        found["run_id"] = found["run_id"] or (match.group(1) if match else None)
+        folder = re.search(r"fl-attack: leakage record in (.+)$", line.rstrip())
+        found["run_dir"] = found["run_dir"] or (Path(folder.group(1)) if folder else None)
+
     try:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            match = re.search(r"started run (\d+)", line)
-            run_id = run_id or (match.group(1) if match else None)
-            found = re.search(r"fl-attack: leakage record in (.+)$", line.rstrip())
-            run_dir = run_dir or (Path(found.group(1)) if found else None)
-            if time.time() - started > args.timeout:
-                proc.kill()
-                print(f"fl-attack: run abandoned after {args.timeout:.0f} s", file=sys.stderr)
-                break
-        proc.wait()
+        abandoned = stream(cmd, env, args.timeout, args.silence_timeout, on_line)
         flwr_exited = time.time()
+        run_id, run_dir = found["run_id"], found["run_dir"]
+        if abandoned:
+            print(f"fl-attack: error: run abandoned: {abandoned}; the flwr process group was killed", file=sys.stderr)
         status = _final_status(run_id, env) if run_id else "not started"
     finally:
         _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
+    if abandoned:
+        print(f"fl-attack: run {run_id} abandoned after {time.time() - started:.0f} s (status: {status})",
+              file=sys.stderr)
+        return 1
     seconds = time.time() - started
     ok = status.endswith("completed") and run_dir is not None and (run_dir / "rounds.csv").exists()
     print(f"fl-attack: run {run_id} {status} in {seconds:.0f} s", flush=True)

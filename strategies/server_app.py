@@ -174,6 +174,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = RunSettings.from_run_config(context.run_config)
     num_nodes = len(list(grid.get_node_ids()))
     check_partitions(settings, num_nodes)
+    settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
     check_defense(settings, num_nodes)
     run_config = dict(context.run_config)
     clock = time.perf_counter()

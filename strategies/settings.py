@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from fl_attack.attacks import ATTACKS, AttackConfig
-from fl_attack.config import parse_key_values, typed_value
+from fl_attack.config import check_field_types, parse_key_values, typed_value
 from fl_attack.data import get_spec
 
 from .defense_settings import DefenseSettings
@@ -24,6 +24,9 @@ def _parse_overrides(text: str) -> dict:
     out = parse_key_values(text, asdict(AttackConfig()), "attack-options", "attack setting")
     AttackConfig.from_overrides(**out)  # validates the combination
     return out
+
+
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds take 32-bit values
 
 
 def usable_cpus() -> int:
@@ -178,6 +181,31 @@ class RunSettings:
         wanted = {int(p) for p in spec.split(",")}
         return sorted(p for p in partition_ids if p in wanted)
 
+    def attack_client_ids(self) -> list[int] | None:
+        """The partition ids attack-clients lists ("0,3,5"), None for "all", "none" or "fraction:F".
+        ValueError naming attack-clients for text that is not comma-separated ids >= 0."""
+        clients = self.attack_clients.strip()
+        if clients in ("all", "none", "") or clients.startswith("fraction:"):
+            return None
+        try:
+            ids = [int(p) for p in clients.split(",")]
+        except ValueError:
+            raise ValueError("invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
+                             f"or comma-separated partition ids, got '{clients}'") from None
+        negative = [p for p in ids if p < 0]
+        if negative:
+            raise ValueError(f"invalid run config: attack-clients partition ids must be >= 0, got {negative[0]}")
+        return ids
+
+    def check_nodes(self, num_nodes: int) -> None:
+        """Check the settings against the federation: its ``num_nodes`` partitions are 0..num_nodes-1.
+        ValueError naming attack-clients for a listed id >= num_nodes (it would never be attacked)."""
+        ids = self.attack_client_ids() or []
+        outside = sorted(p for p in ids if p >= num_nodes)
+        if outside:
+            raise ValueError(f"invalid run config: attack-clients lists partition id {outside[0]}, but the "
+                             f"federation has {num_nodes} node(s) (partition ids 0..{num_nodes - 1})")
+
     # Parsing --------------------------------------------------------------------------------
     @classmethod
     def from_run_config(cls, run_config) -> "RunSettings":
@@ -200,8 +228,15 @@ class RunSettings:
         return settings
 
     def validate(self) -> None:
-        spec = get_spec(self.dataset)
+        """Check every value against its range before round 1 (ValueError "invalid run config: <key>
+        ..." naming the key). What needs the federation is checked by ``check_nodes``."""
+        check_field_types(self, lambda name: name.replace("_", "-"))
+        try:
+            spec = get_spec(self.dataset)
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: dataset: {exc}") from None
         checks = [
+            (0 <= self.seed <= SEED_MAX, f"seed must be an integer in [0, 2**32-1], got {self.seed}"),
             (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
             (0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
             (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
@@ -221,9 +256,13 @@ class RunSettings:
             (self.attack_actors >= 1, "attack-actors must be >= 1"),
             (self.attack_threads >= 0, "attack-threads must be >= 0 (0 = the cores the clients leave idle)"),
             (self.client_num_cpus >= 1, "client-num-cpus must be >= 1 (the federation's client-resources-num-cpus)"),
-            (self.attack_timeout > 0, "attack-timeout must be > 0 seconds"),
+            (self.client_threads >= 0, f"client-threads must be >= 0 (0 = 1 thread), got {self.client_threads}"),
+            (self.attack_timeout > 0, f"attack-timeout must be a finite number > 0 seconds, got {self.attack_timeout}"),
             (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
-            (self.results_dir != "", "results-dir must not be empty"),
+            (self.results_dir.strip() != "", "results-dir must not be empty"),
+            (self.run_name == "" or (os.sep not in self.run_name and "/" not in self.run_name
+                                     and self.run_name not in (".", "..")),
+             f"run-name must be a plain folder name (no '/', not '.' or '..'), got '{self.run_name}'"),
             (self.attack_budget >= 0, "attack-budget must be >= 0 attacks per round (0 = no limit)"),
             (self.attack_max_backlog >= 0, "attack-max-backlog must be >= 0 attacks in flight (0 = no limit)"),
             (self.server_test_samples >= 0, "server-test-samples must be >= 0 (0 = no centralised evaluation)"),
@@ -233,6 +272,18 @@ class RunSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid run config: {message}")
+        if self.attack_device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
+                                 "use attack-device='auto' or 'cpu'")
+        if not self.methods:
+            raise ValueError("invalid run config: attack-method names no attack; give at least one of: "
+                             + ", ".join(sorted(ATTACKS)))
+        twice = sorted({m for m in self.methods if self.methods.count(m) > 1})
+        if twice:
+            raise ValueError(f"invalid run config: attack-method names '{twice[0]}' twice in '{self.attack_method}'")
         for method in self.methods:
             if method not in ATTACKS:
                 raise ValueError(f"invalid run config: unknown attack-method '{method}'; "
@@ -259,11 +310,9 @@ class RunSettings:
             if not 0 < frac <= 1:
                 raise ValueError("invalid run config: attack-clients 'fraction:F' needs F in (0, 1]")
         elif clients not in ("all", "none", ""):
-            try:
-                [int(p) for p in clients.split(",")]
-            except ValueError:
-                raise ValueError("invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
-                                 f"or comma-separated partition ids, got '{clients}'") from None
+            ids = self.attack_client_ids()
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"invalid run config: attack-clients names a partition id twice: '{clients}'")
         self.attack_config()  # checks attack-options
         self.defense.validate()
         if self.defense.low_rank:

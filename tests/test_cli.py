@@ -168,3 +168,85 @@ def test_help_documents_every_flag(capsys):
     assert "CPU-friendly settings" in text and "results.csv" in text
     assert main(["--help"]) == 0
     assert "attack" in capsys.readouterr().out
+
+
+# --- exit status and file-system errors -------------------------------------------------------------
+
+import errno  # noqa: E402
+import os  # noqa: E402
+
+import fl_attack.cli as cli  # noqa: E402
+import fl_attack.records as records  # noqa: E402
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fl-attack: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_every_attack_failing_exits_1_with_the_rows_kept(tmp_path, monkeypatch, capsys):
+    def broken(update, method, **kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(standalone, "reconstruct", broken)
+    out = tmp_path / "run"
+    assert main(["attack", *TINY, "--iterations", "1", "--methods", "sme,ig", "--out", str(out)]) == 1
+    _, rows = _read(out / "results.csv")
+    assert [r["method"] for r in rows] == ["sme", "ig"] and all(math.isnan(float(r["psnr"])) for r in rows)
+    err = capsys.readouterr().err
+    assert "2 attack(s), 2 failed" in err and err.strip().endswith("fl-attack: error: every attack failed; "
+                                                                   "see the messages above")
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    monkeypatch.setattr(cli, "run_attack_experiment", lambda *a, **k: pytest.fail("training started"))
+
+
+def test_out_pointing_at_a_file_exits_2_before_training(tmp_path, capsys, no_training):
+    existing = tmp_path / "results.csv"
+    existing.write_text("keep me\n")
+    assert main(["attack", *TINY, "--out", str(existing)]) == 2
+    assert _one_error_line(capsys.readouterr().err) == f"fl-attack: error: --out {existing}: exists and is not a folder"
+    assert existing.read_text() == "keep me\n"
+    assert main(["attack", *TINY, "--out", str(existing / "sub")]) == 2  # a folder below a file
+    assert "cannot write there: Not a directory" in _one_error_line(capsys.readouterr().err)
+
+
+def test_out_on_sysfs_exits_2_before_training(capsys, no_training):
+    if not os.path.ismount("/sys"):
+        pytest.skip("no sysfs at /sys")
+    assert main(["attack", *TINY, "--out", "/sys/fl-attack-out"]) == 2  # not even root creates folders here
+    assert "fl-attack: error: --out /sys/fl-attack-out: cannot write there: " in _one_error_line(
+        capsys.readouterr().err)
+    assert not os.path.exists("/sys/fl-attack-out")
+
+
+def test_out_in_a_read_only_folder_exits_2_before_training(tmp_path, capsys, no_training):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as root: file modes are not enforced")
+        assert main(["attack", *TINY, "--out", str(folder / "run")]) == 2
+        assert "cannot write there: Permission denied" in _one_error_line(capsys.readouterr().err)
+    finally:
+        folder.chmod(0o700)
+
+
+def test_a_full_disk_during_the_run_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(records, "RETRY_DELAYS", (0.0,))
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    out = tmp_path / "run"
+    rc = main(["attack", *TINY, "--methods", "ig", "--out", str(out)])
+    monkeypatch.undo()
+    assert rc == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"could not write {out / 'settings.json'} (4 tries, 0 of " in line and "No space left on device" in line
+    assert list(out.iterdir()) == []

@@ -71,3 +71,150 @@ def test_written_files_get_the_usual_permissions(tmp_path):
         os.umask(old)
     for name in ("report.md", "grid.png", "attacks.csv"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+
+
+# Injected faults: the real writers against a failing os.write, and what stays on disk ------------
+
+import errno  # noqa: E402
+
+import fl_attack.records as records  # noqa: E402
+
+REAL_WRITE = os.write
+
+
+@pytest.fixture
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(records, "RETRY_DELAYS", (0.0,))
+
+
+def _short_writes(monkeypatch, at_most=3):
+    """os.write that writes at most ``at_most`` bytes per call, as a full disk or a signal may."""
+    calls = []
+
+    def short(fd, data):
+        calls.append(len(data))
+        return REAL_WRITE(fd, bytes(data[:at_most]))
+
+    monkeypatch.setattr(os, "write", short)
+    return calls
+
+
+def _failing_writes(monkeypatch, failures, code=errno.ENOSPC):
+    """os.write that raises OSError(code) ``failures`` times, then writes (failures=None: always)."""
+    state = {"failed": 0}
+
+    def failing(fd, data):
+        if failures is None or state["failed"] < failures:
+            state["failed"] += 1
+            raise OSError(code, os.strerror(code))
+        return REAL_WRITE(fd, data)
+
+    monkeypatch.setattr(os, "write", failing)
+    return state
+
+
+def test_short_writes_are_completed_to_whole_rows_and_whole_files(tmp_path, monkeypatch):
+    calls = _short_writes(monkeypatch)
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1, "psnr": 20.25}, ["round", "psnr"])
+    append_csv_row(path, {"round": 2, "psnr": 21.5}, ["round", "psnr"])
+    write_text_atomic(tmp_path / "summary.json", '{"ok": true}\n')
+    monkeypatch.undo()
+    assert len(calls) > 6  # really written a few bytes at a time
+    assert path.read_text() == "round,psnr\n1,20.25\n2,21.5\n"
+    assert (tmp_path / "summary.json").read_text() == '{"ok": true}\n'
+
+
+def test_a_full_disk_for_a_moment_is_retried_and_the_row_is_kept_once(tmp_path, monkeypatch, no_backoff, caplog):
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1}, ["round"])
+    state = _failing_writes(monkeypatch, failures=2)
+    append_csv_row(path, {"round": 2}, ["round"])
+    assert state["failed"] == 2
+    state["failed"] = 0
+    write_text_atomic(tmp_path / "report.md", "text")
+    monkeypatch.undo()
+    assert state["failed"] == 2
+    assert path.read_text() == "round\n1\n2\n"
+    assert (tmp_path / "report.md").read_text() == "text"
+    assert f"write to {path} failed (No space left on device); retrying" in caplog.text
+
+
+def test_a_write_that_always_fails_raises_naming_the_file_and_keeps_the_old_contents(tmp_path, monkeypatch,
+                                                                                      no_backoff):
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1}, ["round"])
+    write_text_atomic(tmp_path / "summary.json", "old")
+    _failing_writes(monkeypatch, failures=None)
+    with pytest.raises(OSError, match=f"could not write {path} \\(4 tries, 0 of 2 bytes written\\): "
+                                      "No space left on device") as info:
+        append_csv_row(path, {"round": 2}, ["round"])
+    assert info.value.errno == errno.ENOSPC
+    with pytest.raises(OSError, match=f"could not write {tmp_path / 'summary.json'}"):
+        write_text_atomic(tmp_path / "summary.json", "new")
+    monkeypatch.undo()
+    assert path.read_text() == "round\n1\n"
+    assert (tmp_path / "summary.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attacks.csv", "summary.json"]  # no temporary
+
+
+def test_a_row_failing_halfway_is_cut_off_never_half_kept(tmp_path, monkeypatch, no_backoff):
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1, "psnr": 1.0}, ["round", "psnr"])
+    state = {"calls": 0}
+
+    def half_then_full_disk(fd, data):  # 3 bytes land, then the disk is full for good
+        state["calls"] += 1
+        if state["calls"] == 1:
+            return REAL_WRITE(fd, bytes(data[:3]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full_disk)
+    with pytest.raises(OSError, match="3 of 12 bytes written"):
+        append_csv_row(path, {"round": 2, "psnr": 22.123456}, ["round", "psnr"])
+    monkeypatch.undo()
+    assert path.read_text() == "round,psnr\n1,1.0\n"
+
+
+def test_a_partial_line_left_by_a_crash_is_truncated_before_the_next_row(tmp_path):
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1, "psnr": 1.0}, ["round", "psnr"])
+    with open(path, "ab") as f:  # the crash: half a row, no newline
+        f.write(b"2,22.1")
+    append_csv_row(path, {"round": 3, "psnr": 3.0}, ["round", "psnr"])
+    assert path.read_text() == "round,psnr\n1,1.0\n3,3.0\n"
+    path.write_bytes(b"rou")  # even the header half written
+    append_csv_row(path, {"round": 4, "psnr": 4.0}, ["round", "psnr"])
+    assert path.read_text() == "round,psnr\n4,4.0\n"
+
+
+def test_files_and_their_folder_are_fsynced(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                  real_fsync(fd)))
+    append_csv_row(tmp_path / "attacks.csv", {"a": 1}, ["a"])
+    assert synced == [str(tmp_path / "attacks.csv"), str(tmp_path)]
+    synced.clear()
+    append_csv_row(tmp_path / "attacks.csv", {"a": 2}, ["a"])  # the folder entry exists already
+    assert synced == [str(tmp_path / "attacks.csv")]
+    synced.clear()
+    write_text_atomic(tmp_path / "report.md", "x")
+    assert len(synced) == 2 and synced[0].startswith(str(tmp_path / ".report.md.")) and synced[1] == str(tmp_path)
+
+
+def test_a_read_only_folder_raises_naming_the_file(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    append_csv_row(folder / "attacks.csv", {"a": 1}, ["a"])
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as root: file modes are not enforced")
+        with pytest.raises(PermissionError, match=f"could not write {folder / 'summary.json'}"):
+            write_text_atomic(folder / "summary.json", "x")
+        with pytest.raises(PermissionError, match=f"could not write {folder / 'rounds.csv'}"):
+            append_csv_row(folder / "rounds.csv", {"a": 1}, ["a"])
+        assert sorted(p.name for p in folder.iterdir()) == ["attacks.csv"]
+    finally:
+        folder.chmod(0o700)

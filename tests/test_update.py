@@ -111,7 +111,9 @@ def test_rejects_non_scalar_client_info(value):
 
 def test_accepts_scalar_client_info_and_copies_weights():
     w0 = _state(0)
-    update = ObservedUpdate(w0, _state(1), _meta(), {"round": 3, "node_id": "7", "weight": 0.5})
+    client = {"round": 3, "node_id": "7", "partition_id": 2, "client_id": "f0123_45", "participants": 1.0}
+    update = ObservedUpdate(w0, _state(1), _meta(), client)
+    assert update.client == client
     w0["fc2.bias"].add_(1.0)  # later edits of the caller's dict do not leak into the update
     assert not torch.equal(update.w0["fc2.bias"], w0["fc2.bias"])
     assert all(v.dtype == torch.float32 for v in update.w0.values())
@@ -184,3 +186,63 @@ def test_flatten_unflatten_round_trip():
     back = unflatten(flat, layout(state))
     assert list(back) == list(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+# --- the update is checked against the model it claims -------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["private_images", "labels", "num_samples"])
+def test_a_client_key_that_is_not_a_public_identifier_is_rejected(key):
+    with pytest.raises(ValueError, match=rf"client\['{key}'\] is not a public identifier; client may only hold "
+                                         "client_id, node_id, participants, partition_id, round"):
+        ObservedUpdate(_state(0), _state(1), _meta(), {"round": 1, key: 3})
+
+
+def test_non_floating_weights_are_rejected():
+    w0, wT = _state(0), _state(1)
+    wT["fc2.bias"] = torch.arange(62)
+    with pytest.raises(ValueError, match=r"wT\['fc2.bias'\] has dtype torch.int64; model parameters are floating"):
+        ObservedUpdate(w0, wT, _meta())
+
+
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+def test_an_update_of_the_real_model_passes_its_check(dataset):
+    model = build_model(dataset, seed=0)
+    update = ObservedUpdate(model.state_dict(), build_model(dataset, seed=1).state_dict(), _meta(dataset=dataset))
+    update.check_against(model)
+    update.check_against(model.state_dict())
+
+
+def test_a_tensor_that_is_not_the_models_is_rejected_by_name():
+    w0, wT = _state(0), _state(1)
+    w0["private_images"], wT["private_images"] = torch.rand(50, 1, 28, 28), torch.rand(50, 1, 28, 28)
+    update = ObservedUpdate(w0, wT, _meta())  # well-formed on its own
+    with pytest.raises(ValueError, match="the update has tensor 'private_images', which is not one of the model's"):
+        update.check_against(build_model("femnist"))
+
+
+def test_a_missing_tensor_or_another_shape_is_rejected():
+    w0, wT = _state(0), _state(1)
+    del w0["fc2.bias"], wT["fc2.bias"]
+    with pytest.raises(ValueError, match="the update lacks the model's tensor 'fc2.bias'"):
+        ObservedUpdate(w0, wT, _meta()).check_against(build_model("femnist"))
+    cifar = build_model("cifar100", seed=0).state_dict()
+    with pytest.raises(ValueError, match=r"the update's 'conv1.weight' has shape \(64, 3, 3, 3\), the model's "
+                                         r"\(32, 1, 3, 3\)"):
+        ObservedUpdate(cifar, cifar, _meta()).check_against(build_model("femnist"))
+
+
+def test_reconstruct_checks_the_update_against_the_model_before_any_work(monkeypatch):
+    import fl_attack.api as api
+    from fl_attack import reconstruct
+
+    w0, wT = _state(0), _state(1)
+    w0["private_images"] = wT["private_images"] = torch.rand(50, 1, 28, 28)
+    update = ObservedUpdate(w0, wT, _meta())
+    monkeypatch.setattr(api, "recover_labels", lambda *a, **k: pytest.fail("labels recovered before the check"))
+    with pytest.raises(ValueError, match="'private_images', which is not one of the model's parameters"):
+        reconstruct(update, "ig", iterations=1)
+    # a femnist-shaped update claiming to be cifar100 fails the same way
+    meta = TrainingMetadata("cifar100", 0.004, 10, 1, 50)
+    with pytest.raises(ValueError, match="has shape"):
+        reconstruct(ObservedUpdate(_state(0), _state(1), meta), "ig", iterations=1)

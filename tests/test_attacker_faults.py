@@ -1,0 +1,126 @@
+"""The attacker survives its actors dying: Ray restarts them, the dispatcher resubmits the job once,
+and a job that kills its actor twice is recorded as failed with the cause (strategies/attacker.py).
+
+One real Ray runtime (2 CPUs, num_cpus=0 actors as inside Flower); the actor kills itself with
+os._exit inside a job, or the test kills it with ray.kill(no_restart=False)."""
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fl_attack import AttackConfig
+from fl_attack.models import build_model
+from fl_attack.update import AttackTarget, ObservedUpdate, TrainingMetadata
+from strategies.attacker import AttackDispatcher, AttackerActor, AttackJob
+
+
+def _update() -> ObservedUpdate:
+    w0 = OrderedDict(build_model("femnist", seed=0).state_dict())
+    gen = torch.Generator().manual_seed(1)
+    wT = OrderedDict((k, v - 1e-3 * torch.randn(v.shape, generator=gen)) for k, v in w0.items())
+    meta = TrainingMetadata(dataset="femnist", lr=0.004, batch_size=2, local_epochs=1, num_samples=2)
+    return ObservedUpdate(w0, wT, meta, {"round": 1})
+
+
+def _job(job_id: int) -> AttackJob:
+    return AttackJob(job_id, _update(), "sme", AttackConfig(iterations=1, trace_every=1),
+                     AttackTarget(1, (0,)))
+
+
+def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs():
+    dispatcher = AttackDispatcher(num_actors=3, use_ray=True)
+    calls = []
+
+    def actor(index):
+        return SimpleNamespace(run=SimpleNamespace(remote=lambda job: calls.append((index, job)) or object()))
+
+    dispatcher._actors, dispatcher._load = [actor(0), actor(1), actor(2)], [2, 0, 1]
+    for job_id in range(4):
+        dispatcher._assign(SimpleNamespace(job_id=job_id), 0)
+    # loads 2,0,1 -> actor 1 (0), then actors 1 and 2 are tied at 1 -> lowest index, ...
+    assert [i for i, _ in calls] == [1, 1, 2, 0]
+    assert dispatcher._load == [3, 2, 2] and dispatcher.in_flight == 4
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp_path):
+    ray = ray_runtime
+    plan = str(tmp_path)
+
+    class CrashingActor(AttackerActor):  # defined here so that Ray pickles it by value
+        """Job j dies (os._exit) as many times as the file crash-j says; hang-j: sleeps the first time."""
+
+        def run(self, job):
+            crash = os.path.join(plan, f"crash-{job.job_id}")
+            if os.path.exists(crash):
+                left = int(open(crash).read())
+                if left > 0:
+                    open(crash, "w").write(str(left - 1))
+                    os._exit(1)
+            hang = os.path.join(plan, f"hang-{job.job_id}")
+            if os.path.exists(hang) and not os.path.exists(hang + ".started"):
+                open(hang + ".started", "w").close()
+                time.sleep(120)
+            return super().run(job)
+
+    (tmp_path / "crash-1").write_text("1")  # dies once, then completes
+    (tmp_path / "crash-2").write_text("2")  # dies on its first try and on its resubmission
+    (tmp_path / "hang-3").write_text("")  # hangs until the test kills its actor
+    dispatcher = AttackDispatcher(num_actors=2, threads=1, device="cpu", use_ray=True, actor_cls=CrashingActor)
+    try:
+        start, outcomes = time.perf_counter(), []
+        for job_id in (1, 2, 3, 4):
+            dispatcher.submit(_job(job_id))
+        assert dispatcher._load == [2, 2]  # least loaded: 1 and 3 on actor 0, 2 and 4 on actor 1
+        while not (tmp_path / "hang-3.started").exists():  # job 3 runs once job 1 has died
+            assert time.perf_counter() - start < 150, "job 3 never started"
+            outcomes += dispatcher.poll()
+            time.sleep(0.2)
+        ray.kill(dispatcher._actors[0], no_restart=False)  # Ray restarts it
+        # Generous: each restart starts a Python process that imports torch (~5 s here, far more on a
+        # loaded machine); the test takes ~25 s on an idle 2-core machine.
+        outcomes += dispatcher.drain(timeout=150)
+    finally:
+        dispatcher.shutdown()
+    by_id = {o.job_id: o for o in outcomes}
+    assert sorted(by_id) == [1, 2, 3, 4] and len(outcomes) == 4
+    for job_id in (1, 3, 4):
+        assert by_id[job_id].status == "ok", by_id[job_id].error
+        assert by_id[job_id].images.shape == (2, 1, 28, 28)
+    assert by_id[2].status == "failed"
+    assert by_id[2].error.startswith("ActorDiedError: the attacker actor died under this job 2 times; last cause: ")
+    assert (tmp_path / "crash-1").read_text() == "0" and (tmp_path / "crash-2").read_text() == "0"
+
+
+def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtime, tmp_path, caplog):
+    plan = str(tmp_path)
+
+    class DiesOnce(AttackerActor):  # defined here so that Ray pickles it by value
+        def run(self, job):
+            marker = os.path.join(plan, "died")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            return super().run(job)
+
+    dispatcher = AttackDispatcher(num_actors=1, threads=1, device="cpu", use_ray=True, max_restarts=0,
+                                  actor_cls=DiesOnce)
+    try:
+        dispatcher.submit(_job(7))
+        outcomes = dispatcher.drain(timeout=150)
+    finally:
+        dispatcher.shutdown()
+    assert [(o.job_id, o.status) for o in outcomes] == [(7, "ok")], outcomes[0].error
+    assert "attacker actor 0 is gone (ActorDiedError" in caplog.text and "starting a new one" in caplog.text

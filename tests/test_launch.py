@@ -1,0 +1,75 @@
+"""The launcher abandons a run that goes silent (strategies/launch.py), without a real federation:
+the flwr command is replaced by a small Python script."""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import strategies.launch as launch
+
+SILENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print("child", child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a zombie has exited, only not been reaped
+
+
+@pytest.fixture
+def fake_flwr(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+
+    def use(script: str):
+        monkeypatch.setattr(launch, "_flwr_command", lambda config_file, federation: [sys.executable, "-c", script])
+
+    return use
+
+
+def test_a_silent_run_is_abandoned_and_its_process_group_killed(fake_flwr, capsys):
+    fake_flwr(SILENT)
+    start = time.monotonic()
+    rc = launch.main(["--silence-timeout", "2", "--timeout", "60"])
+    elapsed = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert rc == 1 and elapsed < 15, elapsed
+    assert "fl-attack: error: run abandoned: no output for 2 s (--silence-timeout); the flwr process group was killed" \
+        in err
+    child = int(re.search(r"child (\d+)", out).group(1))
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the flwr command's child outlived it"
+
+
+def test_the_overall_timeout_is_checked_even_while_lines_keep_coming(fake_flwr, capsys):
+    fake_flwr("import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n")
+    start = time.monotonic()
+    assert launch.main(["--silence-timeout", "5", "--timeout", "2"]) == 1
+    assert time.monotonic() - start < 15
+    assert "run abandoned: still running after 2 s (--timeout)" in capsys.readouterr().err
+
+
+def test_a_run_that_ends_by_itself_is_not_abandoned(fake_flwr, capsys):
+    fake_flwr("print('no federation here')")
+    assert launch.main(["--silence-timeout", "5"]) == 1  # it never started a run, so it did not complete
+    out, err = capsys.readouterr()
+    assert "no federation here" in out and "abandoned" not in err and "did not complete (status: not started)" in err
+
+
+@pytest.mark.parametrize("flag, value", [("--silence-timeout", "0"), ("--silence-timeout", "inf"),
+                                         ("--timeout", "-1"), ("--timeout", "nan")])
+def test_timeouts_must_be_finite_and_positive(flag, value, capsys):
+    assert launch.main([flag, value]) == 2
+    assert f"fl-attack: error: {flag} must be a finite number of seconds > 0, got " in capsys.readouterr().err
