@@ -211,16 +211,20 @@ def main(grid: Grid, context: Context) -> None:
         # Ray shuts down when main() returns: collect every attack first.
         waves = math.ceil(strategy.dispatcher.in_flight / max(1, settings.attack_actors))
         strategy.drain(timeout=settings.attack_timeout * waves + 60)
+        strategy.keep_unwritten()
         strategy.dispatcher.shutdown()
         ok = sum(r["status"] == "ok" for r in strategy.rows)
         strategy.timings.add("writing", config_seconds)
         # Where the time went (strategies/timings.py); the launcher adds its own clock and prints it.
         timings = {**strategy.timing_record(), "main_started": main_started, "rounds_finished": rounds_finished,
                    "main_finished": time.time()}
-        write_json_atomic(run_dir / "summary.json", {
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
-            "attacks": len(strategy.rows), "attacks_ok": ok, "attacks_failed": len(strategy.rows) - ok,
-            "resumed_after_round": done or None,
-            "drain_seconds": round(time.time() - rounds_finished, 1),
-            "cuda": torch.cuda.is_available(), "timings": timings})
+        try:  # the shutdown path must not fail on the error that may have brought it here
+            write_json_atomic(run_dir / "summary.json", {
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
+                "attacks": len(strategy.rows), "attacks_ok": ok, "attacks_failed": len(strategy.rows) - ok,
+                "attacks_unwritten": len(strategy.unwritten), "resumed_after_round": done or None,
+                "drain_seconds": round(time.time() - rounds_finished, 1),
+                "cuda": torch.cuda.is_available(), "timings": timings})
+        except OSError as exc:
+            print(f"fl-attack: error: could not write {run_dir / 'summary.json'}: {exc}", flush=True)
     print(f"fl-attack: {ok}/{len(strategy.rows)} attacks succeeded; results in {run_dir}", flush=True)

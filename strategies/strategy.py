@@ -137,6 +137,7 @@ class LeakageTracking:
         # per round: clients, losses, accuracies, attack counts, excluded partitions
         self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
         self._in_flight_rounds: Counter = Counter()
+        self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
         self._round_start: dict[int, float] = {}
         self._jobs = 0
         self._event(f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
@@ -262,14 +263,17 @@ class LeakageTracking:
                "attack_lag_rounds": self.lag_rounds(), "attacks_dispatched": record.get("dispatched", 0),
                "attacks_skipped": record.get("skipped", 0),
                "excluded": ",".join(map(str, record.get("excluded", [])))}
-        with self.timings.measure("writing"):
-            append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
-            if state is not None:
-                import io
+        try:
+            with self.timings.measure("writing"):
+                append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
+                if state is not None:
+                    import io
 
-                buf = io.BytesIO()
-                torch.save({"round": server_round, "arrays": state}, buf)
-                write_bytes_atomic(self.run_dir / CHECKPOINT, buf.getvalue())
+                    buf = io.BytesIO()
+                    torch.save({"round": server_round, "arrays": state}, buf)
+                    write_bytes_atomic(self.run_dir / CHECKPOINT, buf.getvalue())
+        except OSError as exc:  # the federation goes on; the round's row is in events.log at least
+            self._event(f"round {server_round}: could not write rounds.csv or the checkpoint ({exc}); row: {row}")
         if os.environ.get(CRASH_ENV) == str(server_round):  # fault injection for the resume tests
             self._event(f"round {server_round}: {CRASH_ENV} set: the ServerApp dies here, as if killed")
             os._exit(70)
@@ -284,21 +288,48 @@ class LeakageTracking:
     def collect(self) -> list[dict]:
         """Evaluate and record every finished attack (does not wait)."""
         outcomes = self.dispatcher.poll()
-        return self._record(outcomes)
-
-    def _record(self, outcomes: list[AttackOutcome]) -> list[dict]:
         for outcome in outcomes:
             self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
             self._in_flight_rounds[outcome.target.round] -= 1
             if self._in_flight_rounds[outcome.target.round] <= 0:
                 del self._in_flight_rounds[outcome.target.round]
-        rows = [self.evaluator.record(o, lag_rounds=self.current_round - o.target.round) for o in outcomes]
-        for row, outcome in zip(rows, outcomes):
+        return self._record(outcomes)
+
+    def _record(self, outcomes: list[AttackOutcome]) -> list[dict]:
+        """Score and write each outcome's row. An outcome whose row cannot be written (the disk
+        refuses even after the writer's retries) stays in ``unwritten``, reconstruction and all, and
+        is tried again at the next call: it is never dropped."""
+        rows, pending, self.unwritten = [], self.unwritten + outcomes, []
+        for outcome in pending:
+            try:
+                row = self.evaluator.record(outcome, lag_rounds=self.current_round - outcome.target.round)
+            except OSError as exc:
+                self.unwritten.append(outcome)
+                self._event(f"could not write the result of {outcome.target.describe()} {outcome.method} "
+                            f"({exc}); kept in memory, tried again later")
+                continue
+            rows.append(row)
             self._event(f"attack done: {outcome.target.describe()} {row['method']} psnr={row['psnr']:.2f}"
                         if row["status"] == "ok" else
                         f"attack failed: {outcome.target.describe()} {row['method']}: {row['error']}")
         self.rows.extend(rows)
         return rows
+
+    def keep_unwritten(self) -> None:
+        """At shutdown: outcomes whose rows could still not be written go to unwritten-<n>.pt in the
+        run folder (images, labels, target), for a later look; a failure here is logged, not raised."""
+        if not self.unwritten:
+            return
+        try:
+            import io
+
+            buf = io.BytesIO()
+            torch.save([vars(o) for o in self.unwritten], buf)
+            path = self.run_dir / f"unwritten-{len(self.unwritten)}.pt"
+            write_bytes_atomic(path, buf.getvalue())
+            self._event(f"{len(self.unwritten)} result(s) could not be written to attacks.csv; saved in {path.name}")
+        except Exception as exc:
+            log.error("%d attack result(s) could not be written at all: %s", len(self.unwritten), exc)
 
     def drain(self, timeout: float) -> list[dict]:
         """Wait up to ``timeout`` seconds for the attacks still in flight, with a progress bar and a
@@ -322,6 +353,8 @@ class LeakageTracking:
                     if not done:
                         time.sleep(0.2)
             rows += self._record(self.dispatcher.drain(0))  # the rest: recorded as failed
+            if self.unwritten:  # one last try for rows the disk refused
+                rows += self._record([])
         return rows
 
     def timing_record(self) -> dict:
@@ -332,10 +365,14 @@ class LeakageTracking:
                 "attacker_threads": {"while_training": self.attack_threads, "last_round": self.drain_threads}}
 
     def _event(self, text: str) -> None:
+        """A line in events.log (and the log); a failing write is logged, never raised."""
         log.info(text)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "events.log", "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.run_dir / "events.log", "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+        except OSError as exc:
+            log.warning("could not write events.log: %s", exc)
 
 
 class LeakageFedAvg(LeakageTracking, FedAvg):

@@ -391,3 +391,43 @@ def test_the_launcher_passes_the_run_config_through_with_the_client_cpus(tmp_pat
     (tmp_path / "mine.toml").write_text('dataset = "cifar100"\n[defense]\nkind = "x"\n')
     assert parsed([str(tmp_path / "mine.toml")]) == {"dataset": "cifar100", "defense.kind": "x",
                                                      "client-num-cpus": 3}
+
+def test_a_refused_row_is_kept_and_written_once_the_disk_recovers(tmp_path, monkeypatch):
+    """A real failing write (ENOSPC from os.write on attacks.csv, past the writer's retries): the
+    round goes on, the finished reconstruction is kept, and its row lands at the next collect."""
+    import errno
+
+    settings, strategy, _ = _strategy(tmp_path, attack_clients="0")
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    real_write, full = os.write, {"on": True}
+
+    def write(fd, data):
+        if full["on"] and os.readlink(f"/proc/self/fd/{fd}").endswith("attacks.csv"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    arrays, _ = strategy.aggregate_train(1, replies)  # the attack runs (in process) and its row is refused
+    assert arrays is not None and len(strategy.unwritten) == 1 and strategy.unwritten[0].images is not None
+    assert not strategy.rows
+    assert "kept in memory, tried again later" in (tmp_path / "events.log").read_text()
+    full["on"] = False
+    strategy.drain(60)
+    (row,) = _rows(tmp_path / "attacks.csv")
+    assert row["status"] == "ok" and row["round"] == "1" and row["partition_id"] == "0"
+    assert not strategy.unwritten
+
+
+def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monkeypatch):
+    settings, strategy, _ = _strategy(tmp_path, attack_clients="0")
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    monkeypatch.setattr(strategy.evaluator, "record",
+                        lambda outcome, lag_rounds=None: (_ for _ in ()).throw(OSError(28, "No space left")))
+    strategy.aggregate_train(1, replies)
+    strategy.drain(5)
+    strategy.keep_unwritten()  # does not raise
+    (saved,) = tmp_path.glob("unwritten-*.pt")
+    (kept,) = torch.load(saved, weights_only=False)
+    assert kept["target"].partition_id == 0 and kept["images"].shape[0] == settings.samples_per_client
