@@ -59,6 +59,16 @@ RESUMABLE_KEYS = {"resume", "num-server-rounds", "run-name", "results-dir", "att
                   "attack-actors", "attack-num-gpus", "attack-device", "client-num-cpus"}
 
 
+def write_run_config(run_dir: Path, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
+    """A new run's config.json: the flat run config, the seed, versions, the AttackConfig and the
+    defense (what analysis/load.py and ``fl-attack replay`` read back)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", {
+        "run_config": run_config, "seed": settings.seed, "run_name": run_dir.name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
+        "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
+
+
 def run_folder(settings: RunSettings) -> Path:
     """The run's folder. A named run (run-name) must not exist yet, so that two runs never share
     one record; an unnamed one gets a fresh name (timestamp-dataset-methods, with -2, -3 ... when
@@ -185,11 +195,7 @@ def main(grid: Grid, context: Context) -> None:
         write_json_atomic(run_dir / "config.json", config)
     else:
         run_dir, done, state = run_folder(settings), 0, build_model(settings.dataset, seed=settings.seed).state_dict()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "config.json", {
-            "run_config": run_config, "seed": settings.seed, "run_name": run_dir.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
-            "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
+        write_run_config(run_dir, settings, run_config, num_nodes)
     config_seconds = time.perf_counter() - clock
     print(f"fl-attack: leakage record in {run_dir}", flush=True)
     if done:
