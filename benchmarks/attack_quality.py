@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fl_attack.metrics import get_lpips
+from fl_attack.evaluation import results_row
 from fl_attack.standalone import (AttackSettings, attack_victim, run_attack_experiment, train_victim,
                                   validate_settings, write_trace)
 
@@ -126,15 +126,15 @@ def run_control_point_lr(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     victim = train_victim(pool, args.client, settings)
-    lpips = get_lpips("cpu")
     variants = [v for v in CONTROL_POINT_VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     rows = []
     for name, optimizer, lr in variants:
-        outcome = attack_victim(victim, "pisme", settings, lpips=lpips,
+        outcome = attack_victim(victim, "pisme", settings,
                                 overrides={"control_point_optimizer": optimizer, "lr_control_point": lr})
         last = outcome.reconstruction.trace[-1]
+        scored = results_row(outcome.row)
         row = {"variant": name, "optimizer": optimizer, "lr_control_point": lr, **{
-            k: outcome.row[k] for k in ("psnr", "ssim", "lpips", "lsim_honest", "lsim_calibrated", "seconds")},
+            k: scored[k] for k in ("psnr", "ssim", "lpips", "lsim_honest", "lsim_calibrated", "seconds")},
             "control_point_shift": last.get("control_point_shift", math.nan)}
         rows.append(row)
         write_trace(out / f"trace-{name}.csv", outcome.reconstruction.trace)

@@ -29,8 +29,8 @@ from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig
 from fl_attack.attacks.pisme import PathIntegralSME
 from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.evaluation import train_victim
 from fl_attack.models import build_model
-from fl_attack.training import train_local
 from fl_attack.update import flatten, layout, unflatten
 from tests.reference import pisme_objective_reference
 
@@ -120,11 +120,9 @@ def _peak_mb(device) -> float:
 def _client_update(dataset: str, samples: int, seed: int, width: int | None):
     """A real client's update (k samples, B=10, E=1) and its labels; shared by a configuration's
     float64 check and its float32 timing."""
-    split = client_partition(load_pool(dataset), 0, samples, seed=seed)
-    model = build_model(dataset, seed=seed, width=width)
-    update = train_local(model, split.train.images, split.train.labels, dataset=dataset,
-                         batch_size=min(10, samples), local_epochs=1, seed=seed).update
-    return update, split.train.labels
+    victim = train_victim(dataset, 0, samples=samples, batch_size=min(10, samples), local_epochs=1, lr=0.004,
+                          seed=seed, width=width)
+    return victim.update, victim.labels
 
 
 class _Problem:

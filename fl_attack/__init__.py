@@ -6,7 +6,7 @@ The library is usable without Flower:
     rec = reconstruct(update, method="pisme", iterations=300)
 
 Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
-(``attacks``, ``api``) -> evaluation against the ground truth (``metrics``).
+(``attacks``, ``api``) -> evaluation against the ground truth (``evaluation``, ``metrics``).
 """
 import importlib as _importlib
 

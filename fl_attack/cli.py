@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: results/attack)")
     a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     a.set_defaults(handler=_attack)
+    _add_replay_parser(sub)
 
     return parser
 
@@ -176,6 +177,92 @@ def _attack(args) -> int:
         print(f"{PROG}: error: every attack failed; see the messages above", file=sys.stderr)
         return EXIT_FAILED
     return 0
+
+
+REPLAY_EPILOG = """\
+outputs (under RUN_DIR/replays/NAME/, a run folder of its own):
+  config.json      the run's config, with the replay's methods, labels and attack settings in its
+                   run_config, so that python -m analysis.report RUN_DIR RUN_DIR/replays/NAME
+                   compares the two; "replay" names the run replayed
+  attacks.csv      one row per recorded update and method (the run's attacks.csv columns), appended
+                   atomically as each attack finishes; a failed attack is a row with status=failed
+  rounds.csv       the run's, copied (the federation is the same)
+  images/, events.log, summary.json
+With --missing the rows of the attacks an interrupted run left undone go to RUN_DIR/attacks.csv.
+
+The same method, settings, seed and --threads as the run reproduce its rows' PSNR exactly.
+Exit status: 0, 1 when every attack failed, 2 for bad input (found before any attack).
+
+examples:
+  fl-attack replay results/run-a --methods pisme,sme
+  fl-attack replay results/run-a --methods ig --labels oracle --rounds 1,5 --threads 2
+  fl-attack replay results/run-a --methods pisme --nodes 7 --iterations 1000 --options tv_weight=0.02
+  fl-attack replay results/run-a --missing
+"""
+
+
+def _rounds(text: str) -> tuple[int, ...]:
+    try:
+        rounds = tuple(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rounds must be comma-separated round numbers such as 1,5, got '{text}'")
+    if not rounds or min(rounds) < 1:
+        raise argparse.ArgumentTypeError(f"rounds must be round numbers >= 1, got '{text}'")
+    return rounds
+
+
+def _add_replay_parser(sub) -> None:
+    r = sub.add_parser(
+        "replay", help="attack a run's recorded updates again, offline, with other methods or settings",
+        description="Re-attack the updates a federation recorded (RUN_DIR/updates/, checksums verified) with "
+                    "other methods or settings, score them against the ground truth and write the result as "
+                    "a run folder under RUN_DIR/replays/NAME/; or, with --missing, complete the attacks an "
+                    "interrupted run left undone. Defaults are the run's own settings.",
+        epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("run_dir", metavar="RUN_DIR", help="a run folder with recorded updates (record-updates=true)")
+    r.add_argument("--methods", type=_methods, default=None, metavar="LIST",
+                   help="comma-separated attacks from " + ", ".join(sorted(ATTACKS)) + " (default: the run's)")
+    r.add_argument("--labels", choices=("recovered", "oracle"), default=None,
+                   help="labels the attack uses: recovered from the update, or the true labels (oracle, an "
+                        "explicit leak, recorded in the labels column) (default: the run's)")
+    r.add_argument("--iterations", type=int, default=None, metavar="K",
+                   help="attack optimisation steps, integer >= 1 (default: the run's)")
+    r.add_argument("--nodes", type=int, default=None, metavar="M",
+                   help="Gauss-Legendre nodes m of PI-SME, integer >= 1 (default: the run's)")
+    r.add_argument("--options", default="", metavar="K=V,...",
+                   help="further AttackConfig settings on top of the run's, e.g. \"tv_weight=0.02,label_refine=0.25\"")
+    r.add_argument("--rounds", type=_rounds, default=None, metavar="LIST",
+                   help="only these recorded rounds, e.g. 1,5 (default: every recorded round)")
+    r.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="torch threads for the attacks; the run's attack-threads reproduces its rows exactly "
+                        "(default: 0, torch's own choice)")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the attacks run; auto = cuda if available (default: auto)")
+    r.add_argument("--name", default=None, metavar="NAME",
+                   help="the replay's folder under RUN_DIR/replays/ (default: built from the settings)")
+    r.add_argument("--missing", action="store_true",
+                   help="complete the run itself: attack the recorded updates that have no row in its "
+                        "attacks.csv, with its own methods and settings, and append their rows there")
+    r.set_defaults(handler=_replay)
+
+
+def _replay(args) -> int:
+    from .replay import ReplayError, prepare_replay, run_replay
+
+    try:  # every check before any attack
+        replay = prepare_replay(args.run_dir, methods=args.methods, labels=args.labels, iterations=args.iterations,
+                                nodes=args.nodes, options=args.options, rounds=args.rounds, threads=args.threads,
+                                device=args.device, name=args.name, missing=args.missing)
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    if not replay.work:
+        print(f"{PROG}: replay: nothing to attack in {args.run_dir}", file=sys.stderr)
+        return 0
+    rows = run_replay(replay)
+    failed = sum(r["status"] != "ok" for r in rows)
+    print(f"{PROG}: replay: {len(rows)} attack(s), {failed} failed; rows in {replay.out / 'attacks.csv'}",
+          file=sys.stderr)
+    return 1 if rows and failed == len(rows) else 0
 
 
 def main(argv=None) -> int:

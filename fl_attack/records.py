@@ -164,6 +164,16 @@ def _cut_partial_line(fd: int, path) -> int:
     return keep
 
 
+def read_csv(path: str | os.PathLike) -> tuple[list[str], list[dict]]:
+    """(header, rows as dicts of text) of the CSV at ``path``; ([], []) when it does not exist."""
+    path = Path(path)
+    if not path.is_file():
+        return [], []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
 def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> None:
     """Append ``row`` (missing columns left empty) as one whole line to the CSV at ``path``, creating
     the file (and missing folders) with a header line first; then fsync the file, and its folder

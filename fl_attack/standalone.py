@@ -2,18 +2,22 @@
 
 The three roles of the threat model (PISME.md) stay apart here as in the federation:
 
-* victim: ``train_victim`` runs one client's local epochs (``fl_attack.training.train_local``) on its
-  real private samples and keeps them, as the ground truth, in a ``Victim``;
+* victim: ``train_victim`` runs one client's local epochs (``fl_attack.evaluation.train_victim``)
+  on its real private samples and keeps them, as the ground truth, in a ``Victim``;
 * attacker: ``fl_attack.reconstruct`` receives only ``Victim.update``, an ``ObservedUpdate``
   (w0, wT, public metadata), never the images or labels (oracle labels only when asked for);
-* evaluator: ``attack_victim`` scores the returned images against the truth after the attack, and
-  its trace callback reports PSNR during the attack without passing anything back to it.
+* evaluator: ``attack_victim`` (``fl_attack.evaluation.attack_victim``) scores the returned images
+  against the truth after the attack, and its trace callback reports PSNR during the attack without
+  passing anything back to it.
 
 ``run_attack_experiment`` is the engine of ``fl-attack attack`` (fl_attack.cli) and of
 benchmarks/attack_quality.py. It writes, under the output folder:
 
 * ``results.csv``: one row per (client, method), columns ``RESULT_COLUMNS``, rewritten atomically
-  (temporary file + os.replace) after every attack, so a crash loses nothing already computed;
+  (temporary file + os.replace) after every attack, so a crash loses nothing already computed.
+  Each row is the federation's attacks.csv row (``fl_attack.evaluation.attack_row``) with
+  partition_id named ``client`` and attack_seconds ``seconds`` (``results_row``), without the
+  federation's other columns (round, node_id, client_id, defense, status, error, image, ...);
 * ``trace-<client>-<method>.csv``: the attack's trace (iteration, loss, lsim_honest,
   lsim_calibrated, tv, the attack's own variables, and the evaluator's psnr);
 * ``client-<client>-<method>.png``: originals in the top row, matched reconstructions below
@@ -30,26 +34,22 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 import numpy as np
 import torch
 
-from .api import Reconstruction, reconstruct, resolve_device
+from . import evaluation
+from .api import resolve_device
 from .attacks import AttackConfig, get_attack
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
-from .images import save_comparison_grid
-from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
-from .models import build_model
+from .evaluation import RESULT_COLUMNS, ScoredAttack, Victim, attack_row, nodes_per_iteration, results_row, save_grid
 from .records import csv_text, write_text_atomic
-from .training import train_local
-from .update import ObservedUpdate, TrainingMetadata
+from .update import TrainingMetadata
 
-__all__ = ["RESULT_COLUMNS", "AttackSettings", "Victim", "AttackOutcome", "validate_settings", "train_victim",
-           "attack_victim", "failed_row", "ResultsTable", "write_trace", "run_attack_experiment"]
+__all__ = ["RESULT_COLUMNS", "AttackSettings", "validate_settings", "train_victim", "attack_victim", "failed_row",
+           "ResultsTable", "write_trace", "run_attack_experiment"]
 
-RESULT_COLUMNS = ("dataset", "client", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim",
-                  "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds")
 LABEL_MODES = ("recovered", "oracle")
 GRID_COLUMNS = 10
 
@@ -90,29 +90,6 @@ class AttackSettings:
         """The AttackConfig shared by every method of the run; ValueError for bad settings."""
         return AttackConfig.from_overrides(None, iterations=self.iterations, nodes=self.nodes,
                                            trace_every=self.trace_every, seed=self.seed, **self.overrides)
-
-
-@dataclass
-class Victim:
-    """One trained victim client. ``images``/``labels`` are the ground truth (evaluator only);
-    the attacker is given ``update`` alone."""
-
-    partition: int
-    client_id: str
-    images: torch.Tensor
-    labels: torch.Tensor
-    update: ObservedUpdate
-    train_loss: float
-    seconds: float
-
-
-@dataclass
-class AttackOutcome:
-    """An attack's results.csv row, its Reconstruction and the evaluator's full report."""
-
-    row: dict
-    reconstruction: Reconstruction
-    evaluation: dict
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -166,62 +143,21 @@ def _registry():
 
 def train_victim(pool: Pool, partition: int, settings: AttackSettings) -> Victim:
     """Train client ``partition`` for E local epochs from w0 = build_model(dataset, seed)."""
-    start = time.perf_counter()
-    split = client_partition(pool, partition, settings.samples, classes=settings.classes, seed=settings.seed)
-    device = resolve_device(settings.device)
-    model = build_model(settings.dataset, seed=settings.seed).to(device)
-    result = train_local(model, split.train.images, split.train.labels, dataset=settings.dataset, lr=settings.lr,
-                         batch_size=settings.batch_size, local_epochs=settings.local_epochs, seed=settings.seed,
-                         client={"partition_id": int(partition)})
-    return Victim(partition=int(partition), client_id=split.train.client_id, images=split.train.images,
-                  labels=split.train.labels, update=result.update, train_loss=result.train_loss,
-                  seconds=time.perf_counter() - start)
+    return evaluation.train_victim(settings.dataset, partition, samples=settings.samples,
+                                   batch_size=settings.batch_size, local_epochs=settings.local_epochs, lr=settings.lr,
+                                   seed=settings.seed, classes=settings.classes, pool=pool, device=settings.device)
 
 
-def _psnr_callback(truth: torch.Tensor) -> Callable[[int, torch.Tensor], dict]:
-    """The evaluator's view during the attack: matched-pair mean PSNR of the current images."""
-
-    def callback(iteration: int, images: torch.Tensor) -> dict:
-        recon_idx, _ = match_pairs(images, truth)
-        return {"psnr": float(psnr(images[torch.as_tensor(recon_idx)], truth).double().mean())}
-
-    return callback
-
-
-def _nodes_used(method: str, config: AttackConfig) -> int:
-    """Gradient evaluations per iteration: m for PI-SME (the largest m for pisme-adaptive), 1 for
-    the single-gradient attacks."""
-    return config.nodes if method.startswith("pisme") else 1
-
-
-def attack_victim(victim: Victim, method: str, settings: AttackSettings, *, lpips=None,
-                  overrides: dict | None = None, progress: bool = False) -> AttackOutcome:
-    """Attack one victim with one method and score it (on Hungarian-matched pairs).
+def attack_victim(victim: Victim, method: str, settings: AttackSettings, *, overrides: dict | None = None,
+                  progress: bool = False) -> ScoredAttack:
+    """Attack one victim with one method and score it (on Hungarian-matched pairs); the PSNR is traced.
 
     overrides: AttackConfig fields for this attack only, on top of ``settings.overrides``.
+    Returns a ScoredAttack whose ``row`` is an attacks.csv row (``results_row`` makes it results.csv's).
     """
     config = AttackConfig.from_overrides(settings.attack_config(), **(overrides or {}))
-    labels = victim.labels.clone() if settings.labels == "oracle" else "recovered"
-    rec = reconstruct(victim.update, method, labels=labels, config=config, device=settings.device,
-                      callback=_psnr_callback(victim.images), progress=progress)
-    spec = get_spec(settings.dataset)
-    if lpips is None:
-        lpips = get_lpips("cpu")
-    evaluation = evaluate_reconstruction(rec.images, victim.images, recon_labels=rec.labels,
-                                         true_labels=victim.labels, num_classes=spec.num_classes, lpips=lpips)
-    row = _row(victim.update.metadata, victim.partition, method, config, settings.labels)
-    row.update(psnr=evaluation["psnr"], ssim=evaluation["ssim"], fsim=evaluation["fsim"], lpips=evaluation["lpips"],
-               lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated,
-               label_accuracy=evaluation["label_accuracy"], seconds=rec.seconds)
-    return AttackOutcome(row=row, reconstruction=rec, evaluation=evaluation)
-
-
-def _row(meta: TrainingMetadata | None, partition: int, method: str, config: AttackConfig, labels: str) -> dict:
-    row = dict.fromkeys(RESULT_COLUMNS, math.nan)
-    row.update(dataset=meta.dataset if meta else None, client=int(partition), method=method,
-               local_steps=meta.local_steps if meta else None, nodes=_nodes_used(method, config),
-               iterations=config.iterations, labels=labels)
-    return row
+    return evaluation.attack_victim(victim, method, config, labels=settings.labels, device=settings.device,
+                                    trace_psnr=True, progress=progress)
 
 
 def failed_row(settings: AttackSettings, partition: int, method: str, seconds: float = math.nan) -> dict:
@@ -230,9 +166,10 @@ def failed_row(settings: AttackSettings, partition: int, method: str, seconds: f
     meta = TrainingMetadata(dataset=get_spec(settings.dataset).name, lr=settings.lr,
                             batch_size=settings.batch_size, local_epochs=settings.local_epochs,
                             num_samples=settings.samples)
-    row = _row(meta, partition, method, config, settings.labels)
-    row["seconds"] = seconds
-    return row
+    return results_row(attack_row(method=method, dataset=meta.dataset, local_steps=meta.local_steps,
+                                  nodes=nodes_per_iteration(method, config), iterations=config.iterations,
+                                  labels=settings.labels, partition_id=int(partition), status="failed",
+                                  attack_seconds=seconds))
 
 
 class ResultsTable:
@@ -276,7 +213,6 @@ def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress
             "device_resolved": str(resolve_device(settings.device)), "torch": torch.__version__}
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
     table = ResultsTable(out / "results.csv")
-    lpips = get_lpips("cpu")
 
     from tqdm.auto import tqdm
 
@@ -297,16 +233,16 @@ def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress
                 bar.set_postfix_str(f"client {partition}: {method}")
                 start = time.perf_counter()
                 try:
-                    outcome = attack_victim(victim, method, settings, lpips=lpips)
+                    outcome = attack_victim(victim, method, settings)
                 except Exception as exc:
                     _report(log, f"attack '{method}' on client {partition} failed", exc)
                     table.add(failed_row(settings, partition, method, time.perf_counter() - start))
                     bar.update(1)
                     continue
-                table.add(outcome.row)
+                table.add(results_row(outcome.row))
                 write_trace(out / f"trace-{partition}-{method}.csv", outcome.reconstruction.trace)
-                save_comparison_grid(victim.images, outcome.evaluation["matched_recon"].cpu(),
-                                     out / f"client-{partition}-{method}.png", columns=GRID_COLUMNS)
+                save_grid(victim.images, outcome.scores, out / f"client-{partition}-{method}.png",
+                          columns=GRID_COLUMNS)
                 bar.update(1)
     finally:
         bar.close()

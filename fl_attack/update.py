@@ -6,7 +6,6 @@ data through it; the evaluator gets the ground truth separately, after the attac
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import math
@@ -273,6 +272,25 @@ def save_update(update: ObservedUpdate, target: AttackTarget, folder) -> dict:
     return row
 
 
+def _checked_bytes(folder: Path, name: str, sha: str) -> bytes:
+    """The bytes of ``folder``/``name``; ValueError unless their SHA-256 is ``sha``."""
+    data = (folder / name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ValueError(f"recorded update {folder / name} does not match its checksum in {UPDATE_INDEX}")
+    return data
+
+
+def verify_update(folder, row: dict) -> None:
+    """Check the files of one ``index.csv`` row of ``folder`` against their SHA-256, without loading them.
+
+    Raises ValueError for a checksum that differs (a corrupt or altered record), FileNotFoundError
+    for a missing file, KeyError for an index row without the file columns.
+    """
+    folder = Path(folder)
+    for name, sha in ((row["w0_file"], row["w0_sha256"]), (row["file"], row["sha256"])):
+        _checked_bytes(folder, name, sha)
+
+
 def load_update(folder, row: dict) -> tuple[ObservedUpdate, AttackTarget]:
     """The (update, target) of one ``index.csv`` row of ``folder``, checked against its SHA-256.
 
@@ -282,10 +300,7 @@ def load_update(folder, row: dict) -> tuple[ObservedUpdate, AttackTarget]:
     folder = Path(folder)
 
     def read(name: str, sha: str):
-        data = (folder / name).read_bytes()
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise ValueError(f"recorded update {folder / name} does not match its checksum in {UPDATE_INDEX}")
-        return torch.load(io.BytesIO(data), weights_only=True)
+        return torch.load(io.BytesIO(_checked_bytes(folder, name, sha)), weights_only=True)
 
     w0 = read(row["w0_file"], row["w0_sha256"])["w0"]
     saved = read(row["file"], row["sha256"])
@@ -296,8 +311,6 @@ def load_update(folder, row: dict) -> tuple[ObservedUpdate, AttackTarget]:
 
 def read_update_index(folder) -> list[dict]:
     """The rows of ``folder``/index.csv in file order ([] when nothing was recorded)."""
-    path = Path(folder) / UPDATE_INDEX
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    from .records import read_csv
+
+    return read_csv(Path(folder) / UPDATE_INDEX)[1]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from fl_attack import AttackConfig, ObservedUpdate, reconstruct
+from fl_attack.evaluation import nodes_per_iteration
 from fl_attack.update import AttackTarget
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class AttackOutcome:
     seconds: float = float("nan")
     device: str = ""
     local_steps: int | None = None  # T of the attacked update
+    nodes: int | float | None = None  # gradient evaluations per iteration (fl_attack.evaluation.nodes_per_iteration)
 
     @classmethod
     def failed(cls, job: "AttackJob", error: str, seconds: float = float("nan")) -> "AttackOutcome":
@@ -71,7 +73,8 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
                              lsim_calibrated=rec.lsim_calibrated, seconds=rec.seconds,
                              device=str(torch.device(device) if device != "auto" else
                                         ("cuda" if torch.cuda.is_available() else "cpu")),
-                             local_steps=job.update.metadata.local_steps)
+                             local_steps=job.update.metadata.local_steps,
+                             nodes=nodes_per_iteration(job.method, rec.config, rec.trace))
     except Exception as exc:  # one failed attack must never kill the federation
         log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
         return AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)

@@ -12,7 +12,6 @@ The run config's ``defense`` picks how the server side runs (strategies/defense_
 """
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -32,7 +31,7 @@ from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions, server_test_set
 from fl_attack.models import build_model
 from fl_attack.paths import resolve_in_project
-from fl_attack.records import csv_text, write_json_atomic, write_text_atomic
+from fl_attack.records import csv_text, read_csv, write_json_atomic, write_text_atomic
 from fl_attack.update import UPDATE_INDEX
 from .settings import RunSettings
 
@@ -57,6 +56,16 @@ RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")
 # Run-config keys a resumed run may change: where and how fast attacks run, and how many rounds.
 RESUMABLE_KEYS = {"resume", "num-server-rounds", "run-name", "results-dir", "attack-timeout", "attack-threads",
                   "attack-actors", "attack-num-gpus", "attack-device", "client-num-cpus"}
+
+
+def write_run_config(run_dir: Path, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
+    """A new run's config.json: the flat run config, the seed, versions, the AttackConfig and the
+    defense (what analysis/load.py and ``fl-attack replay`` read back)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", {
+        "run_config": run_config, "seed": settings.seed, "run_name": run_dir.name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
+        "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
 
 
 def run_folder(settings: RunSettings) -> Path:
@@ -104,11 +113,8 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, 
     for path, key in ((folder / "rounds.csv", "round"), (folder / "attacks.csv", "round"),
                       (folder / "updates" / UPDATE_INDEX, "round")):
         if path.exists():
-            with open(path, newline="") as f:
-                reader = csv.DictReader(f)
-                kept = [row for row in reader if row.get(key) and int(row[key]) <= done]
-                columns = reader.fieldnames or []
-            write_text_atomic(path, csv_text(kept, columns))
+            columns, found = read_csv(path)
+            write_text_atomic(path, csv_text([r for r in found if r.get(key) and int(r[key]) <= done], columns))
     return folder, done, checkpoint["arrays"]
 
 
@@ -186,11 +192,7 @@ def main(grid: Grid, context: Context) -> None:
         write_json_atomic(run_dir / "config.json", config)
     else:
         run_dir, done, state = run_folder(settings), 0, build_model(settings.dataset, seed=settings.seed).state_dict()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "config.json", {
-            "run_config": run_config, "seed": settings.seed, "run_name": run_dir.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
-            "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
+        write_run_config(run_dir, settings, run_config, num_nodes)
     config_seconds = time.perf_counter() - clock
     print(f"fl-attack: leakage record in {run_dir}", flush=True)
     if done:

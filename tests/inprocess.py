@@ -6,6 +6,8 @@ attacks in process and keeps every job it was given.
 from __future__ import annotations
 
 import copy
+import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -19,6 +21,16 @@ from strategies.settings import RunSettings
 
 BASE = {"dataset": "femnist", "num-server-rounds": 1, "samples-per-client": 10, "batch-size": 5, "local-epochs": 1,
         "attack-iterations": 2, "attack-nodes": 2, "attack-clients": "all", "attack-method": "pisme", "seed": 0}
+
+
+def flower_run_config(num_rounds=1, **overrides) -> dict:
+    """The whole run config Flower would hand the ServerApp for ``federate(..., **overrides)``: the
+    defaults of pyproject.toml's [tool.flwr.app.config], then BASE, then the overrides (what a run's
+    config.json records)."""
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+        defaults = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    return {**defaults, **BASE, "num-server-rounds": num_rounds,
+            **{k.replace("_", "-"): v for k, v in overrides.items()}}
 
 
 class InProcessGrid:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-import fl_attack.standalone as standalone
+import fl_attack.evaluation as evaluation  # where the standalone engine calls reconstruct
 from fl_attack.cli import main
 
 COLUMNS = ["dataset", "client", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim", "fsim",
@@ -74,14 +74,14 @@ def test_oracle_labels_on_cifar100(tmp_path):
 
 
 def test_a_failed_attack_is_recorded_and_the_others_go_on(tmp_path, monkeypatch, capsys):
-    original = standalone.reconstruct
+    original = evaluation.reconstruct
 
     def flaky(update, method, **kw):
         if method == "sme":
             raise RuntimeError("boom")
         return original(update, method, **kw)
 
-    monkeypatch.setattr(standalone, "reconstruct", flaky)
+    monkeypatch.setattr(evaluation, "reconstruct", flaky)
     out = tmp_path / "run"
     assert main(["attack", *TINY, "--iterations", "1", "--methods", "sme,ig", "--out", str(out)]) == 0
     _, rows = _read(out / "results.csv")
@@ -94,14 +94,14 @@ def test_a_failed_attack_is_recorded_and_the_others_go_on(tmp_path, monkeypatch,
 
 
 def test_an_interrupted_run_keeps_the_rows_already_written(tmp_path, monkeypatch):
-    original = standalone.reconstruct
+    original = evaluation.reconstruct
 
     def interrupted(update, method, **kw):
         if method == "sme":
             raise KeyboardInterrupt
         return original(update, method, **kw)
 
-    monkeypatch.setattr(standalone, "reconstruct", interrupted)
+    monkeypatch.setattr(evaluation, "reconstruct", interrupted)
     out = tmp_path / "run"
     assert main(["attack", *TINY, "--iterations", "1", "--methods", "ig,sme", "--out", str(out)]) == 130
     columns, rows = _read(out / "results.csv")
@@ -189,7 +189,7 @@ def test_every_attack_failing_exits_1_with_the_rows_kept(tmp_path, monkeypatch, 
     def broken(update, method, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(standalone, "reconstruct", broken)
+    monkeypatch.setattr(evaluation, "reconstruct", broken)
     out = tmp_path / "run"
     assert main(["attack", *TINY, "--iterations", "1", "--methods", "sme,ig", "--out", str(out)]) == 1
     _, rows = _read(out / "results.csv")

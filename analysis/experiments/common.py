@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_attack.api import reconstruct, resolve_device
-from fl_attack.data import client_partition, get_spec, load_pool, num_partitions
-from fl_attack.metrics import evaluate_reconstruction, get_lpips
-from fl_attack.models import build_model
+from fl_attack import evaluation
+from fl_attack.api import resolve_device
+from fl_attack.attacks import AttackConfig
+from fl_attack.data import load_pool, num_partitions
+from fl_attack.evaluation import Victim, nodes_per_iteration, results_row
 from fl_attack.records import csv_text, write_text_atomic
 from strategies.settings import usable_cpus
-from fl_attack.training import train_local
-from fl_attack.update import ObservedUpdate
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 
@@ -150,27 +149,6 @@ def make_context(name: str, scale: str = "cpu", out: str | Path = "results/exper
 # ---------------------------------------------------------------------------------- victims
 
 
-@dataclass
-class Victim:
-    """One trained client. ``images``/``labels`` are the evaluator's ground truth; an attack gets
-    ``update`` only. ``states``/``batches`` are kept only when asked for (path consistency)."""
-
-    dataset: str
-    partition: int
-    seed: int
-    classes: int | None
-    images: torch.Tensor
-    labels: torch.Tensor
-    update: ObservedUpdate
-    states: list
-    batches: list
-    seconds: float
-
-    @property
-    def local_steps(self) -> int:
-        return self.update.metadata.local_steps
-
-
 def check_clients(ctx: Context, dataset: str, clients: int, samples: int, classes: int | None = None) -> None:
     """ValueError when the data holds fewer than ``clients`` clients of k = ``samples``."""
     pool = load_pool(dataset, ctx.data_dir)
@@ -182,41 +160,32 @@ def check_clients(ctx: Context, dataset: str, clients: int, samples: int, classe
 def train_victim(ctx: Context, dataset: str, partition: int, seed: int, local_epochs: int, *,
                  samples: int | None = None, batch_size: int | None = None, classes: int | None = None,
                  record_states: bool = False) -> Victim:
-    """Train client ``partition`` for E local epochs from w0 = build_model(dataset, seed) (CPU)."""
+    """Train client ``partition`` (data seed DATA_SEED) for E local epochs from w0 =
+    build_model(dataset, seed), on the CPU, with the scale's k, B and lr unless given."""
     sc = ctx.scale
-    samples = samples or sc.samples
-    start = time.perf_counter()
-    split = client_partition(load_pool(dataset, ctx.data_dir), partition, samples, classes=classes, seed=DATA_SEED)
-    model = build_model(dataset, seed=seed)
-    result = train_local(model, split.train.images, split.train.labels, dataset=dataset, lr=sc.lr,
-                         batch_size=batch_size or sc.batch_size, local_epochs=local_epochs, seed=seed,
-                         record_states=record_states, client={"partition_id": int(partition)})
-    return Victim(dataset=get_spec(dataset).name, partition=int(partition), seed=int(seed), classes=classes,
-                  images=split.train.images, labels=split.train.labels, update=result.update,
-                  states=result.states, batches=result.batches, seconds=time.perf_counter() - start)
+    return evaluation.train_victim(dataset, partition, samples=samples or sc.samples,
+                                   batch_size=batch_size or sc.batch_size, local_epochs=local_epochs, lr=sc.lr,
+                                   seed=seed, data_seed=DATA_SEED, classes=classes, data_dir=ctx.data_dir,
+                                   record_states=record_states)
 
 
 def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> dict:
     """Run one attack on ``victim.update`` (recovered labels) and score it on matched pairs.
 
     overrides: AttackConfig fields (iterations, nodes, ...); the defaults are the scale's
-    iterations, nodes and trace_every and the victim's seed. Returns one flat result row.
+    iterations, nodes and trace_every and the victim's seed. Returns one flat result row: the
+    results.csv columns (``fl_attack.evaluation.results_row``) with seed, classes and the costs.
     """
     sc = ctx.scale
     settings = dict(iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed)
     settings.update(overrides)
-    rec = reconstruct(victim.update, method, labels="recovered", device=ctx.device, **settings)
-    spec = get_spec(victim.dataset)
-    ev = evaluate_reconstruction(rec.images, victim.images, recon_labels=rec.labels, true_labels=victim.labels,
-                                 num_classes=spec.num_classes, lpips=get_lpips("cpu"))
-    nodes = _nodes_per_iteration(method, rec)
-    row = dict(dataset=victim.dataset, client=victim.partition, seed=victim.seed, classes=victim.classes,
-               local_steps=victim.local_steps, method=method, nodes=nodes, iterations=settings["iterations"],
-               psnr=ev["psnr"], ssim=ev["ssim"], fsim=ev["fsim"], lpips=ev["lpips"],
-               lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated,
-               label_accuracy=ev["label_accuracy"], seconds=rec.seconds,
-               seconds_per_iteration=rec.seconds / settings["iterations"],
-               gradient_evaluations=_gradient_evaluations(method, rec, settings["iterations"]))
+    config = AttackConfig.from_overrides(None, **settings)
+    scored = evaluation.attack_victim(victim, method, config, device=ctx.device)
+    rec, ev = scored.reconstruction, scored.scores
+    nodes = scored.row["nodes"]
+    row = {**results_row(scored.row), "seed": victim.seed, "classes": victim.classes,
+           "seconds_per_iteration": rec.seconds / settings["iterations"],
+           "gradient_evaluations": _gradient_evaluations(method, rec, settings["iterations"])}
     if method == "pisme-adaptive":
         row.update(node_tolerance=rec.config["node_tolerance"], nodes_schedule=_nodes_schedule(rec),
                    node_error=float(rec.trace[-1].get("node_error", math.nan)))
@@ -224,16 +193,6 @@ def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> 
             f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']}: PSNR {ev['psnr']:.2f} dB, "
             f"honest Lsim {rec.lsim_honest:.4f} ({rec.seconds:.1f} s)")
     return row
-
-
-def _nodes_per_iteration(method: str, rec) -> float:
-    """m for PI-SME, the mean m over the trace for pisme-adaptive, 1 for the single-gradient attacks."""
-    if method == "pisme":
-        return rec.config["nodes"]
-    if method == "pisme-adaptive":
-        used = [r["nodes"] for r in rec.trace if "nodes" in r]
-        return float(np.mean(used)) if used else float(rec.config["nodes"])
-    return 1
 
 
 def _nodes_schedule(rec) -> str:
@@ -252,7 +211,7 @@ def _gradient_evaluations(method: str, rec, iterations: int) -> float:
         counted = [r["gradient_evaluations"] for r in rec.trace if "gradient_evaluations" in r]
         if counted:
             return float(counted[-1])
-    return float(_nodes_per_iteration(method, rec) * iterations)
+    return float(nodes_per_iteration(method, rec.config, rec.trace) * iterations)
 
 
 # ----------------------------------------------------------------------------------- output

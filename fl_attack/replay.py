@@ -1,0 +1,375 @@
+"""``fl-attack replay``: attack a run's recorded updates again, offline, and record the result as a run.
+
+A federation with record-updates=true keeps every attacked update in ``<run>/updates/`` (index.csv,
+round-R/w0.pt, round-R/client-P.pt or aggregate.pt; fl_attack.update). A replay reads them back
+(checksums verified), attacks each with other methods or settings, scores the reconstructions
+against the ground truth (the private samples of the partition ids, drawn as the federation drew
+them from the run config's data settings) and writes its own record under
+``<run>/replays/<name>/``, in the format of a run: config.json (the run's config with the
+replay's methods, labels and attack settings in its run_config), rounds.csv (the run's, copied:
+the model did not change), attacks.csv (one row per attack, appended atomically as it finishes),
+images/, events.log and summary.json. ``python -m analysis.report RUN RUN/replays/NAME`` then
+compares the two.
+
+With ``missing=True`` it completes the run itself instead: the recorded updates whose
+(round, partition, method) has no row in the run's attacks.csv are attacked with the run's own
+methods and settings, and their rows appended to the run's attacks.csv.
+
+The library reads the few run-config keys it needs directly (strategies.settings is the Flower
+app's parser and sits above this layer).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from . import __version__
+from .api import reconstruct, resolve_device
+from .attacks import ATTACKS, AttackConfig
+from .config import parse_key_values, typed_value
+from .evaluation import DataSettings, attack_row, ground_truth, nodes_per_iteration, save_grid, score
+from .records import ATTACK_COLUMNS, append_csv_row, read_csv, write_bytes_atomic, write_json_atomic
+from .update import AttackTarget, load_update, read_update_index, verify_update
+
+__all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
+
+REPLAYS = "replays"  # <run>/replays/<name>/
+LABEL_MODES = ("recovered", "oracle")
+# run-config keys read here, with the type each must have; the optional ones default as in pyproject.toml
+_REQUIRED = {"dataset": "", "samples-per-client": 0, "seed": 0, "server-test-samples": 0, "attack-method": "",
+             "attack-labels": ""}
+_OPTIONAL = {"data-dir": "", "classes-per-client": 0, "attack-options": ""}
+
+
+class ReplayError(ValueError):
+    """Bad input found before any attack ran: not a run folder, nothing recorded, an unknown method,
+    a corrupt record, bad settings. The CLI reports it in one line with exit status 2."""
+
+
+@dataclass
+class RecordedRun:
+    """A run folder with recorded updates, as a replay needs it.
+
+    config: config.json; run_config: its flat Flower run config (kebab-case keys); data: how the
+    clients' private samples were drawn; methods, labels, attack_config: the run's own attack
+    settings; defense: the run's defense label; index: the rows of updates/index.csv, file order.
+    """
+
+    path: Path
+    config: dict
+    run_config: dict
+    data: DataSettings
+    methods: tuple[str, ...]
+    labels: str
+    attack_config: AttackConfig
+    defense: str
+    index: list[dict]
+
+    @property
+    def updates(self) -> Path:
+        return self.path / "updates"
+
+
+def _methods(text: str, what: str) -> tuple[str, ...]:
+    names = tuple(m.strip() for m in str(text).split(",") if m.strip())
+    unknown = [m for m in names if m not in ATTACKS]
+    if unknown:
+        raise ReplayError(f"{what}: unknown attack method '{unknown[0]}'; choose from: {', '.join(sorted(ATTACKS))}")
+    if not names:
+        raise ReplayError(f"{what}: no attack method given")
+    if len(set(names)) != len(names):
+        raise ReplayError(f"{what}: methods are listed more than once: {','.join(names)}")
+    return names
+
+
+def open_run(path: str | Path) -> RecordedRun:
+    """Read the run folder ``path``: config.json and updates/index.csv.
+
+    Raises ReplayError when it is not a run folder (no config.json, unreadable, a run_config
+    without the data or attack keys), or when it recorded no update.
+    """
+    path = Path(path)
+    config_path = path / "config.json"
+    if not path.is_dir():
+        raise ReplayError(f"{path} is not a run folder (no such folder)")
+    if not config_path.is_file():
+        raise ReplayError(f"{path} is not a run folder (no config.json)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReplayError(f"{config_path} is unreadable: {exc}") from None
+    run_config = config.get("run_config") if isinstance(config, dict) else None
+    if not isinstance(run_config, dict):
+        raise ReplayError(f"{config_path} has no run_config")
+    missing = [k for k in _REQUIRED if k not in run_config]
+    if missing:
+        raise ReplayError(f"{config_path}: run_config lacks {', '.join(missing)}")
+    try:
+        rc = {k: typed_value(f"{config_path}: run_config '{k}'", run_config.get(k, d), d)
+              for k, d in {**_REQUIRED, **_OPTIONAL}.items()}
+        attack_config = AttackConfig.from_overrides(None, **dict(config.get("attack_config") or {}))
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(str(exc) if str(exc).startswith(str(config_path)) else f"{config_path}: {exc}") from None
+    labels = rc["attack-labels"]
+    if labels not in LABEL_MODES:
+        raise ReplayError(f"{config_path}: run_config 'attack-labels' must be recovered or oracle, got {labels!r}")
+    defense = config.get("defense")
+    defense = str(defense["label"]) if isinstance(defense, dict) and defense.get("label") else \
+        str(run_config.get("defense") or "none")
+    index = read_update_index(path / "updates")
+    if not index:
+        raise ReplayError(f"{path} has no recorded updates ({Path('updates') / 'index.csv'}); "
+                          "a run records them with record-updates=true")
+    data = DataSettings(dataset=rc["dataset"], samples=rc["samples-per-client"], data_dir=rc["data-dir"] or None,
+                        classes=rc["classes-per-client"] or None, seed=rc["seed"],
+                        held_out=rc["server-test-samples"])
+    return RecordedRun(path=path, config=config, run_config=dict(run_config), data=data,
+                       methods=_methods(rc["attack-method"], f"{config_path}: run_config 'attack-method'"),
+                       labels=labels, attack_config=attack_config, defense=defense, index=index)
+
+
+@dataclass
+class Replay:
+    """A checked replay, ready to run (``run_replay``).
+
+    out: where the rows go (``<run>/replays/<name>``, or the run itself when ``missing``).
+    work: per recorded update (its index row and target), the methods to run on it.
+    truths: the ground truth (images (N,C,H,W) in [0,1], labels) of each target's partition ids.
+    """
+
+    run: RecordedRun
+    name: str
+    out: Path
+    methods: tuple[str, ...]
+    labels: str
+    config: AttackConfig
+    options: dict
+    rounds: tuple[int, ...] | None
+    threads: int
+    device: torch.device
+    missing: bool
+    work: list[tuple[dict, AttackTarget, tuple[str, ...]]]
+    truths: dict
+
+    @property
+    def attacks(self) -> int:
+        return sum(len(methods) for _, _, methods in self.work)
+
+
+def _default_name(methods, labels, iterations, nodes, options: dict, rounds) -> str:
+    parts = ["-".join(methods), labels]
+    parts += [f"K{iterations}"] if iterations else []
+    parts += [f"m{nodes}"] if nodes else []
+    parts += [f"{k}{v}" for k, v in options.items()]
+    parts += ["rounds" + "_".join(map(str, rounds))] if rounds else []
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
+
+
+def _done_attacks(path: Path) -> set[tuple[int, str, str]]:
+    """(round, partition_id text, method) of every row of an attacks.csv ("" for an aggregate's id)."""
+    return {(int(r["round"]), r.get("partition_id") or "", r["method"]) for r in read_csv(path)[1]
+            if r.get("round") and r.get("method")}
+
+
+def prepare_replay(run_dir: str | Path, *, methods: str | tuple | None = None, labels: str | None = None,
+                   iterations: int | None = None, nodes: int | None = None, options: str = "",
+                   rounds=None, threads: int = 0, device: str = "auto", name: str | None = None,
+                   missing: bool = False) -> Replay:
+    """Check everything a replay needs, before any attack: the run folder, the settings, the
+    recorded updates' checksums and the ground truth of every target.
+
+    methods: comma-separated or a tuple (default: the run's); labels: "recovered" or "oracle"
+    (default: the run's); iterations (K), nodes (m), options ("tv_weight=0.02,..."): AttackConfig
+    overrides on top of the run's attack_config; rounds: the rounds to replay (default: every
+    recorded one); threads: torch threads (0: leave torch's setting); name: the folder under
+    ``<run>/replays/`` (default: built from the settings). missing: complete the run's own
+    attacks instead (no methods, labels, iterations, nodes, options or name then).
+    Raises ReplayError, with a one-line message, for anything that does not fit.
+    """
+    run = open_run(run_dir)
+    if missing:
+        given = [flag for flag, value in (("--methods", methods), ("--labels", labels), ("--iterations", iterations),
+                                          ("--nodes", nodes), ("--options", options), ("--name", name)) if value]
+        if given:
+            raise ReplayError(f"--missing completes the run's own attacks with its own settings; "
+                              f"it takes no {', '.join(given)}")
+    if methods is None:
+        methods = run.methods
+    else:
+        methods = _methods(",".join(methods) if isinstance(methods, (tuple, list)) else methods, "methods")
+    labels = labels or run.labels
+    if labels not in LABEL_MODES:
+        raise ReplayError(f"labels must be recovered or oracle, got {labels!r}")
+    try:
+        option_values = parse_key_values(options or "", asdict(AttackConfig()), "--options", "attack setting")
+        overrides = dict(option_values)
+        for key, value in (("iterations", iterations), ("nodes", nodes)):
+            if value is not None:
+                overrides[key] = value
+        config = AttackConfig.from_overrides(run.attack_config, **overrides)
+        dev = resolve_device(device)
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(str(exc)) from None
+    if isinstance(threads, bool) or int(threads) < 0:
+        raise ReplayError(f"threads must be an integer >= 0 (0: torch's default), got {threads}")
+
+    recorded = sorted({int(r["round"]) for r in run.index})
+    if rounds is not None:
+        rounds = tuple(sorted({int(r) for r in rounds}))
+        absent = [r for r in rounds if r not in recorded]
+        if absent:
+            raise ReplayError(f"no update recorded in round(s) {','.join(map(str, absent))} of {run.path}; "
+                              f"recorded: {','.join(map(str, recorded))}")
+    if missing:
+        out, name = run.path, ""
+    else:
+        name = name or _default_name(methods, labels, iterations, nodes, option_values, rounds)
+        if not re.fullmatch(r"[A-Za-z0-9._=-]+", name) or name in (".", ".."):
+            raise ReplayError(f"--name must be a plain folder name (letters, digits, . _ = -), got {name!r}")
+        out = run.path / REPLAYS / name
+        if (out / "attacks.csv").exists() or (out / "config.json").exists():
+            raise ReplayError(f"replay folder {out} already holds a replay; choose another --name")
+
+    done = _done_attacks(run.path / "attacks.csv") if missing else set()
+    work, truths = [], {}
+    for row in run.index:
+        try:
+            target = AttackTarget.from_row(row)
+        except (KeyError, ValueError) as exc:
+            raise ReplayError(f"{run.updates / 'index.csv'}: bad row {row}: {exc}") from None
+        if rounds is not None and target.round not in rounds:
+            continue
+        pid = "" if target.partition_id is None else str(target.partition_id)
+        todo = tuple(m for m in methods if (target.round, pid, m) not in done)
+        if not todo:
+            continue
+        try:
+            verify_update(run.updates, row)
+        except (ValueError, KeyError) as exc:
+            raise ReplayError(str(exc)) from None
+        except FileNotFoundError as exc:
+            raise ReplayError(f"recorded update missing: {exc.filename}") from None
+        if target.partition_ids not in truths:
+            try:
+                truths[target.partition_ids] = ground_truth(run.data, target.partition_ids)
+            except (ValueError, FileNotFoundError) as exc:
+                raise ReplayError(f"ground truth of {target.describe()}: {exc}") from None
+        work.append((row, target, todo))
+    return Replay(run=run, name=name, out=out, methods=tuple(methods), labels=labels, config=config,
+                  options=option_values, rounds=rounds, threads=int(threads), device=dev,
+                  missing=missing, work=work, truths=truths)
+
+
+def _replay_run_config(replay: Replay) -> dict:
+    """The run's run config with the replay's attack settings, typed like the originals."""
+    rc, config = dict(replay.run.run_config), replay.config
+    options = parse_key_values(str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options",
+                               "attack setting")
+    options.update(replay.options)
+    for key in ("iterations", "nodes"):  # their own run-config keys
+        options.pop(key, None)
+    rc.update({"attack-method": ",".join(replay.methods), "attack-labels": replay.labels,
+               "attack-iterations": config.iterations, "attack-nodes": config.nodes,
+               "attack-options": ",".join(f"{k}={v}" for k, v in options.items())})
+    if replay.rounds is not None:
+        rc["attack-rounds"] = ",".join(map(str, replay.rounds))
+    if replay.threads:
+        rc["attack-threads"] = replay.threads
+    rc["attack-device"] = replay.device.type
+    return rc
+
+
+def _start_record(replay: Replay) -> None:
+    """config.json, rounds.csv (the run's) and the first events.log line of a new replay folder."""
+    run = replay.run
+    replay.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(replay.out / "config.json", {
+        "run_config": _replay_run_config(replay), "attack_config": asdict(replay.config),
+        "run_name": f"{run.config.get('run_name') or run.path.name}/{REPLAYS}/{replay.name}",
+        "seed": run.config.get("seed"), "num_nodes": run.config.get("num_nodes"), "defense": run.config.get("defense"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "versions": {"fl_attack": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "replay": {"of": str(run.path.resolve()), "name": replay.name, "methods": list(replay.methods),
+                   "labels": replay.labels, "rounds": list(replay.rounds) if replay.rounds else None,
+                   "threads": replay.threads, "device": str(replay.device), "options": replay.options}})
+    if (run.path / "rounds.csv").is_file():  # the same federation: its rounds, for accuracy plots
+        write_bytes_atomic(replay.out / "rounds.csv", (run.path / "rounds.csv").read_bytes())
+
+
+def _event(folder: Path, text: str) -> None:
+    with open(folder / "events.log", "a") as f:
+        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+
+def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
+    """Run every attack of ``replay`` and append each attack's row (``ATTACK_COLUMNS``) to
+    ``replay.out``/attacks.csv as it finishes; images under ``replay.out``/images/.
+
+    A failing attack is a row with status "failed" and its error; the others go on. Returns the rows.
+    Oracle labels are the ground truth's labels handed to the attack (an explicit leak, labels=oracle).
+    """
+    log = sys.stderr if log is None else log
+    previous_threads = torch.get_num_threads()
+    if replay.threads:
+        torch.set_num_threads(replay.threads)
+    started = time.time()
+    what = "missing attacks" if replay.missing else f"replay '{replay.name}'"
+    if not replay.missing:
+        _start_record(replay)
+    _event(replay.out, f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
+                       f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
+                       f"{torch.get_num_threads()} torch thread(s) on {replay.device}")
+    rows = []
+    try:
+        for index_row, target, methods in replay.work:
+            update, _ = load_update(replay.run.updates, index_row)
+            images, labels = replay.truths[target.partition_ids]
+            for method in methods:
+                row = _attack(replay, update, target, method, images, labels)
+                append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS)
+                rows.append(row)
+                text = (f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
+                        if row["status"] == "ok" else f"{target.describe()} {method} failed: {row['error']}")
+                _event(replay.out, f"attack done: {text}")
+                print(f"fl-attack: {text}", file=log, flush=True)
+    finally:
+        torch.set_num_threads(previous_threads)
+        if not replay.missing:
+            ok = sum(r["status"] == "ok" for r in rows)
+            write_json_atomic(replay.out / "summary.json", {
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
+                "attacks": len(rows), "attacks_ok": ok, "attacks_failed": len(rows) - ok,
+                "replay_of": str(replay.run.path.resolve())})
+        _event(replay.out, f"{what}: {len(rows)} of {replay.attacks} attack(s) recorded")
+    return rows
+
+
+def _attack(replay: Replay, update, target: AttackTarget, method: str, images, labels) -> dict:
+    """One attack of the replay, scored, as its attacks.csv row (status failed on any exception)."""
+    config = replay.config
+    common = dict(round=target.round, node_id=target.node_id, partition_id=target.partition_id,
+                  client_id=target.client_id, method=method, dataset=replay.run.data.dataset,
+                  defense=replay.run.defense, local_steps=update.metadata.local_steps, iterations=config.iterations)
+    start = time.perf_counter()
+    try:
+        given = labels.clone() if replay.labels == "oracle" else "recovered"
+        rec = reconstruct(update, method, labels=given, config=config, device=replay.device)
+        scores = score(rec.images, rec.labels, images, labels, replay.run.data.dataset)
+        rel = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
+        save_grid(images, scores, replay.out / rel)
+    except Exception as exc:  # recorded; the other attacks go on
+        return attack_row(**common, nodes=nodes_per_iteration(method, config), labels=replay.labels,
+                          status="failed", error=f"{type(exc).__name__}: {exc}",
+                          attack_seconds=round(time.perf_counter() - start, 3))
+    return attack_row(**common, nodes=nodes_per_iteration(method, config, rec.trace), labels=rec.label_source,
+                      lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated,
+                      attack_seconds=round(rec.seconds, 3),
+                      scores=scores, image=rel.as_posix())

@@ -1,0 +1,168 @@
+"""``fl-attack replay``: a real in-process federation's recorded updates attacked again, offline.
+
+One module-scoped run (2 rounds, partition 0 attacked with PI-SME, 20 iterations, 1 torch thread)
+is copied for the tests that change it.
+"""
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+import torch
+from flwr.supercore.task_identity import TaskIdentity
+
+import fl_attack.replay as replay_module
+from analysis.aggregate import differing_keys
+from analysis.load import load_run
+from analysis.report import main as report_main
+from fl_attack.cli import main
+from fl_attack.records import ATTACK_COLUMNS, read_csv
+from strategies.server_app import write_run_config
+from tests.inprocess import federate, flower_run_config
+
+RUN = dict(num_rounds=2, attack_clients="0", attack_iterations=20, attack_method="pisme", attack_threads=1)
+SCORES = ("psnr", "ssim", "fsim", "lpips", "label_accuracy", "lsim_honest", "lsim_calibrated")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished run folder with config.json (as the ServerApp writes it) and updates/."""
+    folder = tmp_path_factory.mktemp("run")
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # as Flower sets it for a ServerApp
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the in-process attacker runs in this process: attack-threads=1
+    try:
+        settings, _, _, jobs = federate(folder, **RUN)
+    finally:
+        torch.set_num_threads(before)
+    write_run_config(folder, settings, flower_run_config(**RUN), num_nodes=2)
+    assert len(jobs) == 2 and (folder / "updates" / "index.csv").is_file()
+    return folder
+
+
+@pytest.fixture
+def copy_of(run_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out, ignore=shutil.ignore_patterns("replays"))
+    return out
+
+
+def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, capsys):
+    assert main(["replay", str(run_dir), "--methods", "pisme", "--threads", "1", "--device", "cpu"]) == 0
+    out = run_dir / "replays" / "pisme-recovered"
+    columns, rows = read_csv(out / "attacks.csv")
+    _, original = read_csv(run_dir / "attacks.csv")
+    assert columns == ATTACK_COLUMNS and len(rows) == len(original) == 2
+    key = lambda r: (r["round"], r["partition_id"], r["method"])  # noqa: E731
+    for mine, theirs in zip(sorted(rows, key=key), sorted(original, key=key)):
+        assert mine["status"] == theirs["status"] == "ok"
+        for column in ("round", "node_id", "partition_id", "client_id", "dataset", "defense", "local_steps", "nodes",
+                       "iterations", "labels", "image", *SCORES):
+            assert mine[column] == theirs[column], column  # the same text: the same float
+        assert (out / mine["image"]).is_file()
+    # a run folder of its own, that the analysis reads and compares with the run
+    replayed = load_run(out)
+    assert len(replayed.attacks) == 2 and len(replayed.rounds) == 2
+    assert replayed.run_config["attack-method"] == "pisme" and replayed.config["replay"]["threads"] == 1
+    assert set(differing_keys([load_run(run_dir), replayed])) <= {"attack-device"}
+    assert "2 attack(s), 0 failed" in capsys.readouterr().err
+
+
+def test_the_report_compares_a_run_with_its_replay(run_dir, tmp_path, capsys):
+    assert main(["replay", str(run_dir), "--methods", "ig", "--iterations", "3", "--name", "ig-short"]) == 0
+    out = tmp_path / "compare"
+    assert report_main([str(run_dir), str(run_dir / "replays" / "ig-short"), "--out", str(out), "--format", "md"]) == 0
+    text = (out / "report.md").read_text()
+    assert "attack-method" in text and "attack-iterations" in text and "ig-short" in text
+
+
+def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path):
+    assert main(["replay", str(run_dir), "--labels", "oracle", "--methods", "ig", "--iterations", "5",
+                 "--options", "tv_weight=0.02", "--rounds", "2", "--threads", "1"]) == 0
+    out = run_dir / "replays" / "ig-oracle-K5-tv_weight0.02-rounds2"
+    _, rows = read_csv(out / "attacks.csv")
+    assert [(r["round"], r["method"], r["labels"], r["nodes"], r["iterations"]) for r in rows] == \
+        [("2", "ig", "oracle", "1", "5")]
+    assert float(rows[0]["label_accuracy"]) == 1.0
+    config = load_run(out).config
+    assert config["run_config"]["attack-labels"] == "oracle" and config["run_config"]["attack-rounds"] == "2"
+    assert config["run_config"]["attack-options"] == "tv_weight=0.02" and config["attack_config"]["tv_weight"] == 0.02
+    # the same replay again would mix two records in one folder
+    assert main(["replay", str(run_dir), "--labels", "oracle", "--methods", "ig", "--iterations", "5",
+                 "--options", "tv_weight=0.02", "--rounds", "2"]) == 2
+
+
+def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys):
+    columns, rows = read_csv(copy_of / "attacks.csv")
+    kept = [r for r in rows if r["round"] != "2"]
+    with open(copy_of / "attacks.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(kept)
+    assert main(["replay", str(copy_of), "--missing", "--threads", "1"]) == 0
+    _, after = read_csv(copy_of / "attacks.csv")
+    assert after[:len(kept)] == kept
+    restored = after[len(kept):]
+    assert [r["round"] for r in restored] == ["2"]
+    lost = [r for r in rows if r["round"] == "2"][0]
+    for column in ("partition_id", "method", "labels", "image", *SCORES):
+        assert restored[0][column] == lost[column], column
+    assert not (copy_of / "replays").exists()
+    capsys.readouterr()
+    assert main(["replay", str(copy_of), "--missing"]) == 0  # nothing left to do
+    assert "nothing to attack" in capsys.readouterr().err and len(read_csv(copy_of / "attacks.csv")[1]) == 2
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fl-attack: error: "), captured.err
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_a_corrupted_record_is_refused_before_any_attack(copy_of, capsys):
+    path = copy_of / "updates" / "round-2" / "client-0.pt"
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert main(["replay", str(copy_of), "--methods", "ig"]) == 2
+    assert "does not match its checksum" in _one_error_line(capsys)
+    assert not (copy_of / "replays").exists()
+
+
+BAD = [
+    (lambda run, tmp: [str(tmp)], "is not a run folder (no config.json)"),
+    (lambda run, tmp: [str(tmp / "nowhere")], "is not a run folder (no such folder)"),
+    (lambda run, tmp: [str(run), "--methods", "dlg"], "unknown attack method 'dlg'"),
+    (lambda run, tmp: [str(run), "--missing", "--methods", "ig"], "it takes no --methods"),
+    (lambda run, tmp: [str(run), "--rounds", "7"], "no update recorded in round(s) 7"),
+    (lambda run, tmp: [str(run), "--options", "tv_weigth=1"], "unknown attack setting 'tv_weigth'"),
+    (lambda run, tmp: [str(run), "--nodes", "0"], "quadrature nodes m must be an integer >= 1"),
+    (lambda run, tmp: [str(run), "--name", "../x"], "--name must be a plain folder name"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_exits_2_with_one_line(copy_of, tmp_path, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    assert main(["replay", *args(copy_of, tmp_path / "empty")]) == 2
+    assert message in _one_error_line(capsys)
+    assert not (copy_of / "replays").exists()
+
+
+def test_a_run_without_recorded_updates_is_refused(copy_of, capsys):
+    shutil.rmtree(copy_of / "updates")
+    assert main(["replay", str(copy_of)]) == 2
+    assert "has no recorded updates" in _one_error_line(capsys)
+
+
+def test_every_attack_failing_exits_1_with_the_failures_recorded(copy_of, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(replay_module, "reconstruct", boom)
+    assert main(["replay", str(copy_of), "--methods", "sme", "--name", "broken"]) == 1
+    _, rows = read_csv(copy_of / "replays" / "broken" / "attacks.csv")
+    assert [(r["status"], r["error"]) for r in rows] == [("failed", "RuntimeError: boom")] * 2
