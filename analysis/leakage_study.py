@@ -1,0 +1,168 @@
+"""The leakage-over-rounds study: federations that learn, tracked clients attacked every round.
+
+    python -m analysis.leakage_study --out DIR [--only femnist,cifar100,femnist-topk] [--skip-replays]
+
+Each run of ``RUNS`` is a real federation through the checked launcher (``strategies.launch``:
+Flower simulation, Ray attacker actors, the server's centralised evaluation), 15 rounds, with its
+tracked clients attacked by PI-SME in every round and every attacked update recorded. Each entry of
+``REPLAYS`` then attacks those recorded updates again offline (``fl-attack replay``) with another
+method (SME, IG) or with the true labels (oracle), so all methods see exactly the same updates.
+Everything is resumable: a run or replay that finished (its summary.json exists) is skipped, and
+an interrupted run is resumed from its checkpoint. Written into DIR:
+
+- ``runs/<name>/``: each run folder, with ``replays/<replay>/`` inside;
+- ``study.csv`` and ``study.md``: per run, method and labels, per round: mean PSNR, SSIM, LPIPS,
+  label accuracy and the global model's accuracy;
+- ``report/``: ``analysis.report`` over every run and replay (leakage against round and against
+  the model's accuracy), as markdown with its figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from fl_attack.records import write_text_atomic
+
+ROUNDS = 15
+# A learning regime (FedAvg on real writers at lr 0.05), with the paper's local protocol shape
+# (E local epochs of plain SGD on k private samples) at a CPU size.
+LEARNING = {"num-server-rounds": ROUNDS, "samples-per-client": 16, "batch-size": 8, "local-epochs": 5, "lr": 0.05,
+            "attack-method": "pisme", "attack-iterations": 200, "attack-nodes": 3, "server-test-samples": 1000,
+            "seed": 0}
+RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
+    ("femnist", {**LEARNING, "dataset": "femnist", "attack-clients": "0,1"}, 20),
+    ("cifar100", {**LEARNING, "dataset": "cifar100", "attack-clients": "0"}, 20),
+    ("femnist-topk", {**LEARNING, "dataset": "femnist", "attack-clients": "0", "defense": "topk",
+                      "defense-topk-fraction": 0.1}, 20),
+]
+REPLAYS: list[tuple[str, list[str]]] = [  # (run, fl-attack replay arguments)
+    ("femnist", ["--methods", "sme,ig", "--name", "sme-ig"]),
+    ("femnist", ["--methods", "pisme", "--labels", "oracle", "--name", "pisme-oracle"]),
+    ("cifar100", ["--methods", "sme,ig", "--name", "sme-ig"]),
+    ("cifar100", ["--methods", "pisme", "--labels", "oracle", "--name", "pisme-oracle"]),
+]
+TABLE_COLUMNS = ["run", "method", "labels", "label_estimator", "round", "global_accuracy", "n", "psnr", "ssim",
+                 "lpips", "label_accuracy"]
+
+
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def run_config(config: dict, results: Path, name: str) -> str:
+    """The --run-config string of one run."""
+    return " ".join(f"{k}={_value(v)}" for k, v in {**config, "results-dir": str(results), "run-name": name}.items())
+
+
+def _finished(folder: Path) -> bool:
+    return (folder / "summary.json").is_file()
+
+
+def run_all(out: Path, only: set[str] | None, replays: bool, log=print) -> list[Path]:
+    """Launch every missing run (resume an interrupted one), then every missing replay; returns
+    the folders of the runs and replays that exist, in order."""
+    from fl_attack.cli import main as fl_attack_main
+    from strategies.launch import main as launch
+
+    results, folders = out / "runs", []
+    for name, config, supernodes in RUNS:
+        if only and name not in only:
+            continue
+        folder = results / name
+        if not _finished(folder):
+            resume = (folder / "checkpoint.pt").is_file()
+            extra = f' resume="{folder}"' if resume else ""
+            log(f"leakage study: {'resuming' if resume else 'running'} {name}")
+            clock = time.time()
+            code = launch(["--run-config", run_config(config, results, name) + extra, "--federation-config",
+                           f"num-supernodes={supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0"])
+            log(f"leakage study: {name} exited {code} after {time.time() - clock:.0f} s")
+            if code != 0:
+                continue
+        folders.append(folder)
+    for name, args in REPLAYS if replays else []:
+        folder = results / name
+        if (only and name not in only) or not _finished(folder):
+            continue
+        replay = folder / "replays" / args[args.index("--name") + 1]
+        if not _finished(replay):
+            log(f"leakage study: replay {name} {' '.join(args)}")
+            clock = time.time()
+            code = fl_attack_main(["replay", str(folder), *args, "--threads", "2"])
+            log(f"leakage study: replay exited {code} after {time.time() - clock:.0f} s")
+        if _finished(replay):
+            folders.append(replay)
+    return folders
+
+
+def study_table(folders: list[Path]) -> pd.DataFrame:
+    """Per run folder, method, labels and round: the mean leakage over the tracked clients, beside
+    the global model's accuracy in that round."""
+    from analysis.load import load_run
+
+    frames = []
+    for folder in folders:
+        run = load_run(folder)
+        attacks = run.attacks[run.attacks["status"] == "ok"].copy()
+        if attacks.empty:
+            continue
+        name = folder.name if folder.parent.name != "replays" else f"{folder.parent.parent.name}/{folder.name}"
+        if "label_estimator" not in attacks:
+            attacks["label_estimator"] = ""
+        attacks["label_estimator"] = attacks["label_estimator"].fillna("")
+        grouped = attacks.groupby(["method", "labels", "label_estimator", "round"]).agg(
+            n=("psnr", "size"), psnr=("psnr", "mean"), ssim=("ssim", "mean"), lpips=("lpips", "mean"),
+            label_accuracy=("label_accuracy", "mean")).reset_index()
+        accuracy = run.rounds.set_index("round")["global_accuracy"] if "global_accuracy" in run.rounds else None
+        grouped["global_accuracy"] = grouped["round"].map(accuracy) if accuracy is not None else float("nan")
+        grouped.insert(0, "run", name)
+        frames.append(grouped)
+    return pd.concat(frames, ignore_index=True)[TABLE_COLUMNS] if frames else pd.DataFrame(columns=TABLE_COLUMNS)
+
+
+def write_outputs(out: Path, folders: list[Path]) -> pd.DataFrame:
+    """study.csv, study.md and the report over every folder."""
+    from analysis.report import main as report_main
+
+    table = study_table(folders)
+    write_text_atomic(out / "study.csv", table.to_csv(index=False, float_format="%.4g"))
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    for row in table.itertuples(index=False):
+        lines.append("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row) + " |")
+    write_text_atomic(out / "study.md", "\n".join(lines) + "\n")
+    if folders:
+        report_main([*map(str, folders), "--out", str(out / "report"), "--format", "md"])
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.leakage_study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, report/)")
+    parser.add_argument("--only", default="", help="comma-separated run names (default: all of " +
+                        ", ".join(name for name, _, _ in RUNS) + ")")
+    parser.add_argument("--skip-replays", action="store_true", help="run the federations only")
+    args = parser.parse_args(argv)
+    only = {n.strip() for n in args.only.split(",") if n.strip()} or None
+    unknown = (only or set()) - {name for name, _, _ in RUNS}
+    if unknown:
+        print(f"leakage study: error: unknown run(s) {sorted(unknown)}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    started = time.time()
+    folders = run_all(out, only, not args.skip_replays, log=lambda m: print(m, flush=True))
+    table = write_outputs(out, folders)
+    print(f"leakage study: {len(folders)} run(s) and replay(s), {len(table)} table rows, "
+          f"{time.time() - started:.0f} s; {out / 'study.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
