@@ -431,3 +431,23 @@ def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monk
     (saved,) = tmp_path.glob("unwritten-*.pt")
     (kept,) = torch.load(saved, weights_only=False)
     assert kept["target"].partition_id == 0 and kept["images"].shape[0] == settings.samples_per_client
+
+
+def test_the_aggregate_does_not_depend_on_the_order_replies_arrive_in(tmp_path):
+    """Floating-point sums depend on their order; replies are aggregated in partition order, so all
+    24 arrival orders of 4 replies give one bit-identical global model."""
+    import itertools
+
+    settings, strategy, _ = _strategy(tmp_path, attack_clients="none")
+    w0, replies, _ = _round(settings, partitions=(0, 1, 2, 3))
+    strategy.global_arrays = {1: w0}
+    aggregates = set()
+    for order in itertools.permutations(replies):
+        arrays, _ = strategy.aggregate_train(1, list(order))
+        aggregates.add(b"".join(v.numpy().tobytes() for v in arrays.to_torch_state_dict().values()))
+    assert len(aggregates) == 1
+    # Plain FedAvg on the same replies does depend on the order (what the sorting fixes).
+    plain = FedAvg(min_train_nodes=1, min_available_nodes=1)
+    plain_results = {b"".join(v.numpy().tobytes() for v in plain.aggregate_train(1, list(order))[0]
+                              .to_torch_state_dict().values()) for order in itertools.permutations(replies)}
+    assert len(plain_results) > 1 and aggregates <= plain_results
