@@ -22,7 +22,6 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
 from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.models import build_model
 from strategies.settings import RunSettings
 from fl_attack.training import train_local
 
@@ -37,8 +36,8 @@ def _load_split(settings: RunSettings, partition_id: int):
                             held_out=settings.held_out)
 
 
-def _model(dataset: str, state: dict) -> torch.nn.Module:
-    model = build_model(dataset)
+def _model(settings: RunSettings, state: dict) -> torch.nn.Module:
+    model = settings.new_model()
     model.load_state_dict(state)
     return model
 
@@ -52,7 +51,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     started, clock = time.time(), time.perf_counter()
     torch.set_num_threads(settings.threads)
     split = _load_split(settings, partition_id)
-    model = _model(settings.dataset, w0)
+    model = _model(settings, w0)
     result = train_local(model, split.train.images, split.train.labels, dataset=settings.dataset,
                          lr=settings.lr, batch_size=settings.batch_size, local_epochs=settings.local_epochs,
                          seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id)
@@ -68,7 +67,7 @@ def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) ->
     """Loss and accuracy of ``weights`` on the client's held-out samples (its train set if it has none)."""
     torch.set_num_threads(settings.threads)
     split = _load_split(settings, partition_id)
-    model = _model(settings.dataset, weights)
+    model = _model(settings, weights)
     test = split.test if len(split.test.labels) else split.train
     with torch.no_grad():
         logits = model(get_spec(settings.dataset).normalize(test.images))
@@ -115,7 +114,7 @@ class SecAggClient(NumPyClient):
     def __init__(self, context: Context):
         self.settings = RunSettings.from_run_config(context.run_config)
         self.partition_id = int(context.node_config["partition-id"])
-        self.keys = list(build_model(self.settings.dataset).state_dict())
+        self.keys = list(self.settings.new_model().state_dict())
 
     def _state(self, parameters) -> dict:
         return OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters, strict=True))

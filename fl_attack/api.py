@@ -1,6 +1,7 @@
 """``reconstruct``: the library's entry point, from an observed update to images and a trace."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -11,7 +12,7 @@ from .attacks import AttackConfig, get_attack
 from .attacks.base import build_optimizers, lr_milestones
 from .data import get_spec
 from .labels import recover_labels, refine_labels
-from .models import build_model
+from .models import check_model, resolve_model
 from .update import ObservedUpdate, flatten, layout
 
 
@@ -51,7 +52,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | torch.Tensor = "recovered",
                 config: AttackConfig | None = None, device: str | torch.device = "auto",
                 callback: Callable[[int, torch.Tensor], dict] | None = None, progress: bool = False,
-                time_limit: float | None = None, **overrides) -> Reconstruction:
+                time_limit: float | None = None, model: torch.nn.Module | str | None = None,
+                **overrides) -> Reconstruction:
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata).
 
     method: "pisme" (default), "nlsme", "sme" or "ig" (see ``fl_attack.attacks.ATTACKS``).
@@ -62,10 +64,15 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     uses it in standalone runs; the attacker itself never sees the ground truth).
     time_limit: seconds; past it the attack stops with TimeoutError (the federation records it as
     failed and goes on).
-    Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, an update
-    that is not the dataset's model (``ObservedUpdate.check_against``: foreign keys such as
-    'private_images', missing keys, other shapes) or oracle labels of the wrong length, before any
-    optimisation.
+    model: the victim's architecture: an nn.Module (copied; its weights are not used, they come from
+    the update), a spec for ``fl_attack.models.resolve_model`` ("paper" or "package.module:factory"),
+    or None for the paper's CNN of the update's dataset. The paper's CNNs take the structured fast
+    path of ``fl_attack.attacks.gradients``, any other model the generic one.
+    Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, a model that
+    breaks the contract (``fl_attack.models.check_model``), an update that is not the model's
+    (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
+    shapes) or oracle labels of the wrong length, and KeyError for recovered labels without an
+    output-layer bias, before any optimisation.
     """
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
@@ -73,12 +80,17 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
         raise TypeError(f"update must be an ObservedUpdate, got {type(update).__name__}")
     meta = update.metadata
     spec = get_spec(meta.dataset)
-    update.check_against(build_model(meta.dataset, seed=0))  # seeded: the global RNG is left as it was
+    if model is None or isinstance(model, str):
+        model = resolve_model(model or "", meta.dataset, seed=0)  # seeded: the global RNG is left as it was
+    else:
+        check_model(model, meta.dataset)
+        model = copy.deepcopy(model).eval()
+    update.check_against(model)
     k = meta.num_samples
     if isinstance(labels, str):
         if labels != "recovered":
             raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
-        y, label_source = recover_labels(update, seed=config.seed), "recovered"
+        y, label_source = recover_labels(update, model, seed=config.seed), "recovered"
     else:
         y, label_source = torch.as_tensor(labels).long().reshape(-1), "oracle"
         if y.numel() != k or y.min() < 0 or y.max() >= spec.num_classes:
@@ -86,7 +98,7 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     dev = resolve_device(device)
     start = time.perf_counter()
 
-    model = build_model(meta.dataset).to(dev)
+    model = model.to(dev)
     for p in model.parameters():
         p.requires_grad_(False)
     shapes = layout(update.w0)

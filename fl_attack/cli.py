@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--data-dir", default=None, metavar="DIR",
                    help="dataset on disk: a LEAF FEMNIST directory (train/*.json, test/*.json), torchvision's "
                         "cifar-100-python/ root, or an .npz in the bundled format (default: the bundled real sample)")
+    a.add_argument("--model", default=d.model, metavar="SPEC",
+                   help="the victims' model: 'paper' (the paper's CNN for the dataset) or 'package.module:factory', "
+                        "a callable returning an nn.Module that maps normalised NCHW images to (N, classes) logits, "
+                        "importable here (README: Attacking your own model) (default: paper)")
     a.add_argument("--trace-every", type=int, default=d.trace_every, metavar="N",
                    help=f"record the trace (and the evaluator's PSNR) every N iterations, integer >= 1 "
                         f"(default: {d.trace_every})")
@@ -162,7 +166,7 @@ def _attack(args) -> int:
                               samples=args.samples, batch_size=args.batch_size, local_epochs=args.local_epochs,
                               lr=args.lr, iterations=args.iterations, nodes=args.nodes, classes=args.classes,
                               labels=args.labels, seed=args.seed, device=args.device, data_dir=args.data_dir,
-                              trace_every=args.trace_every,
+                              trace_every=args.trace_every, model=args.model,
                               overrides={"label_refine": args.label_refine} if args.label_refine else {})
     try:  # every check before any training or any file is written
         pool = validate_settings(settings)

@@ -32,7 +32,7 @@ from .attacks import AttackConfig
 from .data import ClientData, client_partition, get_spec, load_pool
 from .images import save_comparison_grid
 from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
-from .models import build_model
+from .models import build_model, resolve_model
 from .records import ATTACK_COLUMNS
 from .training import train_local
 from .update import ObservedUpdate
@@ -58,7 +58,8 @@ class Victim:
     images (k,C,H,W) in [0,1] and labels (k,) int64 are the ground truth (the evaluator's only);
     the attacker is given ``update`` (w0, wT, public metadata) alone. seed: of w0 and the batch
     shuffling. states / batches: w0..wT and each step's batch indices, only when recorded (path
-    consistency). seconds: wall time of the local training.
+    consistency). seconds: wall time of the local training. model: the architecture's spec
+    (``fl_attack.models.resolve_model``; "" = the paper's CNN), public like the metadata.
     """
 
     dataset: str
@@ -73,6 +74,7 @@ class Victim:
     classes: int | None = None
     states: list = field(default_factory=list)
     batches: list = field(default_factory=list)
+    model: str = ""
 
     @property
     def local_steps(self) -> int:
@@ -83,25 +85,30 @@ class Victim:
 def train_victim(dataset: str, partition: int, *, samples: int, batch_size: int, local_epochs: int, lr: float,
                  seed: int = 0, data_seed: int | None = None, classes: int | None = None,
                  data_dir: str | None = None, pool=None, device: str = "cpu", width: int | None = None,
-                 record_states: bool = False) -> Victim:
+                 record_states: bool = False, model: str = "") -> Victim:
     """Train client ``partition`` (k = ``samples`` real samples) for E local epochs of plain SGD
-    from w0 = build_model(dataset, seed, width).
+    from w0 = build_model(dataset, seed, width), or with ``model`` (a spec, fl_attack.models.resolve_model)
+    from w0 = resolve_model(model, dataset, seed).
 
     data_seed: the partition draw (default ``seed``); pool: an already loaded data pool (default
     ``load_pool(dataset, data_dir)``); device: where training runs ("auto", "cpu", "cuda").
-    Raises ValueError (B > k, too few samples, unknown dataset, no CUDA) before training.
+    Raises ValueError (B > k, too few samples, unknown dataset, no CUDA, a bad model spec or a
+    width with a model spec) before training.
     """
+    if model and width is not None:
+        raise ValueError("width applies to the paper's CNN only, not to a model spec")
     start = time.perf_counter()
     pool = load_pool(dataset, data_dir) if pool is None else pool
     split = client_partition(pool, partition, samples, classes=classes, seed=seed if data_seed is None else data_seed)
-    model = build_model(dataset, seed=seed, width=width).to(resolve_device(device))
-    result = train_local(model, split.train.images, split.train.labels, dataset=dataset, lr=lr, batch_size=batch_size,
+    net = (resolve_model(model, dataset, seed=seed) if model else build_model(dataset, seed=seed, width=width))
+    net = net.to(resolve_device(device))
+    result = train_local(net, split.train.images, split.train.labels, dataset=dataset, lr=lr, batch_size=batch_size,
                          local_epochs=local_epochs, seed=seed, record_states=record_states,
                          client={"partition_id": int(partition)})
     return Victim(dataset=get_spec(dataset).name, partition=int(partition), seed=int(seed),
                   client_id=split.train.client_id, images=split.train.images, labels=split.train.labels,
                   update=result.update, train_loss=result.train_loss, seconds=time.perf_counter() - start,
-                  classes=classes, states=result.states, batches=result.batches)
+                  classes=classes, states=result.states, batches=result.batches, model=model)
 
 
 # ------------------------------------------------------------------------------ ground truth
@@ -239,7 +246,7 @@ def attack_victim(victim: Victim, method: str, config: AttackConfig, *, labels: 
     if labels not in ("recovered", "oracle"):
         raise ValueError(f"labels must be 'recovered' or 'oracle', got {labels!r}")
     given = victim.labels.clone() if labels == "oracle" else "recovered"
-    rec = reconstruct(victim.update, method, labels=given, config=config, device=device,
+    rec = reconstruct(victim.update, method, labels=given, config=config, device=device, model=victim.model,
                       callback=psnr_trace(victim.images) if trace_psnr else None, progress=progress)
     scores = score(rec.images, rec.labels, victim.images, victim.labels, victim.dataset)
     row = attack_row(method=method, dataset=victim.dataset, local_steps=victim.local_steps,

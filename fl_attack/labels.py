@@ -13,7 +13,7 @@ import torch
 from torch.func import functional_call
 
 from .data import get_spec
-from .models import OUTPUT_BIAS, build_model
+from .models import build_model, output_bias_key
 from .update import ObservedUpdate
 
 
@@ -37,7 +37,8 @@ def estimate_class_counts(update: ObservedUpdate, model: torch.nn.Module | None 
 
     p_bar is the softmax averaged, at w0 and at wT, over ``inputs`` when given (normalised model
     inputs (N,C,H,W), e.g. a reconstruction), else over ``num_dummy`` N(0, I) inputs clamped to the
-    pixel box. Raises KeyError if the state has no output bias named ``fl_attack.models.OUTPUT_BIAS``.
+    pixel box. Raises KeyError if the state has no output bias (``fl_attack.models.output_bias_key``:
+    ``OUTPUT_BIAS``, or for another model the last 1-D entry of size num_classes).
     """
     _require_output_bias(update)
     spec = get_spec(update.metadata.dataset)
@@ -50,15 +51,16 @@ def estimate_class_counts(update: ObservedUpdate, model: torch.nn.Module | None 
     return _raw_counts(update, _mean_softmax(model, update, inputs))
 
 
-def _require_output_bias(update: ObservedUpdate) -> None:
-    if OUTPUT_BIAS not in update.w0:
-        raise KeyError(f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' in the update")
+def _require_output_bias(update: ObservedUpdate) -> str:
+    """The output-layer bias's key (OUTPUT_BIAS for the paper's CNNs); KeyError when there is none."""
+    return output_bias_key(update.w0, get_spec(update.metadata.dataset).num_classes)
 
 
 def _raw_counts(update: ObservedUpdate, probs: torch.Tensor) -> np.ndarray:
     """n_j = k * (p_bar_j + delta_b_j / (eta * T)), with p_bar the mean of the (N, classes) ``probs``."""
     meta = update.metadata
-    delta_b = update.wT[OUTPUT_BIAS] - update.w0[OUTPUT_BIAS]
+    bias = _require_output_bias(update)
+    delta_b = update.wT[bias] - update.w0[bias]
     return (meta.num_samples * (probs.mean(0).cpu() + delta_b / (meta.lr * meta.local_steps))).numpy()
 
 

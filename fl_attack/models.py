@@ -6,8 +6,14 @@ for label recovery.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
+
 import torch
 from torch import nn
+
+from .data import get_spec
 
 OUTPUT_BIAS = "fc2.bias"
 
@@ -85,3 +91,123 @@ def build_model(dataset: str, seed: int | None = None, width: int | None = None)
             torch.manual_seed(seed)
             model = _MODELS[dataset](**kwargs)
     return model.eval()
+
+
+# --- any model: "package.module:factory" ---------------------------------------------------------
+PAPER_SPECS = ("", "paper")
+_SPEC_PATTERN = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+
+
+def resolve_model(spec: str, dataset: str, seed: int | None = None) -> nn.Module:
+    """The victim model named by ``spec`` for ``dataset``, in eval mode, checked before any work.
+
+    spec: "" or "paper": the paper's CNN for the dataset (``build_model``); or "package.module:factory",
+    a callable returning a fresh ``nn.Module``, called as ``factory(dataset=dataset)`` when it takes a
+    ``dataset`` keyword (or ``**kwargs``), else ``factory()``. The module must be importable here
+    (installed, or on PYTHONPATH).
+    The contract of a user model (``check_model``): input normalised images (N,C,H,W) per
+    ``fl_attack.data.get_spec(dataset)``, output logits (N, num_classes), a state dict of floating-point
+    tensors only. Label recovery also needs the output-layer bias (``output_bias_key``).
+    seed: makes the initial weights reproducible (the global RNG is left as it was).
+    Raises ValueError, naming the spec, for a bad spec format, an import failure, a missing or
+    non-callable factory, a factory that raises or returns no nn.Module, and a model that fails
+    ``check_model``; all before any expensive work.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"model spec must be a string, got {type(spec).__name__}")
+    spec = spec.strip()
+    if spec in PAPER_SPECS:
+        return build_model(dataset, seed=seed)
+    get_spec(dataset)  # ValueError for an unknown dataset
+    factory = _factory(spec)
+    if seed is None:
+        model = _call_factory(factory, spec, dataset)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _call_factory(factory, spec, dataset)
+    check_model(model, dataset, what=f"model spec '{spec}'")
+    return model.eval()
+
+
+def _factory(spec: str):
+    if not _SPEC_PATTERN.fullmatch(spec):
+        raise ValueError(f"model spec '{spec}' is neither 'paper' nor 'package.module:factory'")
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or an error inside the module
+        raise ValueError(f"model spec '{spec}': cannot import '{module_name}' ({type(exc).__name__}: {exc}); "
+                         "the module must be importable (installed, or on PYTHONPATH)") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"model spec '{spec}': '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"model spec '{spec}': '{attr}' is not callable")
+    return obj
+
+
+def _call_factory(factory, spec: str, dataset: str) -> nn.Module:
+    try:
+        params = inspect.signature(factory).parameters.values()
+        takes_dataset = any(p.name == "dataset" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                            or p.kind is p.VAR_KEYWORD for p in params)
+    except (TypeError, ValueError):  # no signature (some builtins): call it bare
+        takes_dataset = False
+    try:
+        model = factory(dataset=dataset) if takes_dataset else factory()
+    except Exception as exc:
+        raise ValueError(f"model spec '{spec}': the factory raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model spec '{spec}': the factory returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def check_model(model: nn.Module, dataset: str, what: str = "the model") -> None:
+    """Check ``model`` against the contract, with one forward pass on a zero (2,C,H,W) batch of
+    ``dataset``'s image shape: logits of shape (2, num_classes), a non-empty state dict of
+    floating-point tensors (the update's). The model's mode and the global RNG are left as they were.
+    Raises ValueError starting with ``what``.
+    """
+    spec = get_spec(dataset)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{what}: expected a torch.nn.Module, got {type(model).__name__}")
+    state = model.state_dict()
+    if not state:
+        raise ValueError(f"{what}: the model has no parameters")
+    for key, value in state.items():
+        if not torch.is_floating_point(value):
+            raise ValueError(f"{what}: state-dict entry '{key}' is {value.dtype}; every entry must be floating "
+                             "point (e.g. no batch-norm counters: use track_running_stats=False or no batch norm)")
+    shape = (2, *spec.image_shape)
+    first = next(iter(state.values()))
+    batch = torch.zeros(shape, dtype=first.dtype, device=first.device)
+    training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model.eval()(batch)
+    except Exception as exc:
+        raise ValueError(f"{what}: the forward pass on a {shape} {spec.name} batch raised "
+                         f"{type(exc).__name__}: {exc}") from None
+    finally:
+        model.train(training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, spec.num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{what}: on a {shape} {spec.name} batch the model returned {got}; it must return "
+                         f"logits of shape (2, {spec.num_classes})")
+
+
+def output_bias_key(state: dict, num_classes: int) -> str:
+    """The state-dict key of the output-layer bias that label recovery reads: ``OUTPUT_BIAS`` when it
+    is a (num_classes,) tensor, else the last 1-D entry of size ``num_classes`` (a user model's output
+    layer is normally registered last). Raises KeyError when there is none.
+    """
+    if OUTPUT_BIAS in state and tuple(state[OUTPUT_BIAS].shape) == (num_classes,):
+        return OUTPUT_BIAS
+    for key in reversed(list(state)):
+        if tuple(state[key].shape) == (num_classes,):
+            return key
+    raise KeyError(f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' (in another model: a 1-D "
+                   f"entry of size {num_classes}) in the update; there is none (give the output layer a bias, "
+                   "or use oracle labels)")

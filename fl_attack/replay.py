@@ -36,6 +36,7 @@ from .api import reconstruct, resolve_device
 from .attacks import ATTACKS, AttackConfig
 from .config import parse_key_values, typed_value
 from .evaluation import DataSettings, attack_row, ground_truth, nodes_per_iteration, save_grid, score
+from .models import resolve_model
 from .records import ATTACK_COLUMNS, append_csv_row, read_csv, write_bytes_atomic, write_json_atomic
 from .update import AttackTarget, load_update, read_update_index, verify_update
 
@@ -46,7 +47,7 @@ LABEL_MODES = ("recovered", "oracle")
 # run-config keys read here, with the type each must have; the optional ones default as in pyproject.toml
 _REQUIRED = {"dataset": "", "samples-per-client": 0, "seed": 0, "server-test-samples": 0, "attack-method": "",
              "attack-labels": ""}
-_OPTIONAL = {"data-dir": "", "classes-per-client": 0, "attack-options": ""}
+_OPTIONAL = {"data-dir": "", "classes-per-client": 0, "attack-options": "", "model": ""}
 
 
 class ReplayError(ValueError):
@@ -61,6 +62,7 @@ class RecordedRun:
     config: config.json; run_config: its flat Flower run config (kebab-case keys); data: how the
     clients' private samples were drawn; methods, labels, attack_config: the run's own attack
     settings; defense: the run's defense label; index: the rows of updates/index.csv, file order.
+    model: the victims' architecture, the run config's ``model`` spec ("" = the paper's CNN).
     """
 
     path: Path
@@ -72,6 +74,7 @@ class RecordedRun:
     attack_config: AttackConfig
     defense: str
     index: list[dict]
+    model: str = ""
 
     @property
     def updates(self) -> Path:
@@ -94,7 +97,8 @@ def open_run(path: str | Path) -> RecordedRun:
     """Read the run folder ``path``: config.json and updates/index.csv.
 
     Raises ReplayError when it is not a run folder (no config.json, unreadable, a run_config
-    without the data or attack keys), or when it recorded no update.
+    without the data or attack keys, a model spec that does not resolve here), or when it recorded
+    no update.
     """
     path = Path(path)
     config_path = path / "config.json"
@@ -116,6 +120,7 @@ def open_run(path: str | Path) -> RecordedRun:
         rc = {k: typed_value(f"{config_path}: run_config '{k}'", run_config.get(k, d), d)
               for k, d in {**_REQUIRED, **_OPTIONAL}.items()}
         attack_config = AttackConfig.from_overrides(None, **dict(config.get("attack_config") or {}))
+        resolve_model(rc["model"], rc["dataset"])  # the victims' architecture must resolve here too
     except (TypeError, ValueError) as exc:
         raise ReplayError(str(exc) if str(exc).startswith(str(config_path)) else f"{config_path}: {exc}") from None
     labels = rc["attack-labels"]
@@ -133,7 +138,7 @@ def open_run(path: str | Path) -> RecordedRun:
                         held_out=rc["server-test-samples"])
     return RecordedRun(path=path, config=config, run_config=dict(run_config), data=data,
                        methods=_methods(rc["attack-method"], f"{config_path}: run_config 'attack-method'"),
-                       labels=labels, attack_config=attack_config, defense=defense, index=index)
+                       labels=labels, attack_config=attack_config, defense=defense, index=index, model=rc["model"])
 
 
 @dataclass
@@ -361,7 +366,8 @@ def _attack(replay: Replay, update, target: AttackTarget, method: str, images, l
     start = time.perf_counter()
     try:
         given = labels.clone() if replay.labels == "oracle" else "recovered"
-        rec = reconstruct(update, method, labels=given, config=config, device=replay.device)
+        rec = reconstruct(update, method, labels=given, config=config, device=replay.device,
+                          model=replay.run.model)
         scores = score(rec.images, rec.labels, images, labels, replay.run.data.dataset)
         rel = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
         save_grid(images, scores, replay.out / rel)

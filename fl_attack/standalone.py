@@ -44,6 +44,7 @@ from .api import resolve_device
 from .attacks import AttackConfig, get_attack
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
 from .evaluation import RESULT_COLUMNS, ScoredAttack, Victim, attack_row, nodes_per_iteration, results_row, save_grid
+from .models import resolve_model
 from .records import csv_text, write_text_atomic
 from .update import TrainingMetadata
 
@@ -67,6 +68,8 @@ class AttackSettings:
     labels: "recovered" (from the update) or "oracle" (the true labels, given to the attack).
     device: "auto", "cpu" or "cuda". data_dir: None for the bundled real sample.
     overrides: further AttackConfig fields for every method (e.g. {"lr_control_point": 1e-4}).
+    model: the victims' architecture, "" (the paper's CNN) or "package.module:factory"
+    (fl_attack.models.resolve_model); the attacker knows it, as a federation's server does.
     """
 
     dataset: str = "femnist"
@@ -85,6 +88,7 @@ class AttackSettings:
     data_dir: str | None = None
     trace_every: int = 10
     overrides: dict = field(default_factory=dict)
+    model: str = ""
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig shared by every method of the run; ValueError for bad settings."""
@@ -101,7 +105,8 @@ def validate_settings(settings: AttackSettings) -> Pool:
     """Check every setting before any training; returns the data pool.
 
     Raises ValueError (unknown dataset or method, labels mode, nodes < 1, iterations < 1, B > k,
-    classes for femnist, more clients than partitions, clients with fewer than k samples, no CUDA)
+    classes for femnist, more clients than partitions, clients with fewer than k samples, no CUDA,
+    a bad model spec)
     or FileNotFoundError (missing data directory), each with a one-line message.
     """
     spec = get_spec(settings.dataset)
@@ -119,6 +124,7 @@ def validate_settings(settings: AttackSettings) -> Pool:
     TrainingMetadata(dataset=spec.name, lr=settings.lr, batch_size=settings.batch_size,
                      local_epochs=settings.local_epochs, num_samples=settings.samples)
     resolve_device(settings.device)
+    resolve_model(settings.model, spec.name)  # a bad spec or a model off the contract, before any data
     if settings.data_dir is not None and not Path(settings.data_dir).expanduser().exists():
         raise FileNotFoundError(f"data directory not found: {settings.data_dir}")
     pool = load_pool(spec.name, settings.data_dir)
@@ -145,7 +151,8 @@ def train_victim(pool: Pool, partition: int, settings: AttackSettings) -> Victim
     """Train client ``partition`` for E local epochs from w0 = build_model(dataset, seed)."""
     return evaluation.train_victim(settings.dataset, partition, samples=settings.samples,
                                    batch_size=settings.batch_size, local_epochs=settings.local_epochs, lr=settings.lr,
-                                   seed=settings.seed, classes=settings.classes, pool=pool, device=settings.device)
+                                   seed=settings.seed, classes=settings.classes, pool=pool, device=settings.device,
+                                   model=settings.model)
 
 
 def attack_victim(victim: Victim, method: str, settings: AttackSettings, *, overrides: dict | None = None,

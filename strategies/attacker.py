@@ -33,6 +33,7 @@ class AttackJob:
     labels: object = "recovered"  # "recovered", or an oracle label tensor the evaluator gave
     time_limit: float | None = None
     threads: int | None = None  # torch threads on the actor for this job (None = the actor's own)
+    model: str = ""  # the victims' architecture as a spec (fl_attack.models.resolve_model), rebuilt on the actor
 
 
 @dataclass
@@ -67,7 +68,7 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
     start = time.perf_counter()
     try:
         rec = reconstruct(job.update, job.method, labels=job.labels, config=job.config, device=device,
-                          time_limit=job.time_limit)
+                          time_limit=job.time_limit, model=job.model)
         return AttackOutcome(job.job_id, job.method, job.target, "ok", images=rec.images, labels=rec.labels,
                              label_source=rec.label_source, lsim_honest=rec.lsim_honest,
                              lsim_calibrated=rec.lsim_calibrated, seconds=rec.seconds,

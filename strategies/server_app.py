@@ -29,7 +29,6 @@ from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
 
 from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions, server_test_set
-from fl_attack.models import build_model
 from fl_attack.paths import resolve_in_project
 from fl_attack.records import csv_text, read_csv, write_json_atomic, write_text_atomic
 from fl_attack.update import UPDATE_INDEX
@@ -191,7 +190,7 @@ def main(grid: Grid, context: Context) -> None:
                                                  "run_config": run_config})
         write_json_atomic(run_dir / "config.json", config)
     else:
-        run_dir, done, state = run_folder(settings), 0, build_model(settings.dataset, seed=settings.seed).state_dict()
+        run_dir, done, state = run_folder(settings), 0, settings.new_model(seed=settings.seed).state_dict()
         write_run_config(run_dir, settings, run_config, num_nodes)
     config_seconds = time.perf_counter() - clock
     print(f"fl-attack: leakage record in {run_dir}", flush=True)

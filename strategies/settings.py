@@ -97,6 +97,7 @@ class RunSettings:
     results_dir: str = "results"
     run_name: str = ""
     seed: int = 0
+    model: str = ""
     defense: DefenseSettings = field(default_factory=DefenseSettings)
     extra: dict = field(default_factory=dict)
 
@@ -121,6 +122,13 @@ class RunSettings:
     @property
     def methods(self) -> list[str]:
         return [m.strip() for m in self.attack_method.split(",") if m.strip()]
+
+    def new_model(self, seed: int | None = None):
+        """A fresh victim model of the run config's ``model`` spec ("" = the paper's CNN for the
+        dataset; else "package.module:factory", fl_attack.models.resolve_model), in eval mode."""
+        from fl_attack.models import resolve_model
+
+        return resolve_model(self.model, self.dataset, seed=seed)
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig for every attack of this run (attack-options override the defense's adaptation)."""
@@ -315,7 +323,16 @@ class RunSettings:
                 raise ValueError(f"invalid run config: attack-clients names a partition id twice: '{clients}'")
         self.attack_config()  # checks attack-options
         self.defense.validate()
-        if self.defense.low_rank:
-            from fl_attack.models import build_model
+        if self.model.strip() or self.defense.low_rank:  # a user model: resolved once here, before round 1
+            from fl_attack.models import output_bias_key
 
-            self.defense.check_model(build_model(self.dataset).state_dict())
+            try:
+                state = self.new_model(seed=0).state_dict()
+                if self.attack_labels == "recovered":
+                    output_bias_key(state, spec.num_classes)
+            except ValueError as exc:
+                raise ValueError(f"invalid run config: model: {exc}") from None
+            except KeyError as exc:
+                raise ValueError(f"invalid run config: model: {exc.args[0]}") from None
+            if self.defense.low_rank:
+                self.defense.check_model(state)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.data import get_spec
-from fl_attack.models import build_model
+from fl_attack.models import resolve_model
 from fl_attack.records import ROUND_COLUMNS, append_csv_row, write_bytes_atomic
 from fl_attack.update import AttackTarget, save_update
 
@@ -79,16 +79,17 @@ def is_finite(arrays: ArrayRecord) -> bool:
 
 
 def evaluate_model(dataset: str, state: dict, images: torch.Tensor, labels: torch.Tensor,
-                   batch: int = 500) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy in [0,1]) of the model ``state`` on images in [0,1] NCHW."""
+                   batch: int = 500, model: str = "") -> tuple[float, float]:
+    """(mean cross-entropy, accuracy in [0,1]) of the model ``state`` on images in [0,1] NCHW;
+    ``model``: the architecture's spec (fl_attack.models.resolve_model; "" = the paper's CNN)."""
     spec = get_spec(dataset)
-    model = build_model(dataset)
-    model.load_state_dict(state)
-    model.eval()
+    net = resolve_model(model, dataset)
+    net.load_state_dict(state)
+    net.eval()
     loss, correct = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(labels), batch):
-            logits = model(spec.normalize(images[i:i + batch]))
+            logits = net(spec.normalize(images[i:i + batch]))
             loss += F.cross_entropy(logits, labels[i:i + batch], reduction="sum").item()
             correct += int((logits.argmax(1) == labels[i:i + batch]).sum())
     return loss / len(labels), correct / len(labels)
@@ -206,7 +207,8 @@ class LeakageTracking:
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
             job = AttackJob(self._jobs, update, method, self.attack_config, target, labels,
                             time_limit=self.settings.attack_timeout,
-                            threads=self.drain_threads if last_round else self.attack_threads)
+                            threads=self.drain_threads if last_round else self.attack_threads,
+                            model=self.settings.model)
             self.submitted.append(job)
             self._in_flight_rounds[target.round] += 1
             self._round[target.round]["dispatched"] += 1
@@ -242,7 +244,8 @@ class LeakageTracking:
         if self.test_set is None:
             return None
         with self.timings.measure("global_evaluation"):
-            loss, accuracy = evaluate_model(self.settings.dataset, state, self.test_set.images, self.test_set.labels)
+            loss, accuracy = evaluate_model(self.settings.dataset, state, self.test_set.images, self.test_set.labels,
+                                            model=self.settings.model)
         if server_round == 0:
             self._event(f"initial global model: test accuracy {accuracy:.4f}, loss {loss:.4f} "
                         f"on the server's {len(self.test_set)} held-out samples")

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.client_app import app as client_app
-from fl_attack.models import build_model
 from strategies.attacker import AttackDispatcher
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
@@ -77,7 +76,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
     run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
     settings = RunSettings.from_run_config(run_config)
     check_defense(settings, len(partitions))
-    model = build_model("femnist", seed=0)
+    model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
     strategy.dispatcher = dispatcher = RecordingDispatcher()
     grid = InProcessGrid(run_config, partitions)

@@ -1,0 +1,80 @@
+"""Architectures the project does not ship, for the "attack your own model" tests (run config
+``model="tests.user_models:lenet"``, ``fl-attack attack --model tests.user_models:lenet``).
+
+Both follow the contract of fl_attack.models.resolve_model: normalised (N,C,H,W) input of the
+dataset's shape, (N, num_classes) logits, floating-point state only, no batch norm. Neither names its
+output bias ``fc2.bias``: label recovery finds it as the last 1-D entry of size num_classes.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fl_attack.data import get_spec
+
+
+class LeNet(nn.Module):
+    """LeNet-5 style: conv 5x5 (pad 2) -> 6, Tanh, AvgPool 2, conv 5x5 -> 16, Tanh, AvgPool 2,
+    fc 120, Tanh, fc 84, Tanh, fc num_classes. (N,C,28|32,...) -> (N, num_classes)."""
+
+    def __init__(self, channels: int = 1, size: int = 28, num_classes: int = 62):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 6, 5, padding=2), nn.Tanh(), nn.AvgPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.Tanh(), nn.AvgPool2d(2))
+        side = (size // 2 - 4) // 2
+        self.classifier = nn.Sequential(
+            nn.Linear(16 * side * side, 120), nn.Tanh(), nn.Linear(120, 84), nn.Tanh(), nn.Linear(84, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+def lenet(dataset: str = "femnist") -> LeNet:
+    """The factory of the spec "tests.user_models:lenet": a LeNet for ``dataset``'s images."""
+    spec = get_spec(dataset)
+    channels, size, _ = spec.image_shape
+    return LeNet(channels, size, spec.num_classes)
+
+
+class TinyResNet(nn.Module):
+    """A residual net without batch norm for FEMNIST: conv 1->8, ReLU, one residual block of two 3x3
+    convs, global average pooling, fc 8->62."""
+
+    def __init__(self, width: int = 8, num_classes: int = 62):
+        super().__init__()
+        self.stem = nn.Conv2d(1, width, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
+                                   nn.Conv2d(width, width, 3, padding=1))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        h = torch.relu(h + self.block(h))
+        return self.head(h.mean((2, 3)))
+
+
+def tiny_resnet() -> TinyResNet:
+    """A factory without a dataset argument (FEMNIST only): "tests.user_models:tiny_resnet"."""
+    return TinyResNet()
+
+
+# Factories that break the contract, for the error messages.
+def not_a_module():
+    return 42
+
+
+def wrong_classes(dataset: str = "femnist") -> LeNet:
+    return LeNet(num_classes=10)
+
+
+def with_batch_norm():
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 26 * 26, 62))
+
+
+def no_output_bias():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 62, bias=False))
+
+
+def broken(dataset: str):
+    raise RuntimeError("no weights file")
