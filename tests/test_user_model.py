@@ -4,7 +4,6 @@ run config, an in-process federation with its replay, and a real federation thro
 """
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import math
