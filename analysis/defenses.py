@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fl_attack.config import PRESETS
 from fl_attack.records import write_text_atomic
 
 GRID: list[tuple[str, dict]] = [
@@ -52,10 +53,11 @@ GRID: list[tuple[str, dict]] = [
     ("low-rank", {"defense": "low-rank", "defense-rank": 2}),
     ("quantize", {"defense": "quantize", "defense-bits": 2}),
 ]
-# The common scale of every run: k=8 samples per client, B=4, E=5 (T=10 local steps), one attacked
-# client (partition 0) per round, PI-SME with 100 iterations and m=3 nodes.
-SCALE = {"samples-per-client": 8, "batch-size": 4, "local-epochs": 5, "lr": 0.004, "attack-method": "pisme",
-         "attack-clients": "0", "attack-iterations": 100, "attack-nodes": 3, "seed": 0}
+# The common scale of every run: the "cpu" preset's victims (k=8 samples per client, B=4, lr 0.004)
+# for E=5 (T=10 local steps), one attacked client (partition 0) per round, PI-SME with 100
+# iterations and m=3 nodes.
+SCALE = {**PRESETS["cpu"].protocol.with_epochs(5).run_config(), "attack-method": "pisme", "attack-clients": "0",
+         "attack-iterations": 100, "attack-nodes": 3, "seed": 0}
 TABLE_COLUMNS = ["setting", "defense", "parameters", "attacks", "psnr", "ssim", "lpips", "label_accuracy",
                  "final_accuracy"]
 

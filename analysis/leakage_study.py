@@ -3,10 +3,11 @@
     python -m analysis.leakage_study --out DIR [--only femnist,cifar100,femnist-topk] [--skip-replays]
 
 Each run of ``RUNS`` is a real federation through the checked launcher (``strategies.launch``:
-Flower simulation, Ray attacker actors, the server's centralised evaluation), 15 rounds, with its
-tracked clients attacked by PI-SME in every round and every attacked update recorded. Each entry of
-``REPLAYS`` then attacks those recorded updates again offline (``fl-attack replay``) with another
-method (SME, IG) or with the true labels (oracle), so all methods see exactly the same updates.
+Flower simulation, Ray attacker actors, the server's centralised evaluation), 15 rounds
+(strategies/presets/learning-*.toml), with its tracked clients attacked by PI-SME in every round
+and every attacked update recorded. Each entry of ``REPLAYS`` then attacks those recorded updates
+again offline (``fl-attack replay``) with another method (SME, IG) or with the true labels
+(oracle), so all methods see exactly the same updates.
 Everything is resumable: a run or replay that finished (its summary.json exists) is skipped, and
 an interrupted run is resumed from its checkpoint. Written into DIR:
 
@@ -27,18 +28,16 @@ from pathlib import Path
 import pandas as pd
 
 from fl_attack.records import write_text_atomic
+from strategies.settings import preset_run_config
 
-ROUNDS = 15
-# A learning regime (FedAvg on real writers at lr 0.05), with the paper's local protocol shape
-# (E local epochs of plain SGD on k private samples) at a CPU size.
-LEARNING = {"num-server-rounds": ROUNDS, "samples-per-client": 16, "batch-size": 8, "local-epochs": 5, "lr": 0.05,
-            "attack-method": "pisme", "attack-iterations": 200, "attack-nodes": 3, "server-test-samples": 1000,
-            "seed": 0}
+# The learning regime (FedAvg on real writers at lr 0.05, the paper's local protocol shape at a CPU
+# size) lives in the run-config presets strategies/presets/learning-{femnist,cifar100}.toml, which
+# also run on their own: python -m strategies.launch --run-config strategies/presets/learning-femnist.toml
+FEMNIST, CIFAR100 = preset_run_config("learning-femnist"), preset_run_config("learning-cifar100")
 RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
-    ("femnist", {**LEARNING, "dataset": "femnist", "attack-clients": "0,1"}, 20),
-    ("cifar100", {**LEARNING, "dataset": "cifar100", "attack-clients": "0"}, 20),
-    ("femnist-topk", {**LEARNING, "dataset": "femnist", "attack-clients": "0", "defense": "topk",
-                      "defense-topk-fraction": 0.1}, 20),
+    ("femnist", FEMNIST, 20),
+    ("cifar100", CIFAR100, 20),
+    ("femnist-topk", {**FEMNIST, "attack-clients": "0", "defense": "topk", "defense-topk-fraction": 0.1}, 20),
 ]
 REPLAYS: list[tuple[str, list[str]]] = [  # (run, fl-attack replay arguments)
     ("femnist", ["--methods", "sme,ig", "--name", "sme-ig"]),

@@ -28,11 +28,14 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from fl_attack.attacks import AttackConfig
+from fl_attack.config import PAPER, parse_key_values
 from fl_attack.evaluation import results_row
 from fl_attack.standalone import (AttackSettings, attack_victim, run_attack_experiment, train_victim,
                                   validate_settings, write_trace)
@@ -89,22 +92,15 @@ def markdown(summary: dict, rows: list[dict]) -> str:
 
 
 def _overrides(items: list[str]) -> dict:
-    """--set KEY=VALUE pairs as AttackConfig overrides (numbers parsed, other values kept as text)."""
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    """--set KEY=VALUE pairs as AttackConfig overrides, typed like AttackConfig's defaults
+    (ValueError for an unknown key or a value of the wrong type)."""
+    return parse_key_values(",".join(items), asdict(AttackConfig()), "--set", "attack setting")
 
 
 def run_quality(args) -> int:
     settings = AttackSettings(dataset="femnist", methods=tuple(args.methods.split(",")), clients=args.clients,
-                              samples=50, batch_size=10, local_epochs=20, lr=0.004, iterations=args.iterations,
-                              nodes=args.nodes, seed=args.seed, device=args.device, trace_every=args.trace_every,
-                              overrides=_overrides(args.set))
+                              **asdict(PAPER), iterations=args.iterations, nodes=args.nodes, seed=args.seed,
+                              device=args.device, trace_every=args.trace_every, overrides=_overrides(args.set))
     start = time.perf_counter()
     rows = run_attack_experiment(settings, args.out, progress=True)
     wall = time.perf_counter() - start
@@ -119,8 +115,8 @@ def run_quality(args) -> int:
 
 
 def run_control_point_lr(args) -> int:
-    settings = AttackSettings(dataset="femnist", methods=("pisme",), clients=args.client + 1, samples=50,
-                              batch_size=10, local_epochs=20, lr=0.004, iterations=args.iterations, nodes=args.nodes,
+    settings = AttackSettings(dataset="femnist", methods=("pisme",), clients=args.client + 1, **asdict(PAPER),
+                              iterations=args.iterations, nodes=args.nodes,
                               seed=args.seed, device=args.device, trace_every=args.trace_every)
     pool = validate_settings(settings)
     out = Path(args.out)

@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig
 from fl_attack.attacks.pisme import PathIntegralSME
+from fl_attack.config import PAPER
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.evaluation import train_victim
 from fl_attack.models import build_model
@@ -120,8 +121,8 @@ def _peak_mb(device) -> float:
 def _client_update(dataset: str, samples: int, seed: int, width: int | None):
     """A real client's update (k samples, B=10, E=1) and its labels; shared by a configuration's
     float64 check and its float32 timing."""
-    victim = train_victim(dataset, 0, samples=samples, batch_size=min(10, samples), local_epochs=1, lr=0.004,
-                          seed=seed, width=width)
+    victim = train_victim(dataset, 0, samples=samples, batch_size=min(PAPER.batch_size, samples), local_epochs=1,
+                          lr=PAPER.lr, seed=seed, width=width)
     return victim.update, victim.labels
 
 

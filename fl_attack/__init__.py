@@ -16,10 +16,11 @@ __version__ = "0.1.0"
 # be imported by the analysis scripts without starting torch.
 _EXPORTS = {"Reconstruction": "api", "reconstruct": "api", "resolve_device": "api", "ATTACKS": "attacks",
             "AttackConfig": "attacks", "ObservedUpdate": "update", "TrainingMetadata": "update",
-            "local_steps": "update"}
+            "local_steps": "update", "PAPER": "config", "PRESETS": "config", "Preset": "config",
+            "TrainingProtocol": "config"}
 
-__all__ = ["ATTACKS", "AttackConfig", "ObservedUpdate", "Reconstruction", "TrainingMetadata", "local_steps",
-           "reconstruct", "resolve_device", "__version__"]
+__all__ = ["ATTACKS", "AttackConfig", "ObservedUpdate", "PAPER", "PRESETS", "Preset", "Reconstruction",
+           "TrainingMetadata", "TrainingProtocol", "local_steps", "reconstruct", "resolve_device", "__version__"]
 
 
 def __getattr__(name: str):

@@ -17,15 +17,21 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
-from .attacks import ATTACKS
+from .attacks import ATTACKS, AttackConfig
+from .config import PRESETS, parse_key_values
 from .data import DATASETS
-from .standalone import RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
+from .standalone import DEFAULT_PRESET, RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
 
 PROG = "fl-attack"
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+_PRESET_LINES = "".join(
+    f"  {p.name:6s} k={p.protocol.samples}, B={p.protocol.batch_size}, E={p.protocol.local_epochs}, "
+    f"lr={p.protocol.lr:g}, {p.iterations} iterations, m={p.nodes}: {p.note}\n" for p in PRESETS.values())
 
 ATTACK_EPILOG = f"""\
 outputs (under --out):
@@ -50,11 +56,25 @@ attack time grows linearly with --iterations and with k, and for pisme faster th
     (PSNR plateaus after the first learning-rate drop). On a machine shared with other jobs expect 5-10x more.
   The paper's 1000 iterations take 5x as long; use --device cuda where available.
 
+presets (--preset NAME; explicit flags and --option win over the preset):
+{_PRESET_LINES}
 examples:
   fl-attack attack --iterations 200 --methods pisme,ig --out results/quick
+  fl-attack attack --preset cpu --methods pisme --option tv_weight=0.02,lr_control_point=1e-4
   fl-attack attack --dataset cifar100 --classes 10 --samples 50 --clients 2 --iterations 300
   fl-attack attack --labels oracle --nodes 3 --iterations 100
 """
+
+
+# The flags a --preset sets: (flag, type, metavar, help without the default).
+_PRESET_FLAGS = [
+    ("--samples", int, "K", "private training samples k per client, integer >= 1"),
+    ("--batch-size", int, "B", "local SGD batch size B, 1 <= B <= k"),
+    ("--local-epochs", int, "E", "local epochs E, integer >= 1; T = E*ceil(k/B) local steps"),
+    ("--lr", float, "ETA", "local SGD learning rate eta > 0, no momentum"),
+    ("--iterations", int, "K", "attack optimisation steps (Adam), integer >= 1"),
+    ("--nodes", int, "M", "Gauss-Legendre nodes m of PI-SME, integer >= 1; the cost per iteration grows with m"),
+]
 
 
 class UsageError(Exception):
@@ -100,30 +120,23 @@ def build_parser() -> argparse.ArgumentParser:
                         + f" (default: {','.join(d.methods)})")
     a.add_argument("--clients", type=int, default=d.clients, metavar="N",
                    help=f"number of victim clients, partition ids 0..N-1, integer >= 1 (default: {d.clients})")
-    a.add_argument("--samples", type=int, default=d.samples, metavar="K",
-                   help=f"private training samples k per client, integer >= 1 (default: {d.samples})")
-    a.add_argument("--batch-size", type=int, default=d.batch_size, metavar="B",
-                   help=f"local SGD batch size B, 1 <= B <= k (default: {d.batch_size})")
-    a.add_argument("--local-epochs", type=int, default=d.local_epochs, metavar="E",
-                   help=f"local epochs E, integer >= 1; T = E*ceil(k/B) local steps (default: {d.local_epochs})")
-    a.add_argument("--lr", type=float, default=d.lr, metavar="ETA",
-                   help=f"local SGD learning rate eta > 0, no momentum (default: {d.lr})")
-    a.add_argument("--iterations", type=int, default=d.iterations, metavar="K",
-                   help=f"attack optimisation steps (Adam), integer >= 1 (default: {d.iterations})")
-    a.add_argument("--nodes", type=int, default=d.nodes, metavar="M",
-                   help=f"Gauss-Legendre nodes m of PI-SME, integer >= 1; the cost per iteration grows "
-                        f"linearly with m (default: {d.nodes})")
+    a.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="the victims' protocol (k, B, E, lr) and the attack's iterations and m from a named preset "
+                        "(see below); explicit flags win (default: paper)")
+    for flag, kind, metavar, text in _PRESET_FLAGS:  # None: not given, the preset fills it
+        a.add_argument(flag, type=kind, default=None, metavar=metavar,
+                       help=f"{text}; a preset setting (default: {getattr(d, flag[2:].replace('-', '_'))})")
     a.add_argument("--classes", type=int, default=None, metavar="C",
                    help="cifar100 only: each client's samples come from C classes, 1 <= C <= 100 "
                         "(default: a uniform draw over all classes)")
     a.add_argument("--labels", choices=("recovered", "oracle"), default=d.labels,
                    help="labels the attack uses: recovered from the output-bias update, or the true labels "
                         f"(oracle) (default: {d.labels})")
-    a.add_argument("--label-refine", type=float, default=0.0, metavar="F",
+    a.add_argument("--label-refine", type=float, default=None, metavar="F",
                    help="with recovered labels, re-estimate the label counts once on the reconstruction "
                         "after this fraction of the iterations, 0 <= F < 1 (not in the paper; helps after long "
                         "local training, docs/attack-core.md) (default: 0, labels fixed)")
-    a.add_argument("--seed", type=int, default=d.seed, metavar="S",
+    a.add_argument("--seed", type=int, default=None, metavar="S",
                    help=f"seed of the initial model w0, the victims' batch shuffling, the client draw and "
                         f"the attack's initial images (default: {d.seed})")
     a.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
@@ -135,9 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the victims' model: 'paper' (the paper's CNN for the dataset) or 'package.module:factory', "
                         "a callable returning an nn.Module that maps normalised NCHW images to (N, classes) logits, "
                         "importable here (README: Attacking your own model) (default: paper)")
-    a.add_argument("--trace-every", type=int, default=d.trace_every, metavar="N",
+    a.add_argument("--trace-every", type=int, default=None, metavar="N",
                    help=f"record the trace (and the evaluator's PSNR) every N iterations, integer >= 1 "
                         f"(default: {d.trace_every})")
+    a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
+                        "\"lr_control_point=1e-4,tv_reduction=sum\"; repeatable. iterations, nodes, trace_every, "
+                        "seed and label_refine have flags of their own: give one or the other (default: none)")
     a.add_argument("--out", default="results/attack", metavar="DIR",
                    help="output folder, created if missing; results.csv in it is replaced "
                         "(default: results/attack)")
@@ -161,13 +178,36 @@ def _prepare_out(out: Path) -> None:
         raise UsageError(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
 
 
+# The AttackConfig fields with a flag of their own; --option may set them when the flag is not given.
+_OWN_FLAGS = ("iterations", "nodes", "trace_every", "seed", "label_refine")
+
+
+def _settings(args) -> AttackSettings:
+    """The flags as AttackSettings: what is given, then --option, then the --preset (default: the
+    paper's, DEFAULT_PRESET). UsageError for a bad --option or one that repeats a flag."""
+    try:
+        options = parse_key_values(",".join(args.option), asdict(AttackConfig()), "--option", "attack setting")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    given = {key: getattr(args, key) for key in ("samples", "batch_size", "local_epochs", "lr", *_OWN_FLAGS)}
+    for key in sorted(options.keys() & given.keys()):
+        if given[key] is not None:
+            raise UsageError(f"--option {key} and --{key.replace('_', '-')} both given; give one")
+        given[key] = options.pop(key)
+    label_refine = given.pop("label_refine")
+    if label_refine:  # 0: the labels stay fixed, AttackConfig's default
+        options["label_refine"] = label_refine
+    preset = PRESETS[args.preset] if args.preset else DEFAULT_PRESET
+    values = {**asdict(preset.protocol), **preset.attack_overrides(),
+              **{k: v for k, v in given.items() if v is not None}}
+    return AttackSettings(dataset=args.dataset, methods=tuple(args.methods), clients=args.clients,
+                          classes=args.classes, labels=args.labels, device=args.device, data_dir=args.data_dir,
+                          model=args.model,
+                          overrides=options, **values)
+
+
 def _attack(args) -> int:
-    settings = AttackSettings(dataset=args.dataset, methods=tuple(args.methods), clients=args.clients,
-                              samples=args.samples, batch_size=args.batch_size, local_epochs=args.local_epochs,
-                              lr=args.lr, iterations=args.iterations, nodes=args.nodes, classes=args.classes,
-                              labels=args.labels, seed=args.seed, device=args.device, data_dir=args.data_dir,
-                              trace_every=args.trace_every, model=args.model,
-                              overrides={"label_refine": args.label_refine} if args.label_refine else {})
+    settings = _settings(args)
     try:  # every check before any training or any file is written
         pool = validate_settings(settings)
     except (ValueError, FileNotFoundError, TypeError) as exc:

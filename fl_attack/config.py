@@ -1,13 +1,21 @@
-"""One way to read settings written as text: ``key=value`` pairs, typed like their defaults.
+"""The configuration vocabulary, and one way to read settings written as text.
 
-Every entry point (the run config, ``attack-options``, the CLI) converts values with
+* ``TrainingProtocol``: the victims' local training (k, B, E, eta); ``PAPER`` is the paper's.
+* ``Preset`` / ``PRESETS``: named sizes of an experiment ("paper", "cpu", "tiny"), a protocol
+  plus the attack's iterations and nodes; the standalone CLI (``--preset``) and the paper
+  experiments' scales (analysis.experiments.common.SCALES) read them.
+* The attack's hyperparameters are ``fl_attack.attacks.AttackConfig``; the federation's run
+  config is ``strategies.settings.RunSettings``, composed of both and the defense settings.
+
+Every entry point (the run config, ``attack-options``, the CLI) converts ``key=value`` text with
 ``typed_value``, so "2.7" is never silently truncated to the integer 2 and "yes" is a bool
 everywhere. Light: no torch import.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+import numbers
+from dataclasses import dataclass, fields, replace
 
 
 def typed_value(key: str, value, default):
@@ -90,3 +98,102 @@ def check_field_types(settings, key_of) -> None:
             continue
         if not ok:
             raise ValueError(f"invalid run config: {key_of(f.name)} must be {wanted}, got {value!r}")
+
+
+# ------------------------------------------------------------------------- training protocol
+
+
+def local_steps(num_samples: int, batch_size: int, local_epochs: int) -> int:
+    """T = E * ceil(k / B), the number of local SGD steps of one client."""
+    return int(local_epochs) * math.ceil(int(num_samples) / int(batch_size))
+
+
+def check_training(samples, batch_size, local_epochs, lr, *, samples_name: str = "samples") -> None:
+    """ValueError unless B, E and k are >= 1, lr is a positive finite number and B <= k.
+    ``samples_name`` names k in the message (TrainingMetadata calls it num_samples)."""
+    for name, value in (("batch_size", batch_size), ("local_epochs", local_epochs), (samples_name, samples)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive finite number, got {lr}")
+    if batch_size > samples:
+        raise ValueError(f"batch size B={batch_size} is larger than the client's k={samples} samples")
+
+
+@dataclass(frozen=True)
+class TrainingProtocol:
+    """The victims' local training (PISME.md, "Victim training"): E epochs of plain SGD on k samples.
+
+    samples: k, private samples per client, integer >= 1. batch_size: B, 1 <= B <= k.
+    local_epochs: E, integer >= 1. lr: eta, the SGD learning rate, a finite number > 0.
+    Raises ValueError (TypeError for a non-integer k, B or E) on construction. The field names are
+    ``fl_attack.evaluation.train_victim``'s and AttackSettings', so ``asdict(protocol)`` passes on.
+    """
+
+    samples: int
+    batch_size: int
+    local_epochs: int
+    lr: float
+
+    def __post_init__(self):
+        for name in ("samples", "batch_size", "local_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real):
+            raise TypeError(f"lr must be a number, got {self.lr!r}")
+        check_training(self.samples, self.batch_size, self.local_epochs, self.lr)
+
+    @property
+    def local_steps(self) -> int:
+        """T = E * ceil(k / B), the local SGD steps (the last batch of an epoch may be smaller)."""
+        return local_steps(self.samples, self.batch_size, self.local_epochs)
+
+    def with_epochs(self, local_epochs: int) -> TrainingProtocol:
+        """The same k, B and lr for E = ``local_epochs`` (e.g. the paper's T=250: PAPER.with_epochs(50))."""
+        return replace(self, local_epochs=local_epochs)
+
+    def run_config(self) -> dict:
+        """The federation's run-config keys of this protocol (samples-per-client, batch-size, local-epochs, lr)."""
+        return {"samples-per-client": self.samples, "batch-size": self.batch_size,
+                "local-epochs": self.local_epochs, "lr": self.lr}
+
+
+# The paper's protocol (PISME.md): k=50, B=10, E=20 (T=100), eta=0.004; E=50 gives its T=250.
+PAPER = TrainingProtocol(samples=50, batch_size=10, local_epochs=20, lr=0.004)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named size of an attack experiment: the victims' protocol and the attack's settings.
+
+    protocol: the TrainingProtocol (its E is the one for the paper's T=100). iterations: Adam steps
+    K, >= 1. nodes: Gauss-Legendre nodes m, >= 1 (ValueError otherwise). ``attack_overrides()``
+    gives them as AttackConfig fields. note: what the preset is for.
+    """
+
+    name: str
+    protocol: TrainingProtocol
+    iterations: int
+    nodes: int
+    note: str = ""
+
+    def __post_init__(self):
+        for name in ("iterations", "nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"preset {self.name!r}: {name} must be an integer >= 1, got {value!r}")
+
+    def attack_overrides(self) -> dict:
+        """The preset's AttackConfig fields: {"iterations": K, "nodes": m}."""
+        return {"iterations": self.iterations, "nodes": self.nodes}
+
+
+PRESETS = {
+    "paper": Preset("paper", PAPER, iterations=1000, nodes=7, note="the paper's protocol (PISME.md); a GPU job"),
+    "cpu": Preset("cpu", TrainingProtocol(samples=8, batch_size=4, local_epochs=50, lr=PAPER.lr), iterations=100,
+                  nodes=7, note="the experiments' CPU scale; E=50 keeps the paper's T=100"),
+    "tiny": Preset("tiny", TrainingProtocol(samples=4, batch_size=2, local_epochs=2, lr=PAPER.lr), iterations=3,
+                   nodes=3, note="a smoke test of the code paths (T=4); its numbers mean nothing"),
+}
+

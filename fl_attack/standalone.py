@@ -42,6 +42,7 @@ import torch
 from . import evaluation
 from .api import resolve_device
 from .attacks import AttackConfig, get_attack
+from .config import PRESETS, TrainingProtocol
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
 from .evaluation import RESULT_COLUMNS, ScoredAttack, Victim, attack_row, nodes_per_iteration, results_row, save_grid
 from .models import resolve_model
@@ -52,12 +53,13 @@ __all__ = ["RESULT_COLUMNS", "AttackSettings", "validate_settings", "train_victi
            "ResultsTable", "write_trace", "run_attack_experiment"]
 
 LABEL_MODES = ("recovered", "oracle")
+DEFAULT_PRESET = PRESETS["paper"]  # AttackSettings' (and so the CLI's) protocol, iterations and nodes
 GRID_COLUMNS = 10
 
 
 @dataclass(frozen=True)
 class AttackSettings:
-    """One standalone experiment. Defaults are the paper's protocol (PISME.md).
+    """One standalone experiment. Defaults are the "paper" preset (``fl_attack.config.PRESETS``, PISME.md).
 
     dataset: "femnist" or "cifar100". methods: attack names (fl_attack.attacks.ATTACKS).
     clients: N victims, partition ids 0..N-1 of ``fl_attack.data.client_partition``.
@@ -75,12 +77,12 @@ class AttackSettings:
     dataset: str = "femnist"
     methods: tuple = ("pisme", "nlsme", "sme", "ig")
     clients: int = 1
-    samples: int = 50
-    batch_size: int = 10
-    local_epochs: int = 20
-    lr: float = 0.004
-    iterations: int = 1000
-    nodes: int = 7
+    samples: int = DEFAULT_PRESET.protocol.samples
+    batch_size: int = DEFAULT_PRESET.protocol.batch_size
+    local_epochs: int = DEFAULT_PRESET.protocol.local_epochs
+    lr: float = DEFAULT_PRESET.protocol.lr
+    iterations: int = DEFAULT_PRESET.iterations
+    nodes: int = DEFAULT_PRESET.nodes
     classes: int | None = None
     labels: str = "recovered"
     seed: int = 0
@@ -90,8 +92,19 @@ class AttackSettings:
     overrides: dict = field(default_factory=dict)
     model: str = ""
 
+    @property
+    def protocol(self) -> TrainingProtocol:
+        """The victims' TrainingProtocol (samples, batch_size, local_epochs, lr); ValueError or
+        TypeError for bad values."""
+        return TrainingProtocol(samples=self.samples, batch_size=self.batch_size, local_epochs=self.local_epochs,
+                                lr=self.lr)
+
     def attack_config(self) -> AttackConfig:
-        """The AttackConfig shared by every method of the run; ValueError for bad settings."""
+        """The AttackConfig shared by every method of the run; ValueError for bad settings, and for
+        overrides of iterations, nodes, trace_every or seed (settings of their own here)."""
+        own = sorted(set(self.overrides) & {"iterations", "nodes", "trace_every", "seed"})
+        if own:
+            raise ValueError(f"overrides may not set {own[0]}: it is a setting of its own")
         return AttackConfig.from_overrides(None, iterations=self.iterations, nodes=self.nodes,
                                            trace_every=self.trace_every, seed=self.seed, **self.overrides)
 

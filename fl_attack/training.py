@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .config import PAPER
 from .data import get_spec
 from .update import ObservedUpdate, TrainingMetadata
 
@@ -31,12 +32,14 @@ class LocalResult:
 
 
 def train_local(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *, dataset: str,
-                lr: float = 0.004, batch_size: int = 10, local_epochs: int = 20, seed: int = 0,
+                lr: float = PAPER.lr, batch_size: int = PAPER.batch_size, local_epochs: int = PAPER.local_epochs,
+                seed: int = 0,
                 record_states: bool = False, client: dict | None = None) -> LocalResult:
     """Run E local epochs of SGD on one client's k samples and return (w0, wT, metadata).
 
     images: (k,C,H,W) float in [0,1] (normalised here with the dataset's mean/std); labels: (k,)
-    int64. The model is trained in place, starting from its current weights (w0).
+    int64. The model is trained in place, starting from its current weights (w0). lr, batch_size
+    and local_epochs default to the paper's (``fl_attack.config.PAPER``).
     T = E * ceil(k/B) steps; the last batch of an epoch may be smaller.
     Raises ValueError for B > k or mismatched images/labels, before training starts.
     """

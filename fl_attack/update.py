@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,15 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import check_training, local_steps
+
 StateDict = "OrderedDict[str, torch.Tensor]"
 
 # The only keys ObservedUpdate.client may hold: public identifiers the server knows anyway.
 PUBLIC_CLIENT_KEYS = frozenset({"round", "node_id", "partition_id", "client_id", "participants"})
-
-
-def local_steps(num_samples: int, batch_size: int, local_epochs: int) -> int:
-    """T = E * ceil(k / B), the number of local SGD steps of one client."""
-    return int(local_epochs) * math.ceil(int(num_samples) / int(batch_size))
 
 
 @dataclass(frozen=True)
@@ -43,13 +39,7 @@ class TrainingMetadata:
     local_steps: int = -1
 
     def __post_init__(self):
-        for name in ("batch_size", "local_epochs", "num_samples"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
-        if self.batch_size > self.num_samples:
-            raise ValueError(f"batch size B={self.batch_size} is larger than the client's k={self.num_samples} samples")
+        check_training(self.num_samples, self.batch_size, self.local_epochs, self.lr, samples_name="num_samples")
         if self.local_steps == -1:
             object.__setattr__(self, "local_steps", local_steps(self.num_samples, self.batch_size, self.local_epochs))
         elif self.local_steps < 1:

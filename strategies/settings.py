@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 from fl_attack.attacks import ATTACKS, AttackConfig
-from fl_attack.config import check_field_types, parse_key_values, typed_value
+from fl_attack.config import TrainingProtocol, check_field_types, parse_key_values, typed_value
 from fl_attack.data import get_spec
 
 from .defense_settings import DefenseSettings
@@ -27,6 +28,20 @@ def _parse_overrides(text: str) -> dict:
 
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds take 32-bit values
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # run-config files: paper.toml, learning-*.toml
+
+
+def preset_run_config(name: str) -> dict:
+    """strategies/presets/<name>.toml as a flat run config, read by Flower's own parser (what
+    ``--run-config strategies/presets/<name>.toml`` hands the apps, before pyproject's defaults fill
+    the other keys). ValueError naming the known presets for an unknown name."""
+    from flwr.common.config import parse_config_args
+
+    path = PRESETS_DIR / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.toml")))
+        raise ValueError(f"unknown run-config preset '{name}'; choose from: {known}")
+    return parse_config_args([str(path)])
 
 
 def usable_cpus() -> int:
@@ -59,10 +74,14 @@ def _cgroup_cpu_quota() -> int | None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Typed view of the run config. Field names are the keys with '-' replaced by '_'.
+    """Typed view of the run config. Field names are the keys with '-' replaced by '_'; the
+    defaults are pyproject.toml's ``[tool.flwr.app.config]`` (tests/test_config.py keeps them equal).
 
-    The defense keys ("defense", "defense-*", "secagg-*") are parsed into ``defense``, a
-    DefenseSettings (strategies/defense_settings.py).
+    It composes the library's vocabulary: ``protocol`` is the clients' TrainingProtocol
+    (fl_attack.config), ``attack_config()`` the AttackConfig of every attack. The defense keys
+    ("defense", "defense-*", "secagg-*") are parsed into ``defense``, a DefenseSettings
+    (strategies/defense_settings.py). Ready-made run configs: strategies/presets/*.toml
+    (``preset_run_config``).
     """
 
     dataset: str = "femnist"
@@ -129,6 +148,13 @@ class RunSettings:
         from fl_attack.models import resolve_model
 
         return resolve_model(self.model, self.dataset, seed=seed)
+
+    @property
+    def protocol(self) -> TrainingProtocol:
+        """The clients' local training as the library's TrainingProtocol: samples-per-client (k),
+        batch-size (B), local-epochs (E) and lr. ValueError for values ``validate`` rejects."""
+        return TrainingProtocol(samples=self.samples_per_client, batch_size=self.batch_size,
+                                local_epochs=self.local_epochs, lr=self.lr)
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig for every attack of this run (attack-options override the defense's adaptation)."""

@@ -7,8 +7,8 @@
 NAME is one of ``EXPERIMENTS``: table1, node-sweep, class-deficiency, path-consistency,
 matched-compute, adaptive-nodes. Each writes DIR/NAME.csv (one row per measurement), DIR/NAME.png
 and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
-Scales (analysis.experiments.common.SCALES): ``paper`` is the paper's protocol (a GPU job),
-``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
+Scales (analysis.experiments.common.SCALES, built on fl_attack.config.PRESETS): ``paper`` is the
+paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import torch
 from fl_attack import evaluation
 from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig
+from fl_attack.config import PRESETS
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluation import Victim, nodes_per_iteration, results_row
 from fl_attack.records import csv_text, write_text_atomic
@@ -36,7 +37,7 @@ DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..
 
 @dataclass(frozen=True)
 class Scale:
-    """The size of an experiment.
+    """The size of an experiment, built on a preset of ``fl_attack.config.PRESETS`` (``_scale``).
 
     samples (k), batch_size (B), lr (eta), epochs: the victims' local training; ``epochs`` maps each
     of the paper's trajectory lengths (T = 100, 250) to the local epochs E used for it, so the
@@ -81,20 +82,26 @@ class Scale:
         return "; ".join(p for p in parts if p) + (f". {extra}" if extra else ".")
 
 
+def _scale(preset: str, long_epochs: int, **sizes) -> Scale:
+    """The Scale of ``fl_attack.config.PRESETS[preset]``: its protocol (its E for the paper's T=100,
+    ``long_epochs`` for T=250), iterations and nodes, with the experiment's own ``sizes``."""
+    p = PRESETS[preset]
+    return Scale(preset, samples=p.protocol.samples, batch_size=p.protocol.batch_size, lr=p.protocol.lr,
+                 epochs=((100, p.protocol.local_epochs), (250, long_epochs)), iterations=p.iterations, nodes=p.nodes,
+                 **sizes)
+
+
 SCALES = {
-    "paper": Scale("paper", samples=50, batch_size=10, lr=0.004, epochs=((100, 20), (250, 50)), clients=5, seeds=5,
-                   iterations=1000, nodes=7, trace_every=50,
-                   note="the paper's protocol (PISME.md); meant for a GPU. 5 clients is our choice, the paper "
-                        "does not state its number of clients per cell."),
-    "cpu": Scale("cpu", samples=8, batch_size=4, lr=0.004, epochs=((100, 50), (250, 125)), clients=2, seeds=1,
-                 iterations=100, nodes=7, trace_every=10, cifar_clients=1,
-                 note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
-                      "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
-                      "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one)."),
-    "tiny": Scale("tiny", samples=4, batch_size=2, lr=0.004, epochs=((100, 2), (250, 5)), clients=1, seeds=1,
-                  iterations=3, nodes=3, trace_every=1,
-                  note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers "
-                       "mean nothing."),
+    "paper": _scale("paper", 50, clients=5, seeds=5, trace_every=50,
+                    note="the paper's protocol (PISME.md); meant for a GPU. 5 clients is our choice, the paper "
+                         "does not state its number of clients per cell."),
+    "cpu": _scale("cpu", 125, clients=2, seeds=1, trace_every=10, cifar_clients=1,
+                  note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
+                       "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
+                       "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one)."),
+    "tiny": _scale("tiny", 5, clients=1, seeds=1, trace_every=1,
+                   note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers "
+                        "mean nothing."),
 }
 
 

@@ -42,7 +42,7 @@ from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
 from fl_attack.update import flatten, layout
 
-from .common import Context, Recorder, fmt, markdown_table, save_figure, train_victim, write_markdown
+from .common import SCALES, Context, Recorder, fmt, markdown_table, save_figure, train_victim, write_markdown
 
 DATASET = "cifar100"
 NODES = (2, 3, 5)
@@ -50,12 +50,19 @@ PAPER = {  # Table 3 of the paper: honest Lsim against the mean direction, one C
     100: {"single": 0.0242, "tau_fraction": 0.44, 2: 0.0079, 3: 0.0065, 5: 0.0055},
     250: {"single": 0.0446, "tau_fraction": 0.71, 2: 0.0136, 3: 0.0113, 5: 0.0119},
 }
+
+
+def _victims(scale: str) -> dict:
+    """k, B and the (paper T, E) pairs of a scale of analysis.experiments.common.SCALES."""
+    return dict(samples=SCALES[scale].samples, batch_size=SCALES[scale].batch_size, epochs=SCALES[scale].epochs)
+
+
 # The victim protocol of this experiment per scale: the paper's at paper AND cpu (it is cheap),
-# a toy at tiny. fit_steps: steps of the control point's fit.
+# the tiny scale's at tiny. fit_steps: steps of the control point's fit.
 PROTOCOL = {
-    "paper": dict(samples=50, batch_size=10, epochs=((100, 20), (250, 50)), fit_steps=40, adam_steps=30, sme_alphas=21),
-    "cpu": dict(samples=50, batch_size=10, epochs=((100, 20), (250, 50)), fit_steps=10, adam_steps=5, sme_alphas=11),
-    "tiny": dict(samples=4, batch_size=2, epochs=((100, 2), (250, 5)), fit_steps=1, adam_steps=1, sme_alphas=3),
+    "paper": dict(**_victims("paper"), fit_steps=40, adam_steps=30, sme_alphas=21),
+    "cpu": dict(**_victims("paper"), fit_steps=10, adam_steps=5, sme_alphas=11),
+    "tiny": dict(**_victims("tiny"), fit_steps=1, adam_steps=1, sme_alphas=3),
 }
 SCALE_NOTES = {
     "paper": "the paper's victim protocol on one client (the experiment needs no dummy-data optimisation, so it "

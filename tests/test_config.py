@@ -1,0 +1,242 @@
+"""One configuration vocabulary (fl_attack.config): the training protocol, the presets, and the
+places that read them — the standalone CLI, the paper experiments' scales, the federation's
+RunSettings and its run-config preset files — checked so that no copy can drift."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from fl_attack.attacks import AttackConfig
+from fl_attack.config import PAPER, PRESETS, Preset, TrainingProtocol
+from fl_attack.standalone import AttackSettings
+from fl_attack.training import train_local
+from fl_attack.update import TrainingMetadata
+from strategies.defense_settings import DefenseSettings, _key_to_field
+from strategies.settings import PRESETS_DIR, RunSettings, preset_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+with open(ROOT / "pyproject.toml", "rb") as _f:
+    PYPROJECT = tomllib.load(_f)["tool"]["flwr"]["app"]["config"]
+
+
+# --- TrainingProtocol and the presets -----------------------------------------------------------
+
+
+def test_the_paper_protocol_is_pismes():
+    assert (PAPER.samples, PAPER.batch_size, PAPER.local_epochs, PAPER.lr) == (50, 10, 20, 0.004)
+    assert PAPER.local_steps == 100 and PAPER.with_epochs(50).local_steps == 250
+    assert PRESETS["paper"].protocol is PAPER
+    assert PAPER.run_config() == {"samples-per-client": 50, "batch-size": 10, "local-epochs": 20, "lr": 0.004}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PAPER.lr = 0.1
+
+
+def test_presets_keep_the_sizes_the_code_used():
+    sizes = {name: (*dataclasses.astuple(p.protocol), p.iterations, p.nodes) for name, p in PRESETS.items()}
+    assert sizes == {"paper": (50, 10, 20, 0.004, 1000, 7), "cpu": (8, 4, 50, 0.004, 100, 7),
+                     "tiny": (4, 2, 2, 0.004, 3, 3)}
+    assert PRESETS["cpu"].protocol.local_steps == PAPER.local_steps  # the paper's T=100 at k=8
+    assert AttackConfig.from_overrides(**PRESETS["tiny"].attack_overrides()).nodes == 3
+
+
+BAD_PROTOCOLS = [
+    (dict(samples=0), ValueError, "samples must be >= 1, got 0"),
+    (dict(batch_size=0), ValueError, "batch_size must be >= 1, got 0"),
+    (dict(local_epochs=0), ValueError, "local_epochs must be >= 1, got 0"),
+    (dict(batch_size=60), ValueError, "batch size B=60 is larger than the client's k=50 samples"),
+    (dict(lr=0.0), ValueError, "lr must be a positive finite number, got 0.0"),
+    (dict(lr=float("nan")), ValueError, "lr must be a positive finite number, got nan"),
+    (dict(samples=2.5), TypeError, "samples must be an integer, got 2.5"),
+    (dict(local_epochs=True), TypeError, "local_epochs must be an integer, got True"),
+    (dict(lr="0.1"), TypeError, "lr must be a number, got '0.1'"),
+]
+
+
+@pytest.mark.parametrize("change, error, message", BAD_PROTOCOLS, ids=[str(c) for c, _, _ in BAD_PROTOCOLS])
+def test_a_bad_protocol_is_refused_with_its_field(change, error, message):
+    with pytest.raises(error) as info:
+        dataclasses.replace(PAPER, **change)
+    assert str(info.value) == message
+
+
+def test_the_update_metadata_shares_the_protocols_checks():
+    with pytest.raises(ValueError, match="^batch size B=60 is larger than the client's k=50 samples$"):
+        TrainingMetadata("femnist", 0.004, 60, 20, 50)
+    with pytest.raises(ValueError, match="^num_samples must be >= 1, got 0$"):
+        TrainingMetadata("femnist", 0.004, 1, 20, 0)
+    assert TrainingMetadata("femnist", lr=0.004, batch_size=10, local_epochs=20,
+                            num_samples=50).local_steps == PAPER.local_steps
+
+
+def test_a_preset_needs_iterations_and_nodes():
+    with pytest.raises(ValueError, match="preset 'x': nodes must be an integer >= 1, got 0"):
+        Preset("x", PAPER, iterations=1, nodes=0)
+
+
+def test_the_former_copies_read_the_presets():
+    from analysis.defenses import SCALE
+    from analysis.experiments.common import SCALES
+    from analysis.experiments.path_consistency import PROTOCOL
+
+    d = AttackSettings()
+    assert (d.protocol, d.iterations, d.nodes) == (PAPER, 1000, 7)
+    defaults = {k: p.default for k, p in inspect.signature(train_local).parameters.items()}
+    assert (defaults["lr"], defaults["batch_size"], defaults["local_epochs"]) == (0.004, 10, 20)
+    for name, scale in SCALES.items():
+        preset = PRESETS[name]
+        assert (scale.samples, scale.batch_size, scale.lr) == (preset.protocol.samples, preset.protocol.batch_size,
+                                                               preset.protocol.lr)
+        assert dict(scale.epochs)[100] == preset.protocol.local_epochs
+        assert (scale.iterations, scale.nodes) == (preset.iterations, preset.nodes)
+    assert {n: s.epochs for n, s in SCALES.items()} == {"paper": ((100, 20), (250, 50)), "cpu": ((100, 50), (250, 125)),
+                                                        "tiny": ((100, 2), (250, 5))}
+    assert {n: (p["samples"], p["batch_size"], p["epochs"]) for n, p in PROTOCOL.items()} == {
+        "paper": (50, 10, ((100, 20), (250, 50))), "cpu": (50, 10, ((100, 20), (250, 50))),
+        "tiny": (4, 2, ((100, 2), (250, 5)))}
+    assert SCALE == {"samples-per-client": 8, "batch-size": 4, "local-epochs": 5, "lr": 0.004,
+                     "attack-method": "pisme", "attack-clients": "0", "attack-iterations": 100, "attack-nodes": 3,
+                     "seed": 0}
+
+
+# --- RunSettings and pyproject.toml ------------------------------------------------------------
+
+
+def test_run_settings_defaults_are_pyprojects():
+    run_fields = {f.name: f.default for f in dataclasses.fields(RunSettings) if f.name not in ("defense", "extra")}
+    defense_fields = {f.name: f.default for f in dataclasses.fields(DefenseSettings)}
+    for key, value in PYPROJECT.items():
+        if DefenseSettings.owns(key):
+            fields, name = defense_fields, _key_to_field(key)
+        else:
+            fields, name = run_fields, key.replace("-", "_")
+        assert name in fields, f"pyproject key '{key}' has no settings field"
+        assert type(fields[name]) is type(value) and fields[name] == value, (key, value, fields[name])
+    keys = {k.replace("-", "_") for k in PYPROJECT}
+    assert set(run_fields) <= keys, f"RunSettings fields without a pyproject key: {sorted(set(run_fields) - keys)}"
+    defense_keys = {_key_to_field(k) for k in PYPROJECT if DefenseSettings.owns(k)}
+    assert set(defense_fields) <= defense_keys, sorted(set(defense_fields) - defense_keys)
+
+
+def test_run_settings_compose_the_protocol_and_the_attack_config():
+    settings = RunSettings.from_run_config({**PYPROJECT, **PAPER.run_config(), "attack-nodes": 7})
+    assert settings.protocol == PAPER and settings.attack_config().nodes == 7
+    assert RunSettings().protocol == TrainingProtocol(samples=PYPROJECT["samples-per-client"],
+                                                      batch_size=PYPROJECT["batch-size"],
+                                                      local_epochs=PYPROJECT["local-epochs"], lr=PYPROJECT["lr"])
+
+
+# --- the run-config preset files ----------------------------------------------------------------
+
+PRESET_FILES = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def test_the_preset_files_are_there():
+    assert {"paper", "learning-femnist", "learning-cifar100"} <= set(PRESET_FILES)
+
+
+@pytest.mark.parametrize("name", PRESET_FILES)
+def test_every_preset_file_is_a_valid_run_config(name):
+    config = preset_run_config(name)
+    assert config and set(config) <= set(PYPROJECT), sorted(set(config) - set(PYPROJECT))  # no typo lands in extra
+    settings = RunSettings.from_run_config({**PYPROJECT, **config})
+    assert settings.extra == {}
+
+
+def test_the_paper_file_is_the_paper_preset():
+    settings = RunSettings.from_run_config({**PYPROJECT, **preset_run_config("paper")})
+    assert settings.protocol == PAPER
+    assert (settings.attack_iterations, settings.attack_nodes) == (PRESETS["paper"].iterations, PRESETS["paper"].nodes)
+    assert settings.methods == ["pisme"] and settings.attack_labels == "recovered"
+
+
+def test_unknown_preset_file():
+    with pytest.raises(ValueError, match="unknown run-config preset 'papr'; choose from: learning-cifar100, "
+                                         "learning-femnist, paper"):
+        preset_run_config("papr")
+
+
+def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():
+    from analysis.leakage_study import RUNS
+
+    learning = {"num-server-rounds": 15, "samples-per-client": 16, "batch-size": 8, "local-epochs": 5, "lr": 0.05,
+                "attack-method": "pisme", "attack-iterations": 200, "attack-nodes": 3, "server-test-samples": 1000,
+                "seed": 0}
+    former = [("femnist", {**learning, "dataset": "femnist", "attack-clients": "0,1"}, 20),
+              ("cifar100", {**learning, "dataset": "cifar100", "attack-clients": "0"}, 20),
+              ("femnist-topk", {**learning, "dataset": "femnist", "attack-clients": "0", "defense": "topk",
+                                "defense-topk-fraction": 0.1}, 20)]
+    assert [(n, list(c.items()), s) for n, c, s in RUNS] == [(n, list(c.items()), s) for n, c, s in former]
+
+
+# --- the standalone CLI: --preset and --option ----------------------------------------------------
+
+
+def _settings(*argv):
+    from fl_attack import cli
+
+    return cli._settings(cli.build_parser().parse_args(["attack", *argv]))
+
+
+def test_the_cli_defaults_are_the_paper_preset():
+    assert _settings() == AttackSettings()
+
+
+def test_a_preset_sets_protocol_iterations_and_nodes_under_the_flags():
+    s = _settings("--preset", "cpu", "--nodes", "3")
+    assert (s.protocol, s.iterations, s.nodes) == (PRESETS["cpu"].protocol, 100, 3)
+    s = _settings("--preset", "tiny", "--local-epochs", "1", "--option", "iterations=5")
+    assert (s.samples, s.batch_size, s.local_epochs, s.iterations, s.nodes) == (4, 2, 1, 5, 3)
+
+
+def test_option_sets_any_attack_setting():
+    s = _settings("--option", "tv_weight=0.02,lr_control_point=1e-4", "--option", "tv_reduction=sum",
+                  "--option", "nodes=2", "--label-refine", "0.25")
+    assert s.overrides == {"tv_weight": 0.02, "lr_control_point": 1e-4, "tv_reduction": "sum", "label_refine": 0.25}
+    config = s.attack_config()
+    assert (config.tv_weight, config.tv_reduction, config.label_refine, config.nodes) == (0.02, "sum", 0.25, 2)
+
+
+BAD_OPTIONS = [
+    (["--option", "tv_weight"], "--option: expected key=value, got 'tv_weight'"),
+    (["--option", "tv_wieght=0.02"], "--option: unknown attack setting 'tv_wieght'; known: ['box_clamp', "),
+    (["--option", "tv_weight=much"], "--option 'tv_weight' must be a number, got 'much'"),
+    (["--option", "nodes=2.5"], "--option 'nodes' must be an integer, got '2.5'"),
+    (["--option", "tv_reduction=max"], "tv_reduction must be 'mean' or 'sum', got 'max'"),
+    (["--option", "iterations=5", "--iterations", "6"], "--option iterations and --iterations both given; give one"),
+    (["--option", "label_refine=0.5", "--label-refine", "0.25"],
+     "--option label_refine and --label-refine both given; give one"),
+    (["--preset", "huge"], "argument --preset: invalid choice: 'huge' (choose from 'paper', 'cpu', 'tiny')"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_a_bad_option_or_preset_exits_2_in_one_line_before_training(tmp_path, capsys, monkeypatch, args, message):
+    from fl_attack import standalone
+    from fl_attack.cli import main
+
+    monkeypatch.setattr(standalone.evaluation, "train_victim", lambda *a, **k: pytest.fail("trained"))
+    out = tmp_path / "out"
+    assert main(["attack", *args, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fl-attack: error: {message}"), captured.err
+    assert captured.out == "" and not out.exists()
+
+
+def test_a_tiny_preset_run_records_its_options(tmp_path):
+    from fl_attack.cli import main
+
+    out = tmp_path / "run"
+    assert main(["attack", "--preset", "tiny", "--methods", "ig", "--option", "tv_weight=0.02", "--device", "cpu",
+                 "--no-progress", "--out", str(out)]) == 0
+    recorded = json.loads((out / "settings.json").read_text())
+    protocol = (recorded["samples"], recorded["batch_size"], recorded["local_epochs"], recorded["lr"])
+    assert protocol == (4, 2, 2, 0.004) and recorded["iterations"] == 3 and recorded["nodes"] == 3
+    assert recorded["overrides"] == {"tv_weight": 0.02}
+    rows = (out / "results.csv").read_text().splitlines()
+    assert len(rows) == 2 and ",4," in rows[1]  # local_steps T = 2 * ceil(4/2)
