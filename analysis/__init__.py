@@ -8,8 +8,7 @@
 Command line: python -m analysis.report RUN_DIR [RUN_DIR ...] --out REPORT_DIR [--format html|md]
 """
 
-from .aggregate import (METRIC_RANGES, compare_runs, mean_ci95, per_client, per_round, summary_sentences,
-                        summary_table)
+from .aggregate import METRIC_RANGES, compare_runs, mean_ci95, per_client, per_round, summary_sentences, summary_table
 from .load import MalformedLineWarning, MixedRunsError, NotARunError, Run, load_run
 
 

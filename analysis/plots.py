@@ -17,8 +17,7 @@ from matplotlib.figure import Figure
 
 from fl_attack.records import write_bytes_atomic
 
-from .aggregate import (GROUP_KEYS, METHOD_ORDER, MIN_CI_N, final_accuracy, per_round, run_labels,
-                        sorted_methods)
+from .aggregate import GROUP_KEYS, METHOD_ORDER, MIN_CI_N, final_accuracy, per_round, run_labels, sorted_methods
 from .load import Run
 
 _LINESTYLES = ("-", "--", ":", "-.")

@@ -34,8 +34,18 @@ import pandas as pd
 
 from fl_attack.records import write_bytes_atomic, write_text_atomic
 
-from .aggregate import (METRICS, STATS, compare_runs, differing_keys, per_client, per_round, run_labels,
-                        sorted_methods, summary_sentences, summary_table)
+from .aggregate import (
+    METRICS,
+    STATS,
+    compare_runs,
+    differing_keys,
+    per_client,
+    per_round,
+    run_labels,
+    sorted_methods,
+    summary_sentences,
+    summary_table,
+)
 from .load import NotARunError, Run, load_run
 from .plots import figure_png, plot_leakage, plot_per_client, plot_training, plot_utility_vs_leakage
 

@@ -37,8 +37,14 @@ import torch
 from fl_attack.attacks import AttackConfig
 from fl_attack.config import PAPER, parse_key_values
 from fl_attack.evaluation import results_row
-from fl_attack.standalone import (AttackSettings, attack_victim, run_attack_experiment, train_victim,
-                                  validate_settings, write_trace)
+from fl_attack.standalone import (
+    AttackSettings,
+    attack_victim,
+    run_attack_experiment,
+    train_victim,
+    validate_settings,
+    write_trace,
+)
 
 PSNR_MARGIN_DB = 3.0
 MIN_CLIENTS = 3

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import sys
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -192,7 +192,7 @@ def bench_one(dataset: str, nodes: int, samples: int, device: torch.device, repe
     flops, times, memory = {}, {impl: [] for impl in IMPLS}, {impl: 0.0 for impl in IMPLS}
     for impl in IMPLS:
         problem.step(impl)  # warm-up
-        flops[impl] = count_flops(lambda: problem.step(impl))
+        flops[impl] = count_flops(lambda impl=impl: problem.step(impl))
     for _ in range(repeats):
         for impl in IMPLS:
             _reset_peak(device)

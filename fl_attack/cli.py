@@ -249,7 +249,8 @@ def _rounds(text: str) -> tuple[int, ...]:
     try:
         rounds = tuple(int(r) for r in text.split(",") if r.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"rounds must be comma-separated round numbers such as 1,5, got '{text}'")
+        raise argparse.ArgumentTypeError(
+            f"rounds must be comma-separated round numbers such as 1,5, got '{text}'") from None
     if not rounds or min(rounds) < 1:
         raise argparse.ArgumentTypeError(f"rounds must be round numbers >= 1, got '{text}'")
     return rounds

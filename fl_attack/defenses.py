@@ -33,17 +33,17 @@ def weight_matrices(shapes) -> list[tuple[str, tuple[int, int]]]:
 
 # Client-side update transforms: pure functions on state dicts ------------------------------------
 
-def _update(w0: dict, wT: dict) -> "OrderedDict[str, torch.Tensor]":
+def _update(w0: dict, wT: dict) -> OrderedDict[str, torch.Tensor]:
     if list(w0) != list(wT):
         raise ValueError("w0 and wT must have the same keys in the same order")
     return OrderedDict((k, wT[k].detach().to(torch.float32) - w0[k].detach().to(torch.float32)) for k in w0)
 
 
-def _apply(w0: dict, update: dict) -> "OrderedDict[str, torch.Tensor]":
+def _apply(w0: dict, update: dict) -> OrderedDict[str, torch.Tensor]:
     return OrderedDict((k, (w0[k].detach().to(torch.float32) + update[k]).to(w0[k].dtype)) for k in w0)
 
 
-def topk_update(w0: dict, wT: dict, fraction: float) -> "OrderedDict[str, torch.Tensor]":
+def topk_update(w0: dict, wT: dict, fraction: float) -> OrderedDict[str, torch.Tensor]:
     """wT with only the ceil(fraction * P) update coordinates largest in |wT - w0| kept.
 
     The selection is global, over all P coordinates of all tensors together; every other coordinate
@@ -63,7 +63,7 @@ def topk_update(w0: dict, wT: dict, fraction: float) -> "OrderedDict[str, torch.
     return _apply(w0, sparse)
 
 
-def low_rank_update(w0: dict, wT: dict, rank: int) -> "OrderedDict[str, torch.Tensor]":
+def low_rank_update(w0: dict, wT: dict, rank: int) -> OrderedDict[str, torch.Tensor]:
     """wT with each weight matrix's update replaced by its best rank-``rank`` approximation (SVD).
 
     Tensors of 2+ dimensions are read as (out, in*kh*kw) matrices (conv kernels reshaped); 1-D
@@ -86,7 +86,7 @@ def low_rank_update(w0: dict, wT: dict, rank: int) -> "OrderedDict[str, torch.Te
     return _apply(w0, out)
 
 
-def quantize_update(w0: dict, wT: dict, bits: int, seed: int = 0) -> "OrderedDict[str, torch.Tensor]":
+def quantize_update(w0: dict, wT: dict, bits: int, seed: int = 0) -> OrderedDict[str, torch.Tensor]:
     """wT with each tensor's update stochastically quantised to 2**bits levels.
 
     Per tensor, the levels are evenly spaced over [min u, max u]; each entry is rounded up or down
@@ -112,7 +112,7 @@ def quantize_update(w0: dict, wT: dict, bits: int, seed: int = 0) -> "OrderedDic
 
 
 def transform_update(w0: dict, wT: dict, *, rank: int | None = None, bits: int | None = None,
-                     topk_fraction: float | None = None, seed: int = 0) -> "OrderedDict[str, torch.Tensor]":
+                     topk_fraction: float | None = None, seed: int = 0) -> OrderedDict[str, torch.Tensor]:
     """Apply the given transforms in a fixed order: low-rank (``rank``), quantize (``bits``), top-k
     (``topk_fraction``); a None parameter skips its transform.
 

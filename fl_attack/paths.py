@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -19,7 +19,7 @@ HOME_ENV = "FL_ATTACK_HOME"
 _PACKAGE = Path(__file__).resolve().parent
 
 
-@lru_cache(maxsize=None)
+@cache
 def _candidate_packages() -> tuple[Path, ...]:
     found = []
     if os.environ.get(HOME_ENV):

@@ -50,7 +50,7 @@ class TrainingMetadata:
                     num_samples=self.num_samples, local_steps=self.local_steps)
 
 
-def _as_state(weights, name: str) -> "OrderedDict[str, torch.Tensor]":
+def _as_state(weights, name: str) -> OrderedDict[str, torch.Tensor]:
     if isinstance(weights, torch.nn.Module):
         weights = weights.state_dict()
     if not isinstance(weights, dict) or not weights:
@@ -137,12 +137,12 @@ class ObservedUpdate:
                                  "parameters can be attacked")
 
     @property
-    def delta_w(self) -> "OrderedDict[str, torch.Tensor]":
+    def delta_w(self) -> OrderedDict[str, torch.Tensor]:
         """Delta w = w0 - wT = eta * sum of the local gradients (eq. 1)."""
         return OrderedDict((k, self.w0[k] - self.wT[k]) for k in self.w0)
 
     @classmethod
-    def from_arrays(cls, keys, w0_arrays, wT_arrays, metadata: TrainingMetadata, client=None) -> "ObservedUpdate":
+    def from_arrays(cls, keys, w0_arrays, wT_arrays, metadata: TrainingMetadata, client=None) -> ObservedUpdate:
         """Build from parallel lists of numpy arrays (Flower's ArrayRecord order)."""
         keys = list(keys)
         if not (len(keys) == len(w0_arrays) == len(wT_arrays)):
@@ -218,7 +218,7 @@ class AttackTarget:
                 "aggregate": int(self.aggregate)}
 
     @classmethod
-    def from_row(cls, row: dict) -> "AttackTarget":
+    def from_row(cls, row: dict) -> AttackTarget:
         """Inverse of ``to_row`` (values may be strings, as read from a CSV)."""
         node = row.get("node_id")
         return cls(round=int(row["round"]), partition_ids=tuple(int(p) for p in str(row["partition_ids"]).split(",")),

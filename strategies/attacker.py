@@ -56,7 +56,7 @@ class AttackOutcome:
     nodes: int | float | None = None  # gradient evaluations per iteration (fl_attack.evaluation.nodes_per_iteration)
 
     @classmethod
-    def failed(cls, job: "AttackJob", error: str, seconds: float = float("nan")) -> "AttackOutcome":
+    def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
         """A job that produced no reconstruction, with the cause."""
         return cls(job.job_id, job.method, job.target, "failed", error=error, seconds=seconds,
                    label_source="oracle" if not isinstance(job.labels, str) else job.labels,

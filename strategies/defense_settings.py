@@ -76,7 +76,7 @@ class DefenseSettings:
         return key == "defense" or key.startswith(_PREFIXES)
 
     @classmethod
-    def from_run_config(cls, run_config) -> "DefenseSettings":
+    def from_run_config(cls, run_config) -> DefenseSettings:
         """The defense keys of Flower's run config (other keys are ignored), typed and checked.
 
         Raises ValueError naming the key for an unknown defense key or a bad value.

@@ -17,13 +17,20 @@ from pathlib import Path
 
 import torch
 
-from fl_attack.evaluation import (DataSettings, attack_row, ground_truth, nodes_per_iteration, private_samples,
-                                  save_grid, score)
+from fl_attack.evaluation import (
+    DataSettings,
+    attack_row,
+    ground_truth,
+    nodes_per_iteration,
+    private_samples,
+    save_grid,
+    score,
+)
 from fl_attack.records import ATTACK_COLUMNS, append_csv_row
 from fl_attack.update import AttackTarget
-from .settings import RunSettings
 
 from .attacker import AttackOutcome
+from .settings import RunSettings
 from .timings import Timings
 
 

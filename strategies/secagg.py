@@ -28,10 +28,10 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.update import AttackTarget
-from .settings import RunSettings
 
 from .attacker import AttackDispatcher
 from .evaluator import Evaluator
+from .settings import RunSettings
 from .strategy import LeakageTracking
 
 

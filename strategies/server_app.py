@@ -24,17 +24,19 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
-                                     DifferentialPrivacyServerSideFixedClipping)
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+)
 
 from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions, server_test_set
 from fl_attack.paths import resolve_in_project
 from fl_attack.records import csv_text, read_csv, write_json_atomic, write_text_atomic
 from fl_attack.update import UPDATE_INDEX
-from .settings import RunSettings
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
+from .settings import RunSettings
 from .strategy import CHECKPOINT, LeakageFedAvg
 
 log = logging.getLogger(__name__)

@@ -242,7 +242,7 @@ class RunSettings:
 
     # Parsing --------------------------------------------------------------------------------
     @classmethod
-    def from_run_config(cls, run_config) -> "RunSettings":
+    def from_run_config(cls, run_config) -> RunSettings:
         """Parse Flower's run config; the defense keys go to DefenseSettings, unknown keys to ``extra``.
 
         Raises ValueError with the offending key for every invalid value.

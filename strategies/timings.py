@@ -47,7 +47,7 @@ class Timings:
         finally:
             self.add(phase, time.perf_counter() - start)
 
-    def merged(self, *others: "Timings") -> "Timings":
+    def merged(self, *others: Timings) -> Timings:
         out = Timings()
         for t in (self, *others):
             for phase, seconds in t.seconds.items():

@@ -11,7 +11,6 @@ import pytest
 
 from fl_attack.data import load_bundled
 
-
 # --- standard on-disk formats, written from the real bundled sample ------------------------------
 
 

@@ -6,10 +6,10 @@ attacks in process and keeps every job it was given.
 from __future__ import annotations
 
 import copy
-import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
+import tomllib
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.client_app import app as client_app

@@ -18,8 +18,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import (METRIC_RANGES, MalformedLineWarning, NotARunError, compare_runs, load_run, mean_ci95,
-                      per_client, per_round, summary_sentences, write_report)
+from analysis import (
+    METRIC_RANGES,
+    MalformedLineWarning,
+    NotARunError,
+    compare_runs,
+    load_run,
+    mean_ci95,
+    per_client,
+    per_round,
+    summary_sentences,
+    write_report,
+)
 from analysis.aggregate import _t975_fallback, t_quantile_975
 from analysis.load import ATTACK_COLUMNS, ROUND_COLUMNS
 from analysis.report import main

@@ -19,11 +19,11 @@ import fl_attack.api as api
 from fl_attack import ATTACKS, AttackConfig, ObservedUpdate, reconstruct
 from fl_attack.attacks import get_attack
 from fl_attack.attacks.base import lr_milestones
-from tests.reference import pisme_objective_reference
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
 from fl_attack.training import train_local
 from fl_attack.update import flatten, layout, unflatten
+from tests.reference import pisme_objective_reference
 
 
 def _victim(dataset, partition, k, batch_size, local_epochs, lr=0.004):

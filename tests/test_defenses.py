@@ -24,11 +24,11 @@ from clients.client_app import local_training
 from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.attacks.base import lsim, node_gradients
 from fl_attack.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
-from strategies.defense_settings import DefenseSettings
 from fl_attack.models import build_model
-from strategies.settings import RunSettings
 from fl_attack.update import flatten, layout
+from strategies.defense_settings import DefenseSettings
 from strategies.server_app import check_defense
+from strategies.settings import RunSettings
 from tests.inprocess import BASE, federate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def test_low_rank_sends_updates_of_the_stated_rank(tmp_path):
     settings, _, _, jobs = federate(tmp_path, defense="low-rank", defense_rank=rank)
     for job in jobs:
         seen, raw = observed(job), raw_update(settings, job.target.partition_id)
-        for name, (rows, cols) in weight_matrices(seen):
+        for name, (rows, _) in weight_matrices(seen):
             matrix = seen[name].reshape(rows, -1).double()
             assert int(torch.linalg.matrix_rank(matrix, rtol=1e-4)) == rank, name
             assert int(torch.linalg.matrix_rank(raw[name].reshape(rows, -1).double(), rtol=1e-4)) > rank

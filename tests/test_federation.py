@@ -13,10 +13,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
-from strategies.settings import RunSettings, usable_cpus
 from fl_attack.training import train_local
 from fl_attack.update import AttackTarget
 from strategies.attacker import AttackDispatcher, AttackJob
+from strategies.settings import RunSettings, usable_cpus
 from strategies.strategy import LeakageFedAvg, observed_update
 
 SETTINGS = dict(dataset="femnist", samples_per_client=10, batch_size=5, local_epochs=1, attack_iterations=2,

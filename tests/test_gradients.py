@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.attack_step import run_bench, summarize
 from fl_attack.attacks import gradients
 from fl_attack.attacks.gradients import avg_pool2, conv2d, path_gradient, relu
-from benchmarks.attack_step import run_bench, summarize
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
@@ -114,7 +114,7 @@ def test_structured_path_on_cuda_equals_cpu(real_update):
     basis = bezier_coefficients(t)
     results = []
     for device in ("cpu", "cuda"):  # copies: the module's shared fixture stays on the CPU, without grad
-        move = lambda v: v.detach().to(device, copy=True)  # noqa: E731
+        move = lambda v, device=device: v.detach().to(device, copy=True)  # noqa: E731
         anchors = [move(w0), move(control_point).requires_grad_(True), move(wT)]
         out = _grads(copy.deepcopy(model).to(device), shapes, anchors, move(basis), move(c),
                      move(x).requires_grad_(True), move(y), move(probe))

@@ -18,8 +18,21 @@ from fl_attack.models import build_model
 from fl_attack.quadrature import midpoint
 from fl_attack.update import flatten, layout
 
-from .common import (Context, Recorder, attack_and_score, check_clients, column, fmt, group, markdown_table,
-                     mean_var, pm, save_figure, train_victim, write_markdown)
+from .common import (
+    Context,
+    Recorder,
+    attack_and_score,
+    check_clients,
+    column,
+    fmt,
+    group,
+    markdown_table,
+    mean_var,
+    pm,
+    save_figure,
+    train_victim,
+    write_markdown,
+)
 
 DATASET = "femnist"
 FIXED = (7, 2)

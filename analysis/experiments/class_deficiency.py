@@ -8,8 +8,21 @@ grows from about 0.8 dB (C=100) to about 4.2 dB (C=10).
 """
 from __future__ import annotations
 
-from .common import (Context, Recorder, attack_and_score, check_clients, column, fmt, group, markdown_table,
-                     mean_var, pm, save_figure, train_victim, write_markdown)
+from .common import (
+    Context,
+    Recorder,
+    attack_and_score,
+    check_clients,
+    column,
+    fmt,
+    group,
+    markdown_table,
+    mean_var,
+    pm,
+    save_figure,
+    train_victim,
+    write_markdown,
+)
 from .table1 import LABELS
 
 DATASET = "cifar100"

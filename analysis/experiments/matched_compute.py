@@ -8,8 +8,21 @@ Dataset: FEMNIST (cpu, tiny) for speed, CIFAR-100 at the paper's scale.
 """
 from __future__ import annotations
 
-from .common import (Context, Recorder, attack_and_score, check_clients, column, fmt, group, markdown_table,
-                     mean_var, pm, save_figure, train_victim, write_markdown)
+from .common import (
+    Context,
+    Recorder,
+    attack_and_score,
+    check_clients,
+    column,
+    fmt,
+    group,
+    markdown_table,
+    mean_var,
+    pm,
+    save_figure,
+    train_victim,
+    write_markdown,
+)
 from .table1 import LABELS
 
 PAPER_T = 100

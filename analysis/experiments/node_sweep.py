@@ -6,8 +6,21 @@ double-backward pass per node). The paper finds PSNR flat within about 0.4 dB ov
 """
 from __future__ import annotations
 
-from .common import (Context, Recorder, attack_and_score, check_clients, column, fmt, group, markdown_table,
-                     mean_var, pm, save_figure, train_victim, write_markdown)
+from .common import (
+    Context,
+    Recorder,
+    attack_and_score,
+    check_clients,
+    column,
+    fmt,
+    group,
+    markdown_table,
+    mean_var,
+    pm,
+    save_figure,
+    train_victim,
+    write_markdown,
+)
 
 DATASET = "femnist"
 PAPER_T = 100

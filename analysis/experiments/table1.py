@@ -11,8 +11,21 @@ import math
 
 import numpy as np
 
-from .common import (Context, Recorder, attack_and_score, check_clients, column, fmt, group, markdown_table,
-                     mean_var, pm, save_figure, train_victim, write_markdown)
+from .common import (
+    Context,
+    Recorder,
+    attack_and_score,
+    check_clients,
+    column,
+    fmt,
+    group,
+    markdown_table,
+    mean_var,
+    pm,
+    save_figure,
+    train_victim,
+    write_markdown,
+)
 
 DATASETS = ("femnist", "cifar100")
 METHODS = ("ig", "sme", "nlsme", "pisme")

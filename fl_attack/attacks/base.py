@@ -83,7 +83,7 @@ class AttackConfig:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
 
     @classmethod
-    def from_overrides(cls, config: "AttackConfig | None" = None, **overrides) -> "AttackConfig":
+    def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:
         """A copy of ``config`` (or the defaults) with ``overrides``; unknown names raise ValueError."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)

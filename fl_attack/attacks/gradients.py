@@ -26,7 +26,7 @@ tests/test_attacks.py checks both against each other and against the literal Alg
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
