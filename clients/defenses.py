@@ -1,7 +1,7 @@
 """Client-side defenses as Flower mods, each switched on and configured by the run config.
 
 Flower fixes a ClientApp's mods when the module is imported, and the mods do not check the
-message type (../shared/FLOWER.md). So ``TRAIN_MODS`` is registered for training only, and each
+message type (as measured on Flower 1.42). So ``TRAIN_MODS`` is registered for training only, and each
 mod here reads the run's DefenseSettings from ``context.run_config`` and steps aside when its
 defense is off. Outermost first:
 

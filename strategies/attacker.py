@@ -1,6 +1,6 @@
 """The attacker: fl_attack reconstructions run on Ray actors, off the training path.
 
-Facts this relies on (../shared/FLOWER.md): Flower's simulation process is the Ray driver and
+Facts this relies on (measured on Flower 1.42 with Ray 2.55): Flower's simulation process is the Ray driver and
 its client pool holds every CPU, so an attacker asking num_cpus >= 1 would never start. The actors
 therefore ask num_cpus=0 (plus a fraction of a GPU when one is configured) and set their torch
 thread count explicitly. Ray is never initialised here; without Ray (unit tests, plain Python)

@@ -3,7 +3,7 @@
     python -m strategies.launch [--run-config 'key=value ...'] [--federation-config '...']
 
 Plain ``flwr run`` returns 0 even when the run failed and leaves a detached SuperLink behind
-(../shared/FLOWER.md). This launcher:
+(measured on Flower 1.42). This launcher:
 1. starts its own local SuperLink (through ``flwr run``) on free ports, with runtime dependency
    installation off, telemetry off, FLWR_HOME inside the project and FL_ATTACK_HOME set so the
    packaged app finds the bundled data;

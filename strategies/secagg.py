@@ -1,6 +1,6 @@
 """The honest-but-curious server under SecAgg+: Flower's legacy workflow, attacking the aggregate.
 
-SecAgg+ exists only on Flower's legacy path (../shared/FLOWER.md): ``SecAggPlusWorkflow`` inside
+SecAgg+ exists only on Flower's legacy path (Flower 1.42): ``SecAggPlusWorkflow`` inside
 ``DefaultWorkflow`` with a ``LegacyContext`` and the legacy ``flwr.server.strategy.FedAvg``; the
 clients answer through ``secaggplus_mod`` and a NumPyClient (clients/client_app.py).
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 import warnings
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch.nn.functional as F
 from fl_attack import metrics as M
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIRS = [REPO.parent / "shared" / "data", Path("/work/shared/data")]
+# The larger real data sets, where a checkout has them beside it (FL_ATTACK_SHARED_DATA overrides).
+DATA_DIRS = [Path(os.environ.get("FL_ATTACK_SHARED_DATA", REPO.parent / "shared" / "data"))]
 ASSETS = REPO / "fl_attack" / "assets"
 
 

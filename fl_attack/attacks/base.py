@@ -1,8 +1,9 @@
-"""The shared attack harness: one interface, one registry and one optimisation loop.
+"""The shared attack interface: the settings (AttackConfig), the registry and the objective's parts.
 
 Each attack (IG, SME, NL-SME, PI-SME) only says how it builds its surrogate gradient G(X_hat) and
-which extra variables it learns. Adam over X_hat and those variables, the box clamp, the learning
-rate schedule and the trace live here once (PISME.md, "Optimisation").
+which extra variables it learns. The one optimisation loop that drives every attack (Adam over
+X_hat and those variables, the box clamp, the learning-rate schedule and the trace; the paper's
+"Optimisation" section) lives in ``fl_attack.api.reconstruct``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ and the basis, so the attack can take the double backward through it.
 Two implementations compute the same G:
 - a generic one for any ``nn.Module`` (one functional forward and one autograd call per node);
 - a structured one for the paper's CNNs (``fl_attack.models.PaperCNN``), which is the step's hot path.
-  It uses three exact rewrites, measured in docs/performance.md:
+  It uses six exact rewrites, measured in docs/performance.md:
   1. conv1 is linear in its weights and all nodes share its input X_hat, so its output at node i is
      sum_j basis[i, j] * conv(X_hat, anchor_j): 3 convolutions instead of m, and conv1's part of G is
      one weight gradient of X_hat against the summed output gradients instead of m;
