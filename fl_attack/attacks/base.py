@@ -35,6 +35,13 @@ class AttackConfig:
     label_refine: with recovered labels, the fraction of the iterations after which the label counts
     are re-estimated once on the current X_hat and re-assigned (``fl_attack.labels.refine_labels``;
     not in the paper); 0 (default) keeps the labels fixed.
+    label_estimator: how recovered labels are estimated from the output-layer update, one of
+    ``fl_attack.labels.LABEL_ESTIMATORS`` (docs/label-recovery.md): "paper" (default; PISME.md, p_bar
+    on dummy inputs at w0 and wT), "support" (data-free: the same counts restricted to the classes
+    present, read from the signs of the output-weight update) or "aux" (p_bar class-conditional on
+    public auxiliary data along simulated local training, solved jointly with the counts; needs
+    ``reconstruct(..., label_aux=AuxiliaryData(...))``). "paper" stays the default because it is
+    the paper's; "support" loses nothing at round 1 on the measured clients.
     """
 
     iterations: int = 1000
@@ -58,6 +65,7 @@ class AttackConfig:
     node_tolerance: float = 0.05
     node_check_every: int = 0
     label_refine: float = 0.0
+    label_estimator: str = "paper"
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -79,6 +87,11 @@ class AttackConfig:
             raise ValueError(f"node_check_every must be >= 0 (0: at the schedule's phases), got {self.node_check_every}")
         if not 0 <= self.label_refine < 1:
             raise ValueError(f"label_refine must be in [0, 1) (a fraction of the iterations), got {self.label_refine}")
+        from ..labels import LABEL_ESTIMATORS
+
+        if self.label_estimator not in LABEL_ESTIMATORS:
+            raise ValueError(f"label_estimator must be one of {', '.join(LABEL_ESTIMATORS)}, "
+                             f"got {self.label_estimator!r}")
         if int(self.trace_every) < 1:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
 
