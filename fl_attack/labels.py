@@ -218,7 +218,7 @@ def solve_counts(confusion: np.ndarray, residual: np.ndarray, total: int, suppor
         upper = np.where(support, float(total), 1e-9)  # lsq_linear needs lower < upper
     a = np.vstack([np.eye(c) - m, np.full((1, c), sum_weight)])
     b = np.concatenate([np.asarray(residual, dtype=np.float64), [sum_weight * total]])
-    return lsq_linear(a, b, bounds=(lower, upper)).x
+    return lsq_linear(a, b, bounds=(lower, upper), method="bvls").x
 
 
 def simulated_confusion(update: ObservedUpdate, aux: AuxiliaryData, counts: np.ndarray, proxies: int = 2,
@@ -265,7 +265,7 @@ def simulated_confusion(update: ObservedUpdate, aux: AuxiliaryData, counts: np.n
 
 @torch.no_grad()
 def endpoint_confusion(update: ObservedUpdate, aux: AuxiliaryData, model: torch.nn.Module | None = None,
-                       per_class: int = 20, seed: int = 0) -> np.ndarray:
+                       per_class: int = 10, seed: int = 0) -> np.ndarray:
     """M (C, C) float64: M[j, c] = mean over aux images of class c of the softmax p_j, averaged over the
     models at w0 and wT (at most ``per_class`` images per class). A class that aux lacks gets the
     mean column over all its images."""
