@@ -49,20 +49,21 @@ ESTIMATORS = ("paper", "support", "aux", "oracle")
 REFINE = "paper+refine"
 REFINE_CLIENTS = 3
 AUX_PER_CLASS = 50
-# The federation of issue 12 per scale: clients in the federation, rounds; k, B, E, lr are fixed.
+# The federation of issue 12 per scale (tiny: a smoke test with the tiny scale's k and B).
+ISSUE_12 = dict(federation=20, rounds=15, tracked=20, refine_iterations=200, samples=16, batch_size=8, epochs=5,
+                lr=0.05)
 PROTOCOL = {
-    "paper": dict(federation=20, rounds=15, tracked=20, refine_iterations=200),
-    "cpu": dict(federation=20, rounds=15, tracked=20, refine_iterations=200),
-    "tiny": dict(federation=4, rounds=2, tracked=3, refine_iterations=3),
+    "paper": ISSUE_12,
+    "cpu": ISSUE_12,
+    "tiny": dict(ISSUE_12, federation=4, rounds=2, tracked=3, refine_iterations=3, samples=4, batch_size=2),
 }
-SAMPLES, BATCH, EPOCHS, LR = 16, 8, 5, 0.05
 COLUMNS = ["round", "client", "estimator", "label_accuracy", "test_accuracy", "support_size", "pbar_tv_dummy",
            "pbar_tv_aux", "self_confidence", "seconds"]
 
 
-def _aux_pool(pool, federation: int, seed: int = 0) -> AuxiliaryData:
+def _aux_pool(pool, federation: int, samples: int, seed: int = 0) -> AuxiliaryData:
     """Samples of the writers outside the federation, at most AUX_PER_CLASS per class."""
-    writers, _ = _femnist_eligible(pool, SAMPLES)
+    writers, _ = _femnist_eligible(pool, samples)
     outside = ~np.isin(pool.writers, writers[:federation])
     rng = np.random.default_rng(seed)
     idx = []
@@ -101,27 +102,27 @@ def _load_rows(path) -> list[dict]:
 
 def run(ctx: Context) -> None:
     proto = PROTOCOL[ctx.scale.name]
-    federation, rounds = proto["federation"], proto["rounds"]
+    federation, rounds, k, batch, epochs, lr = (proto[key] for key in ("federation", "rounds", "samples", "batch_size",
+                                                                       "epochs", "lr"))
     tracked = min(ctx.scale.clients, federation) if "clients" in ctx.explicit else proto["tracked"]
     iterations = ctx.scale.iterations if "iterations" in ctx.explicit else proto["refine_iterations"]
     pool = load_pool(DATASET, ctx.data_dir)
-    if num_partitions(pool, SAMPLES) < federation:
-        raise ValueError(f"{federation} {DATASET} writers of k={SAMPLES} needed, the data has "
-                         f"{num_partitions(pool, SAMPLES)}")
+    if num_partitions(pool, k) < federation:
+        raise ValueError(f"{federation} {DATASET} writers of k={k} needed, the data has {num_partitions(pool, k)}")
     path = ctx.out / f"{ctx.name}.csv"
     old = _load_rows(path)
     done = {(int(r["round"]), int(r["client"]), r["estimator"]) for r in old}
     recorder = Recorder(path, COLUMNS)
     for row in old:
         recorder.add(row)
-    splits = [client_partition(pool, p, SAMPLES) for p in range(federation)]
-    aux = _aux_pool(pool, federation)
+    splits = [client_partition(pool, p, k) for p in range(federation)]
+    aux = _aux_pool(pool, federation, k)
     spec = get_spec(DATASET)
     test_x = spec.normalize(torch.cat([s.test.images for s in splits]))
     test_y = torch.cat([s.test.labels for s in splits])
     model = build_model(DATASET, seed=0)
     global_w = OrderedDict((k, v.detach().clone()) for k, v in model.state_dict().items())
-    ctx.log(f"{federation} clients, {rounds} rounds, k={SAMPLES}, B={BATCH}, E={EPOCHS}, lr={LR}; "
+    ctx.log(f"{federation} clients, {rounds} rounds, k={k}, B={batch}, E={epochs}, lr={lr}; "
             f"{tracked} tracked; aux pool {len(aux.labels)} images of writers outside the federation")
     for rnd in range(1, rounds + 1):
         with torch.no_grad():
@@ -130,8 +131,8 @@ def run(ctx: Context) -> None:
         for p, split in enumerate(splits):
             model.load_state_dict(global_w)
             record = p < tracked
-            result = train_local(model, split.train.images, split.train.labels, dataset=DATASET, lr=LR,
-                                 batch_size=BATCH, local_epochs=EPOCHS, seed=1000 * rnd + p, record_states=record,
+            result = train_local(model, split.train.images, split.train.labels, dataset=DATASET, lr=lr,
+                                 batch_size=batch, local_epochs=epochs, seed=1000 * rnd + p, record_states=record,
                                  client={"partition_id": p})
             client_w.append(result.update.wT)
             if record:
@@ -141,12 +142,12 @@ def run(ctx: Context) -> None:
         ctx.log(f"round {rnd}: test accuracy {test_acc:.3f}; label accuracy "
                 + ", ".join(f"{e} {np.mean([float(r['label_accuracy']) for r in rs]):.3f}"
                             for (e,), rs in group(rows, "estimator").items()))
-    _report(ctx, recorder.rows, federation, rounds, tracked, iterations)
+    _report(ctx, recorder.rows, proto, tracked, iterations)
 
 
 def _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, iterations) -> None:
     update, truth = result.update, split.train.labels
-    k = SAMPLES
+    k = update.metadata.num_samples
     base = dict(round=rnd, client=p, test_accuracy=test_acc, support_size=int((truth.bincount(minlength=62) > 0).sum()))
     todo = [e for e in ESTIMATORS if (rnd, p, e) not in done]
     if p < REFINE_CLIENTS and (rnd, p, REFINE) not in done:
@@ -179,7 +180,8 @@ def _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, ite
                       "seconds": time.perf_counter() - start})
 
 
-def _report(ctx, rows, federation, rounds, tracked, iterations) -> None:
+def _report(ctx, rows, proto, tracked, iterations) -> None:
+    federation, rounds = proto["federation"], proto["rounds"]
     names = [e for e in (*ESTIMATORS, REFINE) if any(r["estimator"] == e for r in rows)]
     by = group(rows, "round", "estimator")
     table, curves = [], {e: [] for e in names}
@@ -199,10 +201,11 @@ def _report(ctx, rows, federation, rounds, tracked, iterations) -> None:
     header = ["round", "test acc.", *[f"{e} (n)" for e in names], "TV(p_bar dummy, true)",
               "TV(M n/k aux, true)", "own-label softmax"]
     body = markdown_table(header, table)
-    caption = (f"FedAvg over {federation} FEMNIST writers (plain Python, no Flower), k={SAMPLES}, B={BATCH}, "
-               f"E={EPOCHS}, lr={LR} (T={EPOCHS * math.ceil(SAMPLES / BATCH)}), {rounds} rounds; label-count "
-               f"accuracy per estimator, mean over the {tracked} tracked clients (n in brackets; {REFINE}: "
-               f"{min(REFINE_CLIENTS, tracked)} clients, SME {iterations} iterations)")
+    k, batch, epochs = proto["samples"], proto["batch_size"], proto["epochs"]
+    caption = (f"Scale `{ctx.scale.name}`; FedAvg over {federation} FEMNIST writers (plain Python, no Flower), "
+               f"k={k}, B={batch}, E={epochs}, lr={proto['lr']} (T={epochs * math.ceil(k / batch)}), {rounds} rounds, "
+               f"1 seed(s); label-count accuracy per estimator, mean over {tracked} tracked client(s) (n in brackets; "
+               f"{REFINE}: {min(REFINE_CLIENTS, tracked)} clients, SME {iterations} iterations)")
     notes = ["test acc.: the global model sent in that round (w0), on the clients' held-out samples.",
              "TV columns: total-variation distance to the true p_bar (the victim's softmax on its real batches "
              "along its real trajectory), of the paper's p_bar on dummy inputs and of aux's endpoint model M n/k "
