@@ -7,7 +7,7 @@ of class j among the k samples is n_j ~= k * (p_bar_j + delta_b_j / (eta * T)), 
 over the trajectory. The estimators differ in how they get p_bar (``LABEL_ESTIMATORS``):
 
 - "paper": p_bar from the models at w0 and wT on N(0, I) dummy inputs (PISME.md).
-- "support": as "paper", but the counts are restricted to the classes present in the batch, read
+- "support" (the default): as "paper", but the counts are restricted to the classes present in the batch, read
   exactly from the signs of the output-weight update (``class_support``), one sample at least each.
   Data-free. Not in the paper.
 - "aux": p_bar modelled as M n / k with M[j, c] = E[p_j | y = c], the class-conditional softmax on a
@@ -290,7 +290,7 @@ def _columns(sums: np.ndarray, seen: np.ndarray, fallback: np.ndarray) -> np.nda
     return out
 
 
-def recover_counts(update: ObservedUpdate, estimator: str = "paper", aux: AuxiliaryData | None = None,
+def recover_counts(update: ObservedUpdate, estimator: str = "support", aux: AuxiliaryData | None = None,
                    model: torch.nn.Module | None = None, seed: int = 0, iterations: int = 3,
                    proxies: int = 2) -> np.ndarray:
     """The recovered label multiset as counts, int64 (num_classes,) summing to k.
@@ -326,10 +326,11 @@ def recover_counts(update: ObservedUpdate, estimator: str = "paper", aux: Auxili
 
 
 def recover_labels(update: ObservedUpdate, model: torch.nn.Module | None = None, seed: int = 0,
-                   estimator: str = "paper", aux: AuxiliaryData | None = None) -> torch.Tensor:
+                   estimator: str = "support", aux: AuxiliaryData | None = None) -> torch.Tensor:
     """Recovered labels, int64 shape (k,), sorted by class (their order is arbitrary to the attack).
 
-    estimator / aux: see ``recover_counts``; "paper" (the default) is PISME.md's estimator.
+    estimator / aux: see ``recover_counts``; "paper" is PISME.md's estimator, "support" (the
+    default, as in AttackConfig) the same counts restricted to the classes present.
     """
     counts = recover_counts(update, estimator, aux, model, seed=seed)
     return torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).long()

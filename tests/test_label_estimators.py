@@ -117,7 +117,8 @@ def test_recover_labels_and_counts_agree(federation):
     assert counts.dtype == np.int64 and counts.sum() == K and (counts >= 0).all()
     assert labels.dtype == torch.int64 and labels.shape == (K,)
     np.testing.assert_array_equal(np.bincount(labels.numpy(), minlength=62), counts)
-    assert torch.equal(recover_labels(update), recover_labels(update, estimator="paper"))
+    assert torch.equal(recover_labels(update), labels)  # "support" is the default
+    assert AttackConfig().label_estimator == "support"
 
 
 # --- the integer rounding on the support, against a brute-force reference --------------------------

@@ -36,12 +36,15 @@ class AttackConfig:
     are re-estimated once on the current X_hat and re-assigned (``fl_attack.labels.refine_labels``;
     not in the paper); 0 (default) keeps the labels fixed.
     label_estimator: how recovered labels are estimated from the output-layer update, one of
-    ``fl_attack.labels.LABEL_ESTIMATORS`` (docs/label-recovery.md): "paper" (default; PISME.md, p_bar
-    on dummy inputs at w0 and wT), "support" (data-free: the same counts restricted to the classes
-    present, read from the signs of the output-weight update) or "aux" (p_bar class-conditional on
-    public auxiliary data along simulated local training, solved jointly with the counts; needs
-    ``reconstruct(..., label_aux=AuxiliaryData(...))``). "paper" stays the default because it is
-    the paper's; "support" loses nothing at round 1 on the measured clients.
+    ``fl_attack.labels.LABEL_ESTIMATORS`` (docs/label-recovery.md): "support" (default; data-free:
+    the paper's counts restricted to the classes present, read exactly from the signs of the
+    output-weight update, each present class >= 1), "paper" (PISME.md: p_bar on dummy inputs at w0
+    and wT) or "aux" (p_bar class-conditional on public auxiliary data along simulated local
+    training, solved jointly with the counts; needs ``reconstruct(..., label_aux=AuxiliaryData(...))``).
+    "support" is the default because it lost nothing against "paper" on any measured client: an
+    untrained w0 (20 FEMNIST clients, k=16), the paper's protocol (10 FEMNIST + 3 CIFAR-100 clients,
+    T=100 and 250) and top-k, low-rank and quantised updates; under update noise (DP) or
+    quantisation the sign test finds more than k classes and it falls back to the paper's rounding.
     """
 
     iterations: int = 1000
@@ -65,7 +68,7 @@ class AttackConfig:
     node_tolerance: float = 0.05
     node_check_every: int = 0
     label_refine: float = 0.0
-    label_estimator: str = "paper"
+    label_estimator: str = "support"
 
     def __post_init__(self):
         if int(self.iterations) < 1:
