@@ -11,7 +11,7 @@ import torch
 from .attacks import AttackConfig, get_attack
 from .attacks.base import build_optimizers, lr_milestones
 from .data import get_spec
-from .labels import recover_labels, refine_labels
+from .labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from .models import check_model, resolve_model
 from .update import ObservedUpdate, flatten, layout
 
@@ -53,6 +53,7 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
                 config: AttackConfig | None = None, device: str | torch.device = "auto",
                 callback: Callable[[int, torch.Tensor], dict] | None = None, progress: bool = False,
                 time_limit: float | None = None, model: torch.nn.Module | str | None = None,
+                label_aux: AuxiliaryData | None = None,
                 **overrides) -> Reconstruction:
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata).
 
@@ -62,6 +63,8 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     config / overrides: AttackConfig fields, e.g. ``iterations=300, nodes=7``.
     callback(iteration, images in [0,1] NCHW) may return metrics to add to the trace (the evaluator
     uses it in standalone runs; the attacker itself never sees the ground truth).
+    label_aux: public labelled images (fl_attack.labels.AuxiliaryData, disjoint from the clients'
+    training data) for ``label_estimator="aux"``; ignored by the other estimators.
     time_limit: seconds; past it the attack stops with TimeoutError (the federation records it as
     failed and goes on).
     model: the victim's architecture: an nn.Module (copied; its weights are not used, they come from
@@ -90,7 +93,11 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     if isinstance(labels, str):
         if labels != "recovered":
             raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
-        y, label_source = recover_labels(update, model, seed=config.seed), "recovered"
+        if config.label_estimator in NEEDS_AUX and label_aux is None:
+            raise ValueError(f"label_estimator '{config.label_estimator}' needs public auxiliary data: "
+                             "pass label_aux=fl_attack.labels.AuxiliaryData(images, labels)")
+        y = recover_labels(update, model, seed=config.seed, estimator=config.label_estimator, aux=label_aux)
+        label_source = "recovered"
     else:
         y, label_source = torch.as_tensor(labels).long().reshape(-1), "oracle"
         if y.numel() != k or y.min() < 0 or y.max() >= spec.num_classes:

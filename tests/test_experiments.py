@@ -31,6 +31,7 @@ EXPECTED = {
                          "steps", "control_point_shift", "paper_lsim"],
     "matched-compute": ["method", "iterations", "multiple"] + SCORE_COLUMNS,
     "adaptive-nodes": ["variant", "method", "node_tolerance", "nodes", "nodes_schedule", "node_error"] + SCORE_COLUMNS,
+    "label-recovery": ["round", "client", "estimator", "label_accuracy", "test_accuracy", "pbar_tv_dummy", "seconds"],
 }
 
 
@@ -73,7 +74,7 @@ def test_writes_csv_png_and_markdown_with_the_scale(outputs, name):
     assert f"k={sc.samples}" in md and "seed(s)" in md and "client(s)" in md
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "path-consistency"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("path-consistency", "label-recovery")])
 def test_attack_scores_are_in_range(outputs, name):
     _, rows = read(outputs, name)
     for row in rows:
@@ -192,3 +193,12 @@ def test_module_entry_point_help():
     assert out.returncode == 0
     for name in NAMES:
         assert name in out.stdout
+
+
+def test_label_recovery_scores_every_estimator(outputs):
+    _, rows = read(outputs, "label-recovery")
+    estimators = {r["estimator"] for r in rows}
+    assert {"paper", "support", "aux", "oracle", "paper+refine"} <= estimators
+    assert all(0 <= num(r["label_accuracy"]) <= 1 for r in rows)
+    assert all(num(r["label_accuracy"]) == 1 for r in rows if r["estimator"] == "oracle")  # the exact identity
+    assert {int(r["round"]) for r in rows} == {1, 2}

@@ -5,7 +5,7 @@
                                         [--data-dir PATH]
 
 NAME is one of ``EXPERIMENTS``: table1, node-sweep, class-deficiency, path-consistency,
-matched-compute, adaptive-nodes. Each writes DIR/NAME.csv (one row per measurement), DIR/NAME.png
+matched-compute, adaptive-nodes, label-recovery. Each writes DIR/NAME.csv (one row per measurement), DIR/NAME.png
 and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
 Scales (analysis.experiments.common.SCALES, built on fl_attack.config.PRESETS): ``paper`` is the
 paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
@@ -53,6 +53,11 @@ def _adaptive_nodes(ctx):
     return run(ctx)
 
 
+def _label_recovery(ctx):
+    from .label_recovery import run
+    return run(ctx)
+
+
 EXPERIMENTS = {
     "table1": (_table1, "IG, SME, NL-SME, PI-SME on CIFAR-100 and FEMNIST at T=100 and T=250 (Table 1)"),
     "node-sweep": (_node_sweep, "PI-SME at m in {3,4,5,7,10,12} with the cost per iteration (Table 2)"),
@@ -60,6 +65,7 @@ EXPERIMENTS = {
     "path-consistency": (_path_consistency, "single true state vs quadrature on the true batch (Table 3)"),
     "matched-compute": (_matched_compute, "NL-SME at 1x/5x/7x the iterations vs PI-SME (section 4.2)"),
     "adaptive-nodes": (_adaptive_nodes, "beyond the paper: m chosen from a quadrature-error tolerance"),
+    "label-recovery": (_label_recovery, "beyond the paper: label estimators in a learning FedAvg federation"),
 }
 
 
