@@ -40,9 +40,11 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
     ("femnist-topk", {**FEMNIST, "attack-clients": "0", "defense": "topk", "defense-topk-fraction": 0.1}, 20),
 ]
 REPLAYS: list[tuple[str, list[str]]] = [  # (run, fl-attack replay arguments)
-    ("femnist", ["--methods", "sme,ig", "--name", "sme-ig"]),
+    # The runs' PI-SME used the paper's label estimator; SME and IG get the same labels.
+    ("femnist", ["--methods", "sme,ig", "--options", "label_estimator=paper", "--name", "sme-ig"]),
     ("femnist", ["--methods", "pisme", "--labels", "oracle", "--name", "pisme-oracle"]),
-    ("cifar100", ["--methods", "sme,ig", "--name", "sme-ig"]),
+    ("femnist", ["--methods", "pisme", "--options", "label_estimator=support", "--name", "pisme-support"]),
+    ("cifar100", ["--methods", "sme,ig", "--options", "label_estimator=paper", "--name", "sme-ig"]),
     ("cifar100", ["--methods", "pisme", "--labels", "oracle", "--name", "pisme-oracle"]),
 ]
 TABLE_COLUMNS = ["run", "method", "labels", "label_estimator", "round", "global_accuracy", "n", "psnr", "ssim",
