@@ -21,5 +21,19 @@ def __getattr__(name):
         return write_report
     raise AttributeError(f"module 'analysis' has no attribute {name!r}")
 
-__all__ = ["load_run", "Run", "NotARunError", "MixedRunsError", "MalformedLineWarning", "per_round", "per_client",
-           "compare_runs", "summary_table", "summary_sentences", "mean_ci95", "METRIC_RANGES", "write_report"]
+
+__all__ = [
+    "load_run",
+    "Run",
+    "NotARunError",
+    "MixedRunsError",
+    "MalformedLineWarning",
+    "per_round",
+    "per_client",
+    "compare_runs",
+    "summary_table",
+    "summary_sentences",
+    "mean_ci95",
+    "METRIC_RANGES",
+    "write_report",
+]

@@ -21,8 +21,15 @@ METRICS = ("psnr", "ssim", "fsim", "lpips", "lsim_honest", "label_accuracy")
 STATS = ("mean", "median", "ci95_low", "ci95_high")
 # The range each metric can take (fl_attack/metrics.py; lsim is a cosine dissimilarity, attacks/base.py).
 # Intervals are clipped to it.
-METRIC_RANGES = {"psnr": (0.0, 100.0), "ssim": (-1.0, 1.0), "fsim": (0.0, 1.0), "lpips": (0.0, math.inf),
-                 "lsim_honest": (0.0, 2.0), "lsim_calibrated": (0.0, 2.0), "label_accuracy": (0.0, 1.0)}
+METRIC_RANGES = {
+    "psnr": (0.0, 100.0),
+    "ssim": (-1.0, 1.0),
+    "fsim": (0.0, 1.0),
+    "lpips": (0.0, math.inf),
+    "lsim_honest": (0.0, 2.0),
+    "lsim_calibrated": (0.0, 2.0),
+    "label_accuracy": (0.0, 1.0),
+}
 # Fewer values than this give no interval.
 MIN_CI_N = 3
 # A run's leakage groups: one row of the summary table each, one line of each plot.
@@ -33,11 +40,38 @@ ACCURACY_COLUMNS = ("global_accuracy", "eval_accuracy")
 METHOD_ORDER = ("pisme", "nlsme", "sme", "ig")
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (used without scipy).
-_T975 = (12.706204736, 4.30265273, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
-         2.306004135, 2.262157163, 2.228138852, 2.20098516, 2.17881283, 2.160368656, 2.144786688,
-         2.131449546, 2.119905299, 2.109815578, 2.10092204, 2.093024054, 2.085963447, 2.079613845,
-         2.073873068, 2.06865761, 2.063898562, 2.059538553, 2.055529439, 2.051830516, 2.048407142,
-         2.045229642, 2.042272456)
+_T975 = (
+    12.706204736,
+    4.30265273,
+    3.182446305,
+    2.776445105,
+    2.570581836,
+    2.446911851,
+    2.364624252,
+    2.306004135,
+    2.262157163,
+    2.228138852,
+    2.20098516,
+    2.17881283,
+    2.160368656,
+    2.144786688,
+    2.131449546,
+    2.119905299,
+    2.109815578,
+    2.10092204,
+    2.093024054,
+    2.085963447,
+    2.079613845,
+    2.073873068,
+    2.06865761,
+    2.063898562,
+    2.059538553,
+    2.055529439,
+    2.051830516,
+    2.048407142,
+    2.045229642,
+    2.042272456,
+)
 
 
 def t_quantile_975(dof: int) -> float:
@@ -56,8 +90,12 @@ def _t975_fallback(dof: int) -> float:
         return _T975[dof - 1]
     # Cornish-Fisher expansion around the normal quantile; error < 1e-6 beyond 30 dof.
     z = 1.959963984540054
-    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
+    return (
+        z
+        + (z**3 + z) / (4 * dof)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3)
+    )
 
 
 def mean_ci95(values, metric: str | None = None) -> tuple[float, float, float]:
@@ -109,8 +147,11 @@ def round_accuracy(rounds: pd.DataFrame) -> tuple[pd.Series, str | None]:
 
 def per_round_columns() -> list[str]:
     """Column names of `per_round`'s table."""
-    return (["round", *GROUP_KEYS, "n_attacks", "n_ok", "n_failed"]
-            + [f"{metric}_{stat}" for metric in METRICS for stat in STATS] + ["accuracy", "accuracy_source"])
+    return (
+        ["round", *GROUP_KEYS, "n_attacks", "n_ok", "n_failed"]
+        + [f"{metric}_{stat}" for metric in METRICS for stat in STATS]
+        + ["accuracy", "accuracy_source"]
+    )
 
 
 def per_round(attacks: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -127,15 +168,26 @@ def per_round(attacks: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.D
     if not attacks.empty:
         for (round_, *keys), group in attacks.groupby(["round", *GROUP_KEYS], sort=False, dropna=False):
             ok = _ok(group)
-            row = {"round": round_, **dict(zip(GROUP_KEYS, keys)), "n_attacks": len(group), "n_ok": len(ok),
-                   "n_failed": int((group["status"] == "failed").sum()),
-                   "accuracy": accuracy.get(round_, math.nan), "accuracy_source": source}
+            row = {
+                "round": round_,
+                **dict(zip(GROUP_KEYS, keys)),
+                "n_attacks": len(group),
+                "n_ok": len(ok),
+                "n_failed": int((group["status"] == "failed").sum()),
+                "accuracy": accuracy.get(round_, math.nan),
+                "accuracy_source": source,
+            }
             for metric in METRICS:
                 values = ok[metric].dropna()
                 mean, low, high = mean_ci95(values, metric)
-                row.update({f"{metric}_mean": mean,
-                            f"{metric}_median": float(values.median()) if len(values) else math.nan,
-                            f"{metric}_ci95_low": low, f"{metric}_ci95_high": high})
+                row.update(
+                    {
+                        f"{metric}_mean": mean,
+                        f"{metric}_median": float(values.median()) if len(values) else math.nan,
+                        f"{metric}_ci95_low": low,
+                        f"{metric}_ci95_high": high,
+                    }
+                )
             rows.append(row)
     table = pd.DataFrame(rows, columns=per_round_columns())
     return _sort_round_method(table)
@@ -149,8 +201,20 @@ def _sort_round_method(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns="_order").reset_index(drop=True)
 
 
-PER_CLIENT_COLUMNS = ["partition_id", "method", "rounds_attacked", "n_ok", "n_failed", "first_round",
-                      "last_round", "psnr_mean", "psnr_min", "psnr_max", "psnr_first", "psnr_last"]
+PER_CLIENT_COLUMNS = [
+    "partition_id",
+    "method",
+    "rounds_attacked",
+    "n_ok",
+    "n_failed",
+    "first_round",
+    "last_round",
+    "psnr_mean",
+    "psnr_min",
+    "psnr_max",
+    "psnr_first",
+    "psnr_last",
+]
 
 
 def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
@@ -162,22 +226,26 @@ def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
     """
     rows = []
     if not attacks.empty:
-        for (partition, method), group in attacks.groupby(["partition_id", "method"], sort=False,
-                                                            dropna=False):
+        for (partition, method), group in attacks.groupby(["partition_id", "method"], sort=False, dropna=False):
             ok = _ok(group)
             psnr = ok["psnr"].dropna()
             first, last = group["round"].min(), group["round"].max()
-            rows.append({
-                "partition_id": partition, "method": method,
-                "rounds_attacked": group["round"].nunique(), "n_ok": len(ok),
-                "n_failed": int((group["status"] == "failed").sum()),
-                "first_round": first, "last_round": last,
-                "psnr_mean": psnr.mean() if len(psnr) else math.nan,
-                "psnr_min": psnr.min() if len(psnr) else math.nan,
-                "psnr_max": psnr.max() if len(psnr) else math.nan,
-                "psnr_first": _mean_or_nan(ok.loc[ok["round"] == first, "psnr"]),
-                "psnr_last": _mean_or_nan(ok.loc[ok["round"] == last, "psnr"]),
-            })
+            rows.append(
+                {
+                    "partition_id": partition,
+                    "method": method,
+                    "rounds_attacked": group["round"].nunique(),
+                    "n_ok": len(ok),
+                    "n_failed": int((group["status"] == "failed").sum()),
+                    "first_round": first,
+                    "last_round": last,
+                    "psnr_mean": psnr.mean() if len(psnr) else math.nan,
+                    "psnr_min": psnr.min() if len(psnr) else math.nan,
+                    "psnr_max": psnr.max() if len(psnr) else math.nan,
+                    "psnr_first": _mean_or_nan(ok.loc[ok["round"] == first, "psnr"]),
+                    "psnr_last": _mean_or_nan(ok.loc[ok["round"] == last, "psnr"]),
+                }
+            )
     table = pd.DataFrame(rows, columns=PER_CLIENT_COLUMNS)
     if table.empty:
         return table
@@ -213,7 +281,6 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-
 def differing_keys(runs: Sequence[Run]) -> list[str]:
     """run_config keys whose value is not the same in every run (missing counts as a value)."""
     keys: list[str] = []
@@ -227,8 +294,20 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
     return differing
 
 
-COMPARE_COLUMNS = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean",
-                   "ssim_mean", "lpips_mean", "label_accuracy_mean", "final_accuracy", "accuracy_source"]
+COMPARE_COLUMNS = [
+    "name",
+    "dataset",
+    "methods",
+    "rounds",
+    "n_attacks",
+    "n_failed",
+    "psnr_mean",
+    "ssim_mean",
+    "lpips_mean",
+    "label_accuracy_mean",
+    "final_accuracy",
+    "accuracy_source",
+]
 
 
 def final_accuracy(run: Run) -> tuple[float, str | None]:
@@ -261,9 +340,11 @@ def compare_runs(runs: Sequence[Run]) -> pd.DataFrame:
         if dataset is None and not attacks.empty and attacks["dataset"].notna().any():
             dataset = ", ".join(sorted({str(d) for d in attacks["dataset"].dropna()}))
         row = {
-            "name": label, "dataset": dataset,
+            "name": label,
+            "dataset": dataset,
             "methods": ", ".join(sorted_methods(attacks)),
-            "rounds": rounds_seen(run), "n_attacks": len(attacks),
+            "rounds": rounds_seen(run),
+            "n_attacks": len(attacks),
             "n_failed": int((attacks["status"] == "failed").sum()) if not attacks.empty else 0,
         }
         for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
@@ -285,9 +366,22 @@ def _accuracy_text(value: float) -> str:
     return f"{value * 100:.1f}%" if 0.0 <= value <= 1.0 else f"{value:.3g}"
 
 
-SUMMARY_COLUMNS = [*GROUP_KEYS, "rounds_attacked", "n_ok", "n_failed", "psnr_first", "psnr_last", "psnr_mean",
-                   "psnr_best", "ssim_mean", "lpips_mean", "label_accuracy_mean", "accuracy_source",
-                   "psnr_accuracy_corr", "psnr_trend"]
+SUMMARY_COLUMNS = [
+    *GROUP_KEYS,
+    "rounds_attacked",
+    "n_ok",
+    "n_failed",
+    "psnr_first",
+    "psnr_last",
+    "psnr_mean",
+    "psnr_best",
+    "ssim_mean",
+    "lpips_mean",
+    "label_accuracy_mean",
+    "accuracy_source",
+    "psnr_accuracy_corr",
+    "psnr_trend",
+]
 
 
 def summary_table(run: Run) -> pd.DataFrame:
@@ -304,14 +398,22 @@ def summary_table(run: Run) -> pd.DataFrame:
         ok = _ok(attacks)
         psnr = ok["psnr"].dropna()
         by_round = per_round(attacks, run.rounds)
-        rows.append({**dict(zip(GROUP_KEYS, keys)), "rounds_attacked": attacks["round"].nunique(), "n_ok": len(ok),
-                     "n_failed": int((attacks["status"] == "failed").sum()),
-                     "psnr_first": by_round["psnr_mean"].iloc[0], "psnr_last": by_round["psnr_mean"].iloc[-1],
-                     "psnr_mean": _mean_or_nan(psnr), "psnr_best": psnr.max() if len(psnr) else math.nan,
-                     **{f"{metric}_mean": _mean_or_nan(ok[metric]) for metric in ("ssim", "lpips", "label_accuracy")},
-                     "accuracy_source": by_round["accuracy_source"].iloc[0],
-                     "psnr_accuracy_corr": _fit(by_round["accuracy"], by_round["psnr_mean"], "corr"),
-                     "psnr_trend": _fit(by_round["round"], by_round["psnr_mean"], "slope")})
+        rows.append(
+            {
+                **dict(zip(GROUP_KEYS, keys)),
+                "rounds_attacked": attacks["round"].nunique(),
+                "n_ok": len(ok),
+                "n_failed": int((attacks["status"] == "failed").sum()),
+                "psnr_first": by_round["psnr_mean"].iloc[0],
+                "psnr_last": by_round["psnr_mean"].iloc[-1],
+                "psnr_mean": _mean_or_nan(psnr),
+                "psnr_best": psnr.max() if len(psnr) else math.nan,
+                **{f"{metric}_mean": _mean_or_nan(ok[metric]) for metric in ("ssim", "lpips", "label_accuracy")},
+                "accuracy_source": by_round["accuracy_source"].iloc[0],
+                "psnr_accuracy_corr": _fit(by_round["accuracy"], by_round["psnr_mean"], "corr"),
+                "psnr_trend": _fit(by_round["round"], by_round["psnr_mean"], "slope"),
+            }
+        )
     table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     if table.empty:
         return table
@@ -348,20 +450,23 @@ def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
         psnr = ok["psnr"].dropna()
         above = int((psnr > threshold).sum())
         n_rounds = group["round"].nunique()
-        text = (f"Overall, {method} exceeded {limit} in {above} of {len(group)} attacks "
-                f"over {n_rounds} round{'s' if n_rounds != 1 else ''}")
+        text = (
+            f"Overall, {method} exceeded {limit} in {above} of {len(group)} attacks "
+            f"over {n_rounds} round{'s' if n_rounds != 1 else ''}"
+        )
         if len(psnr):
             by_round = ok.groupby("round")["psnr"].mean().dropna()
             best_round = int(by_round.idxmax())
-            text += (f"; mean PSNR {_fmt(psnr.mean())} dB, best round {best_round} "
-                     f"(mean {_fmt(by_round.max())} dB).")
+            text += f"; mean PSNR {_fmt(psnr.mean())} dB, best round {best_round} (mean {_fmt(by_round.max())} dB)."
         else:
             text += "; no attack produced a PSNR."
         sentences.append(text)
     accuracy, source = round_accuracy(run.rounds)
     if source is not None:
-        sentences.append(f"Model utility: {source.replace('_', ' ')} {_accuracy_text(accuracy.iloc[-1])} "
-                         f"after round {int(accuracy.index[-1])}.")
+        sentences.append(
+            f"Model utility: {source.replace('_', ' ')} {_accuracy_text(accuracy.iloc[-1])} "
+            f"after round {int(accuracy.index[-1])}."
+        )
     planned = run.run_config.get("num-server-rounds")
     finished = int(run.rounds["round"].max()) if not run.rounds.empty else 0
     if isinstance(planned, (int, float)) and finished < planned:

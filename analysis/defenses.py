@@ -27,6 +27,7 @@ The grid (a small one, sized for CPUs):
 | low-rank | low-rank, r=2 | rank-2 update of every weight matrix |
 | quantize | quantize, 2 bits | stochastic quantisation |
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,15 @@ GRID: list[tuple[str, dict]] = [
     ("none", {"defense": "none"}),
     ("local-dp-weak", {"defense": "local-dp", "defense-clip-norm": 0.05, "defense-epsilon": 1000.0}),
     ("local-dp-strong", {"defense": "local-dp", "defense-clip-norm": 0.05, "defense-epsilon": 10.0}),
-    ("central-dp", {"defense": "central-dp", "defense-clipping": "server", "defense-clip-norm": 0.05,
-                    "defense-noise-multiplier": 1.0}),
+    (
+        "central-dp",
+        {
+            "defense": "central-dp",
+            "defense-clipping": "server",
+            "defense-clip-norm": 0.05,
+            "defense-noise-multiplier": 1.0,
+        },
+    ),
     ("secagg", {"defense": "secagg", "secagg-num-shares": 3, "secagg-reconstruction-threshold": 2}),
     ("topk", {"defense": "topk", "defense-topk-fraction": 0.1, "defense-adaptive-attack": True}),
     ("topk-naive", {"defense": "topk", "defense-topk-fraction": 0.1, "defense-adaptive-attack": False}),
@@ -56,10 +64,25 @@ GRID: list[tuple[str, dict]] = [
 # The common scale of every run: the "cpu" preset's victims (k=8 samples per client, B=4, lr 0.004)
 # for E=5 (T=10 local steps), one attacked client (partition 0) per round, PI-SME with 100
 # iterations and m=3 nodes.
-SCALE = {**PRESETS["cpu"].protocol.with_epochs(5).run_config(), "attack-method": "pisme", "attack-clients": "0",
-         "attack-iterations": 100, "attack-nodes": 3, "seed": 0}
-TABLE_COLUMNS = ["setting", "defense", "parameters", "attacks", "psnr", "ssim", "lpips", "label_accuracy",
-                 "final_accuracy"]
+SCALE = {
+    **PRESETS["cpu"].protocol.with_epochs(5).run_config(),
+    "attack-method": "pisme",
+    "attack-clients": "0",
+    "attack-iterations": 100,
+    "attack-nodes": 3,
+    "seed": 0,
+}
+TABLE_COLUMNS = [
+    "setting",
+    "defense",
+    "parameters",
+    "attacks",
+    "psnr",
+    "ssim",
+    "lpips",
+    "label_accuracy",
+    "final_accuracy",
+]
 
 
 def _toml(value) -> str:
@@ -72,8 +95,14 @@ def _toml(value) -> str:
 
 def run_config(setting: dict, dataset: str, rounds: int, results: Path, name: str, scale: dict) -> str:
     """The --run-config text of one run."""
-    values = {"dataset": dataset, "num-server-rounds": rounds, **scale, **setting,
-              "results-dir": str(results), "run-name": name}
+    values = {
+        "dataset": dataset,
+        "num-server-rounds": rounds,
+        **scale,
+        **setting,
+        "results-dir": str(results),
+        "run-name": name,
+    }
     return " ".join(f"{k}={_toml(v)}" for k, v in values.items())
 
 
@@ -87,9 +116,12 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
         run = load_run(path)
         defense = run.config.get("defense", {})
         ok = run.attacks[run.attacks["status"] == "ok"]
-        row = {"setting": setting, "defense": defense.get("label", "?"),
-               "parameters": json.dumps({k: v for k, v in defense.get("parameters", {}).items()}),
-               "attacks": f"{len(ok)}/{len(run.attacks)}"}
+        row = {
+            "setting": setting,
+            "defense": defense.get("label", "?"),
+            "parameters": json.dumps({k: v for k, v in defense.get("parameters", {}).items()}),
+            "attacks": f"{len(ok)}/{len(run.attacks)}",
+        }
         for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
             values = ok[metric].dropna()
             row[metric] = float(values.mean()) if len(values) else math.nan
@@ -100,25 +132,35 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
 
 def markdown_table(table: pd.DataFrame) -> str:
     """The study table as Markdown (PSNR in dB, 2 decimals; SSIM, LPIPS 3; accuracies in %)."""
+
     def num(value, digits):
         return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
     def pct(value):
         return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
 
-    lines = ["| setting | defense | parameters | attacks ok | PSNR (dB) | SSIM | LPIPS | label acc. | final test acc. |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | defense | parameters | attacks ok | PSNR (dB) | SSIM | LPIPS | label acc. | final test acc. |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in table.itertuples():
-        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in json.loads(r.parameters).items()) or "-"
-        lines.append(f"| {r.setting} | `{r.defense}` | {params} | {r.attacks} | {num(r.psnr, 2)} | "
-                     f"{num(r.ssim, 3)} | {num(r.lpips, 3)} | {pct(r.label_accuracy)} | {pct(r.final_accuracy)} |")
+        params = (
+            ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in json.loads(r.parameters).items()
+            )
+            or "-"
+        )
+        lines.append(
+            f"| {r.setting} | `{r.defense}` | {params} | {r.attacks} | {num(r.psnr, 2)} | "
+            f"{num(r.ssim, 3)} | {num(r.lpips, 3)} | {pct(r.label_accuracy)} | {pct(r.final_accuracy)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.defenses", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.defenses", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", default="femnist", choices=["femnist", "cifar100"])
     parser.add_argument("--rounds", type=int, default=2, help="FedAvg rounds per run")
     parser.add_argument("--out", required=True, help="output folder")
@@ -138,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 1 and --supernodes >= 2")
     out = Path(args.out).resolve()
     results = out / "runs"
-    scale = {**SCALE, "samples-per-client": args.samples, "batch-size": min(SCALE["batch-size"], args.samples),
-             "attack-iterations": args.iterations}
+    scale = {
+        **SCALE,
+        "samples-per-client": args.samples,
+        "batch-size": min(SCALE["batch-size"], args.samples),
+        "attack-iterations": args.iterations,
+    }
     federation = f"num-supernodes={args.supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
 
     from strategies.launch import main as launch
@@ -152,8 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.resume and (run_dir / "summary.json").is_file() and (run_dir / "rounds.csv").is_file()):
             started = time.time()
             print(f"analysis.defenses: running {name}", flush=True)
-            code = launch(["--run-config", run_config(setting, args.dataset, args.rounds, results, name, scale),
-                           "--federation-config", federation, "--no-report"])
+            code = launch(
+                [
+                    "--run-config",
+                    run_config(setting, args.dataset, args.rounds, results, name, scale),
+                    "--federation-config",
+                    federation,
+                    "--no-report",
+                ]
+            )
             print(f"analysis.defenses: {name} finished with code {code} in {time.time() - started:.0f} s", flush=True)
             if code != 0:
                 failed.append(name)
@@ -171,14 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(run_dirs, settings)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "defenses.csv", table.to_csv(index=False))
-    scale_text = (f"{args.dataset}, {args.supernodes} clients, {args.rounds} round(s), "
-                  + ", ".join(f"{k}={v}" for k, v in scale.items()))
+    scale_text = f"{args.dataset}, {args.supernodes} clients, {args.rounds} round(s), " + ", ".join(
+        f"{k}={v}" for k, v in scale.items()
+    )
     write_text_atomic(out / "defenses.md", f"Scale: {scale_text}\n\n" + markdown_table(table))
     save_figure(plot_utility_vs_leakage([load_run(d) for d in run_dirs]), out / "leakage_vs_accuracy.png")
     report = write_report(run_dirs, out / "report")
     print(markdown_table(table), flush=True)
-    print(f"analysis.defenses: table {out / 'defenses.md'}, plot {out / 'leakage_vs_accuracy.png'}, report {report}",
-          flush=True)
+    print(
+        f"analysis.defenses: table {out / 'defenses.md'}, plot {out / 'leakage_vs_accuracy.png'}, report {report}",
+        flush=True,
+    )
     if failed:
         print(f"analysis.defenses: error: these runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ an interrupted run is resumed from its checkpoint. Written into DIR:
 - ``report/``: ``analysis.report`` over every run and replay (leakage against round and against
   the model's accuracy), as markdown with its figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,19 @@ REPLAYS: list[tuple[str, list[str]]] = [  # (run, fl-attack replay arguments)
     ("cifar100", ["--methods", "sme,ig", "--options", "label_estimator=paper", "--name", "sme-ig"]),
     ("cifar100", ["--methods", "pisme", "--labels", "oracle", "--name", "pisme-oracle"]),
 ]
-TABLE_COLUMNS = ["run", "method", "labels", "label_estimator", "round", "global_accuracy", "n", "psnr", "ssim",
-                 "lpips", "label_accuracy"]
+TABLE_COLUMNS = [
+    "run",
+    "method",
+    "labels",
+    "label_estimator",
+    "round",
+    "global_accuracy",
+    "n",
+    "psnr",
+    "ssim",
+    "lpips",
+    "label_accuracy",
+]
 
 
 def _value(value) -> str:
@@ -82,8 +94,14 @@ def run_all(out: Path, only: set[str] | None, replays: bool, log=print) -> list[
             extra = f' resume="{folder}"' if resume else ""
             log(f"leakage study: {'resuming' if resume else 'running'} {name}")
             clock = time.time()
-            code = launch(["--run-config", run_config(config, results, name) + extra, "--federation-config",
-                           f"num-supernodes={supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0"])
+            code = launch(
+                [
+                    "--run-config",
+                    run_config(config, results, name) + extra,
+                    "--federation-config",
+                    f"num-supernodes={supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0",
+                ]
+            )
             log(f"leakage study: {name} exited {code} after {time.time() - clock:.0f} s")
             if code != 0:
                 continue
@@ -118,9 +136,17 @@ def study_table(folders: list[Path]) -> pd.DataFrame:
         if "label_estimator" not in attacks:
             attacks["label_estimator"] = ""
         attacks["label_estimator"] = attacks["label_estimator"].fillna("")
-        grouped = attacks.groupby(["method", "labels", "label_estimator", "round"]).agg(
-            n=("psnr", "size"), psnr=("psnr", "mean"), ssim=("ssim", "mean"), lpips=("lpips", "mean"),
-            label_accuracy=("label_accuracy", "mean")).reset_index()
+        grouped = (
+            attacks.groupby(["method", "labels", "label_estimator", "round"])
+            .agg(
+                n=("psnr", "size"),
+                psnr=("psnr", "mean"),
+                ssim=("ssim", "mean"),
+                lpips=("lpips", "mean"),
+                label_accuracy=("label_accuracy", "mean"),
+            )
+            .reset_index()
+        )
         accuracy = run.rounds.set_index("round")["global_accuracy"] if "global_accuracy" in run.rounds else None
         grouped["global_accuracy"] = grouped["round"].map(accuracy) if accuracy is not None else float("nan")
         grouped.insert(0, "run", name)
@@ -144,11 +170,17 @@ def write_outputs(out: Path, folders: list[Path]) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.leakage_study", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.leakage_study",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, report/)")
-    parser.add_argument("--only", default="", help="comma-separated run names (default: all of " +
-                        ", ".join(name for name, _, _ in RUNS) + ")")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated run names (default: all of " + ", ".join(name for name, _, _ in RUNS) + ")",
+    )
     parser.add_argument("--skip-replays", action="store_true", help="run the federations only")
     args = parser.parse_args(argv)
     only = {n.strip() for n in args.only.split(",") if n.strip()} or None
@@ -160,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     folders = run_all(out, only, not args.skip_replays, log=lambda m: print(m, flush=True))
     table = write_outputs(out, folders)
-    print(f"leakage study: {len(folders)} run(s) and replay(s), {len(table)} table rows, "
-          f"{time.time() - started:.0f} s; {out / 'study.md'}", flush=True)
+    print(
+        f"leakage study: {len(folders)} run(s) and replay(s), {len(table)} table rows, "
+        f"{time.time() - started:.0f} s; {out / 'study.md'}",
+        flush=True,
+    )
     return 0
 
 

@@ -23,8 +23,20 @@ from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS
 ROUND_NUMERIC = ROUND_COLUMNS
 # node_id and client_id stay text: Flower node ids are 64-bit and would lose digits as floats.
 ATTACK_NUMERIC = [
-    "round", "partition_id", "local_steps", "nodes", "iterations", "psnr", "ssim", "fsim", "lpips",
-    "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds", "lag_rounds",
+    "round",
+    "partition_id",
+    "local_steps",
+    "nodes",
+    "iterations",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "attack_seconds",
+    "lag_rounds",
 ]
 ATTACK_STATUSES = ("ok", "failed")
 # A row without these cannot be placed in a table at all.
@@ -80,7 +92,8 @@ def load_run(path: str | Path) -> Run:
 
     Raises NotARunError when `path` is not a folder with config.json or attacks.csv, MixedRunsError
     when its rows come from two runs (see `check_single_run`). Empty `defense` cells (older runs)
-    take the run's configured defense. Warns (MalformedLineWarning) for each skipped CSV line and for an unreadable config.json.
+    take the run's configured defense. Warns (MalformedLineWarning) for each skipped CSV line and for an
+    unreadable config.json.
     """
     path = Path(path)
     if not is_run_folder(path):
@@ -88,8 +101,9 @@ def load_run(path: str | Path) -> Run:
     config = _read_config(path / "config.json")
     name = config.get("run_name") or path.resolve().name
     rounds = read_table(path / "rounds.csv", ROUND_COLUMNS, ROUND_NUMERIC, required=ROUND_REQUIRED)
-    attacks = read_table(path / "attacks.csv", ATTACK_COLUMNS, ATTACK_NUMERIC, required=ATTACK_REQUIRED,
-                         statuses=ATTACK_STATUSES)
+    attacks = read_table(
+        path / "attacks.csv", ATTACK_COLUMNS, ATTACK_NUMERIC, required=ATTACK_REQUIRED, statuses=ATTACK_STATUSES
+    )
     check_single_run(path, rounds, attacks)
     if attacks["defense"].isna().any():
         attacks["defense"] = attacks["defense"].fillna(configured_defense(config))
@@ -97,8 +111,9 @@ def load_run(path: str | Path) -> Run:
         rounds = rounds.sort_values("round", kind="stable").reset_index(drop=True)
     if not attacks.empty:
         # Rows are appended as attacks finish; give them a stable reading order.
-        attacks = attacks.sort_values(["round", "method", "partition_id"], kind="stable",
-                                      na_position="last").reset_index(drop=True)
+        attacks = attacks.sort_values(
+            ["round", "method", "partition_id"], kind="stable", na_position="last"
+        ).reset_index(drop=True)
     return Run(path=path, name=str(name), config=config, rounds=rounds, attacks=attacks)
 
 
@@ -117,18 +132,23 @@ def check_single_run(path: Path, rounds: pd.DataFrame, attacks: pd.DataFrame) ->
     for name, table in (("rounds.csv", rounds), ("attacks.csv", attacks)):
         for column in RUN_ID_COLUMNS:
             if column in table.columns and table[column].nunique() > 1:
-                raise MixedRunsError(f"{path / name} mixes rows of several runs ({column}: "
-                                     f"{', '.join(sorted(map(str, table[column].dropna().unique())))})")
+                raise MixedRunsError(
+                    f"{path / name} mixes rows of several runs ({column}: "
+                    f"{', '.join(sorted(map(str, table[column].dropna().unique())))})"
+                )
     twice = rounds.loc[rounds["round"].duplicated(), "round"]
     if not twice.empty:
-        raise MixedRunsError(f"{path / 'rounds.csv'} mixes rows of several runs "
-                             f"(round {int(twice.iloc[0])} appears more than once)")
+        raise MixedRunsError(
+            f"{path / 'rounds.csv'} mixes rows of several runs (round {int(twice.iloc[0])} appears more than once)"
+        )
     repeated = attacks[attacks.duplicated(ATTACK_KEY, keep=False)]
     if not repeated.empty:
         first = repeated.iloc[0]
-        raise MixedRunsError(f"{path / 'attacks.csv'} mixes rows of several runs ({len(repeated)} rows repeat an "
-                             f"attack, e.g. round {first['round']}, partition {first['partition_id']:g}, "
-                             f"{first['method']}, labels {first['labels']})")
+        raise MixedRunsError(
+            f"{path / 'attacks.csv'} mixes rows of several runs ({len(repeated)} rows repeat an "
+            f"attack, e.g. round {first['round']}, partition {first['partition_id']:g}, "
+            f"{first['method']}, labels {first['labels']})"
+        )
 
 
 def _read_config(path: Path) -> dict:
@@ -137,8 +157,9 @@ def _read_config(path: Path) -> dict:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        warnings.warn(f"{path}: unreadable config.json ({error}); using an empty config",
-                      MalformedLineWarning, stacklevel=3)
+        warnings.warn(
+            f"{path}: unreadable config.json ({error}); using an empty config", MalformedLineWarning, stacklevel=3
+        )
         return {}
     return config if isinstance(config, dict) else {}
 
@@ -146,11 +167,17 @@ def _read_config(path: Path) -> dict:
 def _empty_frame(columns: list[str], numeric: list[str]) -> pd.DataFrame:
     def dtype(name):
         return "int64" if name == "round" else "float64" if name in numeric else "object"
+
     return pd.DataFrame({name: pd.Series(dtype=dtype(name)) for name in columns})
 
 
-def read_table(path: Path, columns: list[str], numeric: list[str], required: tuple[str, ...] = (),
-               statuses: tuple[str, ...] | None = None) -> pd.DataFrame:
+def read_table(
+    path: Path,
+    columns: list[str],
+    numeric: list[str],
+    required: tuple[str, ...] = (),
+    statuses: tuple[str, ...] | None = None,
+) -> pd.DataFrame:
     """Read one appended-to CSV of a run folder into a DataFrame.
 
     Returns at least `columns` (missing ones filled with NaN), `numeric` columns as float64,
@@ -166,8 +193,9 @@ def read_table(path: Path, columns: list[str], numeric: list[str], required: tup
     if not text.strip():
         return _empty_frame(columns, numeric)
     if "\n" not in text and "\r" not in text:
-        warnings.warn(f"{path}: only a partial header line; treating the file as empty",
-                      MalformedLineWarning, stacklevel=3)
+        warnings.warn(
+            f"{path}: only a partial header line; treating the file as empty", MalformedLineWarning, stacklevel=3
+        )
         return _empty_frame(columns, numeric)
 
     unterminated = not text.endswith(("\n", "\r"))
@@ -192,8 +220,11 @@ def read_table(path: Path, columns: list[str], numeric: list[str], required: tup
             continue
         kept.append(row)
 
-    frame = pd.DataFrame(kept, columns=header, dtype="object") if kept else pd.DataFrame(
-        {name: pd.Series(dtype="object") for name in header})
+    frame = (
+        pd.DataFrame(kept, columns=header, dtype="object")
+        if kept
+        else pd.DataFrame({name: pd.Series(dtype="object") for name in header})
+    )
     for name in columns:
         if name not in frame.columns:
             frame[name] = float("nan") if name in numeric else None
@@ -210,8 +241,14 @@ def read_table(path: Path, columns: list[str], numeric: list[str], required: tup
     return frame[ordered]
 
 
-def _row_problem(row: list[str], header: list[str], numeric_at: list[int], required_at: list[int],
-                 status_at: int | None, statuses: tuple[str, ...] | None) -> str | None:
+def _row_problem(
+    row: list[str],
+    header: list[str],
+    numeric_at: list[int],
+    required_at: list[int],
+    status_at: int | None,
+    statuses: tuple[str, ...] | None,
+) -> str | None:
     if len(row) != len(header):
         return f"{len(row)} fields, header has {len(header)}"
     for i in required_at:
@@ -240,4 +277,3 @@ def _parses_as_number(value: str) -> bool:
     except ValueError:
         return False
     return True
-

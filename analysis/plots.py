@@ -23,8 +23,14 @@ from .load import Run
 _LINESTYLES = ("-", "--", ":", "-.")
 _METHOD_COLORS = dict(zip(METHOD_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple")))
 _OTHER_COLORS = ("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
-_METRIC_LABELS = {"psnr": "PSNR (dB)", "ssim": "SSIM", "fsim": "FSIM", "lpips": "LPIPS (lower = closer)",
-                  "lsim_honest": "LSIM (honest)", "label_accuracy": "label accuracy"}
+_METRIC_LABELS = {
+    "psnr": "PSNR (dB)",
+    "ssim": "SSIM",
+    "fsim": "FSIM",
+    "lpips": "LPIPS (lower = closer)",
+    "lsim_honest": "LSIM (honest)",
+    "label_accuracy": "label accuracy",
+}
 
 
 def method_color(method: str) -> str:
@@ -46,12 +52,18 @@ def _no_data(ax, text: str) -> None:
 
 
 LEAKAGE_METRICS = ("psnr", "ssim", "lpips", "label_accuracy")
-_ACCURACY_LABELS = {"global_accuracy": "global accuracy (server, held-out test pool)",
-                    "eval_accuracy": "eval accuracy (clients' federated evaluation)"}
+_ACCURACY_LABELS = {
+    "global_accuracy": "global accuracy (server, held-out test pool)",
+    "eval_accuracy": "eval accuracy (clients' federated evaluation)",
+}
 
 
-def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_METRICS, x: str = "round",
-                 threshold: float | None = None) -> Figure:
+def plot_leakage(
+    runs: Run | Sequence[Run],
+    metrics: Sequence[str] = LEAKAGE_METRICS,
+    x: str = "round",
+    threshold: float | None = None,
+) -> Figure:
     """Mean leakage per round, one panel per metric, one line per (run, method, defense, labels).
 
     x: "round", or "accuracy" (the model's accuracy that round, `round_accuracy`: global_accuracy,
@@ -65,18 +77,16 @@ def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_MET
     tables = [per_round(run.attacks, run.rounds) for run in runs]
     sources = {s for table in tables for s in table["accuracy_source"].dropna()}
     columns = 2 if len(metrics) > 1 else 1
-    fig = Figure(figsize=(10 if columns > 1 else 8, 3.6 * math.ceil(len(metrics) / columns)),
-                 layout="constrained")
+    fig = Figure(figsize=(10 if columns > 1 else 8, 3.6 * math.ceil(len(metrics) / columns)), layout="constrained")
     axes = fig.subplots(math.ceil(len(metrics) / columns), columns, squeeze=False).ravel()
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     # One source: the axis names it; several (old and new runs): the legend says which per line.
     x_label = "round" if x == "round" else "model accuracy (which one: see legend)"
     if x == "accuracy" and len(sources) == 1:
         x_label = _ACCURACY_LABELS[next(iter(sources))]
     legend = True
-    varies = [key for key in ("defense", "labels")
-              if len({v for table in tables for v in table[key].dropna()}) > 1]
+    varies = [key for key in ("defense", "labels") if len({v for table in tables for v in table[key].dropna()}) > 1]
     for ax, metric in zip(axes, metrics):
         styles: list = []
         for label, table in zip(run_labels(runs), tables):
@@ -95,9 +105,18 @@ def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_MET
                 if x == "accuracy" and len(sources) > 1:
                     parts.append(rows["accuracy_source"].iloc[0])
                 color = method_color(str(group["method"]))
-                xs, low, high = (rows[c].to_numpy(dtype=float) for c in (x, f"{metric}_ci95_low", f"{metric}_ci95_high"))
-                ax.plot(xs, rows[f"{metric}_mean"].to_numpy(dtype=float), marker="o", ms=4, color=color,
-                        ls=_LINESTYLES[styles.index(style) % len(_LINESTYLES)], label=" · ".join(map(str, parts)))
+                xs, low, high = (
+                    rows[c].to_numpy(dtype=float) for c in (x, f"{metric}_ci95_low", f"{metric}_ci95_high")
+                )
+                ax.plot(
+                    xs,
+                    rows[f"{metric}_mean"].to_numpy(dtype=float),
+                    marker="o",
+                    ms=4,
+                    color=color,
+                    ls=_LINESTYLES[styles.index(style) % len(_LINESTYLES)],
+                    label=" · ".join(map(str, parts)),
+                )
                 if x == "round":
                     ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
                 else:
@@ -116,13 +135,14 @@ def plot_leakage(runs: Run | Sequence[Run], metrics: Sequence[str] = LEAKAGE_MET
             ax.legend(fontsize="x-small")
             legend = False
     what = "over rounds" if x == "round" else "against the model's accuracy, one point per round"
-    fig.suptitle(f"Leakage {what} ({'band' if x == 'round' else 'bar'}: 95% interval of the mean, "
-                 f"n ≥ {MIN_CI_N})", fontsize="medium")
+    fig.suptitle(
+        f"Leakage {what} ({'band' if x == 'round' else 'bar'}: 95% interval of the mean, n ≥ {MIN_CI_N})",
+        fontsize="medium",
+    )
     return fig
 
 
-def plot_leakage_over_rounds(runs: Run | Sequence[Run], metric: str = "psnr",
-                             threshold: float | None = None) -> Figure:
+def plot_leakage_over_rounds(runs: Run | Sequence[Run], metric: str = "psnr", threshold: float | None = None) -> Figure:
     """One metric of `plot_leakage` against round."""
     return plot_leakage(runs, (metric,), "round", threshold)
 
@@ -140,14 +160,28 @@ def plot_training(runs: Run | Sequence[Run]) -> Figure:
         color = f"C{i % 10}"
         for column, style, what in (("train_loss", "-", "train"), ("eval_loss", "--", "eval")):
             if rounds[column].notna().any():
-                loss_ax.plot(rounds["round"], rounds[column], ls=style, marker="o", ms=3, color=color,
-                             label=f"{what} · {label}" if len(runs) > 1 else what)
+                loss_ax.plot(
+                    rounds["round"],
+                    rounds[column],
+                    ls=style,
+                    marker="o",
+                    ms=3,
+                    color=color,
+                    label=f"{what} · {label}" if len(runs) > 1 else what,
+                )
                 drawn = True
         for column, style in (("eval_accuracy", "-"), ("global_accuracy", "--")):
             what = column.split("_")[0]
             if rounds[column].notna().any():
-                accuracy_ax.plot(rounds["round"], rounds[column], ls=style, marker="o", ms=3, color=color,
-                                 label=f"{what} · {label}" if len(runs) > 1 else what)
+                accuracy_ax.plot(
+                    rounds["round"],
+                    rounds[column],
+                    ls=style,
+                    marker="o",
+                    ms=3,
+                    color=color,
+                    label=f"{what} · {label}" if len(runs) > 1 else what,
+                )
                 drawn = True
     if not drawn:
         _no_data(loss_ax, "no finished rounds yet")
@@ -216,8 +250,13 @@ def plot_per_client(run: Run, metric: str = "psnr", annotate_up_to: int = 16) ->
     cmap = _grey_nan_cmap()
     image = None
     for ax, method in zip(axes, methods):
-        grid = (ok[ok["method"] == method].groupby(["partition_id", "round"])[metric].mean()
-                .unstack("round").reindex(index=clients, columns=rounds))
+        grid = (
+            ok[ok["method"] == method]
+            .groupby(["partition_id", "round"])[metric]
+            .mean()
+            .unstack("round")
+            .reindex(index=clients, columns=rounds)
+        )
         data = np.ma.masked_invalid(grid.to_numpy(dtype=float))
         image = ax.imshow(data, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.set_title(method)
@@ -228,8 +267,15 @@ def plot_per_client(run: Run, metric: str = "psnr", annotate_up_to: int = 16) ->
             middle = (vmin + vmax) / 2
             for (r, c), value in np.ndenumerate(grid.to_numpy(dtype=float)):
                 if not np.isnan(value):
-                    ax.text(c, r, f"{value:.1f}" if metric == "psnr" else f"{value:.2f}", ha="center",
-                            va="center", fontsize=7, color="white" if value < middle else "black")
+                    ax.text(
+                        c,
+                        r,
+                        f"{value:.1f}" if metric == "psnr" else f"{value:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if value < middle else "black",
+                    )
     axes[0].set_ylabel("client (partition id)")
     fig.colorbar(image, ax=list(axes), label=_METRIC_LABELS.get(metric, metric), shrink=0.9)
     fig.suptitle(f"{_METRIC_LABELS.get(metric, metric)} per client and round — {run.name}", fontsize="medium")
@@ -254,5 +300,13 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 100) -> Path:
     return write_bytes_atomic(path, figure_png(fig, dpi=dpi))
 
 
-__all__ = ["plot_leakage", "plot_leakage_over_rounds", "plot_training", "plot_utility_vs_leakage", "plot_per_client",
-           "figure_png", "save_figure", "method_color"]
+__all__ = [
+    "plot_leakage",
+    "plot_leakage_over_rounds",
+    "plot_training",
+    "plot_utility_vs_leakage",
+    "plot_per_client",
+    "figure_png",
+    "save_figure",
+    "method_color",
+]

@@ -59,7 +59,7 @@ MAX_FAILED_LISTED = 50
 class _Picture:
     """One embedded image: a figure or a run's reconstruction grid."""
 
-    key: str          # file name stem for the Markdown output
+    key: str  # file name stem for the Markdown output
     png: bytes
     caption: str
 
@@ -76,8 +76,9 @@ class _RunSection:
     grids: list[tuple[int, list[_Picture | str]]] = field(default_factory=list)
 
 
-def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str = "html",
-                 threshold: float = 20.0) -> Path:
+def write_report(
+    run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str = "html", threshold: float = 20.0
+) -> Path:
     """Load `run_dirs`, write the report and the table exports into `out_dir`; return the report path.
 
     fmt: "html" (report.html, self-contained) or "md" (report.md, PNGs in figures/ and images/).
@@ -98,20 +99,36 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str =
 
     figures = []
     if any(not run.attacks.empty for run in runs):
-        figures.append(_Picture("leakage_over_rounds", figure_png(plot_leakage(runs, threshold=threshold)),
-                                "Mean leakage per round, method, defense and labels source; the band is "
-                                "the 95% interval of the mean (given from 3 values)."))
-        figures.append(_Picture("leakage_vs_accuracy", figure_png(plot_leakage(runs, x="accuracy",
-                                                                               threshold=threshold)),
-                                "Mean leakage against the model's accuracy in the same round (the axis "
-                                "names the accuracy used), rounds joined in order; bars: 95% intervals."))
+        figures.append(
+            _Picture(
+                "leakage_over_rounds",
+                figure_png(plot_leakage(runs, threshold=threshold)),
+                "Mean leakage per round, method, defense and labels source; the band is "
+                "the 95% interval of the mean (given from 3 values).",
+            )
+        )
+        figures.append(
+            _Picture(
+                "leakage_vs_accuracy",
+                figure_png(plot_leakage(runs, x="accuracy", threshold=threshold)),
+                "Mean leakage against the model's accuracy in the same round (the axis "
+                "names the accuracy used), rounds joined in order; bars: 95% intervals.",
+            )
+        )
     if any(not run.rounds.empty for run in runs):
-        figures.append(_Picture("training", figure_png(plot_training(runs)),
-                                "Training curve: loss and accuracy per finished round."))
+        figures.append(
+            _Picture(
+                "training", figure_png(plot_training(runs)), "Training curve: loss and accuracy per finished round."
+            )
+        )
     utility = None
     if len(runs) > 1:
-        utility = _Picture("utility_vs_leakage", figure_png(plot_utility_vs_leakage(runs)),
-                           "Final accuracy (global when the run has it, else eval) against mean PSNR over ok attacks, one point per run.")
+        utility = _Picture(
+            "utility_vs_leakage",
+            figure_png(plot_utility_vs_leakage(runs)),
+            "Final accuracy (global when the run has it, else eval) against mean PSNR over ok attacks, "
+            "one point per run.",
+        )
 
     if fmt == "html":
         path = out_dir / "report.html"
@@ -128,13 +145,20 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, fmt: str =
 def _build_sections(runs: list[Run], threshold: float) -> list[_RunSection]:
     sections = []
     for label, run in zip(run_labels(runs), runs):
-        section = _RunSection(run=run, label=label, per_round=per_round(run.attacks, run.rounds),
-                              per_client=per_client(run.attacks), summary=summary_table(run),
-                              sentences=summary_sentences(run, threshold=threshold))
+        section = _RunSection(
+            run=run,
+            label=label,
+            per_round=per_round(run.attacks, run.rounds),
+            per_client=per_client(run.attacks),
+            summary=summary_table(run),
+            sentences=summary_sentences(run, threshold=threshold),
+        )
         if not run.attacks.empty:
-            section.heat_map = _Picture(f"per_client_{_slug(label)}", figure_png(plot_per_client(run)),
-                                        f"PSNR per client and round, {label}. Grey: not attacked, "
-                                        "failed or no value.")
+            section.heat_map = _Picture(
+                f"per_client_{_slug(label)}",
+                figure_png(plot_per_client(run)),
+                f"PSNR per client and round, {label}. Grey: not attacked, failed or no value.",
+            )
             section.grids = _pick_grids(run, label)
         sections.append(section)
     return sections
@@ -164,8 +188,9 @@ def _pick_grids(run: Run, label: str) -> list[tuple[int, list[_Picture | str]]]:
                 if png is None:
                     items.append(f"{caption} (image missing: {row.get('image') or 'no path'})")
                 else:
-                    items.append(_Picture(f"{_slug(label)}/round-{int(round_)}/{_slug(method)}/client-{client}",
-                                          png, caption))
+                    items.append(
+                        _Picture(f"{_slug(label)}/round-{int(round_)}/{_slug(method)}/client-{client}", png, caption)
+                    )
         picks.append((int(round_), items))
     return picks
 
@@ -196,7 +221,12 @@ def _slug(text: str) -> str:
 def _export_tables(sections: list[_RunSection], comparison: pd.DataFrame, out_dir: Path) -> None:
     per_round_all = _concat_with_run([(s.label, s.per_round) for s in sections])
     per_client_all = _concat_with_run([(s.label, s.per_client) for s in sections])
-    tables = {"summary": _summary_all(sections), "per_round": per_round_all, "per_client": per_client_all, "comparison": comparison}
+    tables = {
+        "summary": _summary_all(sections),
+        "per_round": per_round_all,
+        "per_client": per_client_all,
+        "comparison": comparison,
+    }
     for name, table in tables.items():
         write_text_atomic(out_dir / f"{name}.csv", table.to_csv(index=False))
     try:
@@ -234,8 +264,9 @@ def _write_parquet(table: pd.DataFrame, path: Path) -> None:
         text = table.copy()
         for column in text.columns:
             if text[column].dtype == object:
-                text[column] = text[column].map(lambda v: None if v is None or (isinstance(v, float)
-                                                                                and math.isnan(v)) else str(v))
+                text[column] = text[column].map(
+                    lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                )
         try:
             write_bytes_atomic(path, _parquet_bytes(text))
         except Exception:
@@ -278,7 +309,7 @@ def _split_columns(columns: list[str]) -> list[tuple[str, str]]:
     pairs = []
     for name in columns:
         for metric in METRICS:
-            stat = name[len(metric) + 1:] if name.startswith(metric + "_") else None
+            stat = name[len(metric) + 1 :] if name.startswith(metric + "_") else None
             if stat in STATS:
                 pairs.append((metric, stat.replace("ci95_", "95% ")))
                 break
@@ -353,8 +384,9 @@ def _config_table(runs: list[Run], labels: list[str]) -> pd.DataFrame:
     for key in version_keys:
         rows[f"version {key}"] = [(run.config.get("versions") or {}).get(key) for run in runs]
     rows["folder"] = [str(run.path) for run in runs]
-    table = pd.DataFrame([[key, *values] for key, values in rows.items()],
-                         columns=["key", *(labels if len(runs) > 1 else ["value"])])
+    table = pd.DataFrame(
+        [[key, *values] for key, values in rows.items()], columns=["key", *(labels if len(runs) > 1 else ["value"])]
+    )
     return table
 
 
@@ -396,30 +428,43 @@ nav { font-size: .9rem; } nav a { margin-right: 1rem; color: #2a5bd7; }
 """
 
 
-_SUMMARY_NOTE = ("One row per method, defense and labels source. PSNR first/last: mean in the first and last "
-                 "round attacked; best: the highest single attack. psnr_accuracy_corr: correlation over rounds "
-                 "of the round's mean PSNR with the model's accuracy (accuracy_source); psnr_trend: dB per "
-                 "round. Both need 3 rounds; blank cells: not enough data.")
+_SUMMARY_NOTE = (
+    "One row per method, defense and labels source. PSNR first/last: mean in the first and last "
+    "round attacked; best: the highest single attack. psnr_accuracy_corr: correlation over rounds "
+    "of the round's mean PSNR with the model's accuracy (accuracy_source); psnr_trend: dB per "
+    "round. Both need 3 rounds; blank cells: not enough data."
+)
 
 
 def _figure_html(picture: _Picture) -> str:
-    return (f'<figure><img src="{_data_uri(picture.png)}" alt="{html.escape(picture.caption)}">'
-            f"<figcaption>{html.escape(picture.caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="{_data_uri(picture.png)}" alt="{html.escape(picture.caption)}">'
+        f"<figcaption>{html.escape(picture.caption)}</figcaption></figure>"
+    )
 
 
-def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures: list[_Picture],
-                 utility: _Picture | None, threshold: float) -> str:
+def _render_html(
+    sections: list[_RunSection],
+    comparison: pd.DataFrame,
+    figures: list[_Picture],
+    utility: _Picture | None,
+    threshold: float,
+) -> str:
     runs = [s.run for s in sections]
     labels = [s.label for s in sections]
     now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             "<title>fl-attack leakage report</title>", f"<style>{_CSS}</style></head><body>",
-             "<h1>fl-attack leakage report</h1>",
-             f'<p class="meta">Generated {html.escape(now)} from {len(runs)} run folder'
-             f'{"s" if len(runs) > 1 else ""}. Recovered means PSNR &gt; {threshold:g} dB. '
-             "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "
-             "given from 3 values and clipped to the metric's range (blank otherwise).</p>"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>fl-attack leakage report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>fl-attack leakage report</h1>",
+        f'<p class="meta">Generated {html.escape(now)} from {len(runs)} run folder'
+        f"{'s' if len(runs) > 1 else ''}. Recovered means PSNR &gt; {threshold:g} dB. "
+        "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "
+        "given from 3 values and clipped to the metric's range (blank otherwise).</p>",
+    ]
     links = [("summary", "Summary")]
     if len(sections) > 1:
         links.append(("comparison", "Comparison"))
@@ -427,8 +472,11 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
         links.append(("plots", "Plots"))
     links.append(("config", "Configuration"))
     links += [(f"run-{_slug(s.label)}", f"Run: {s.label}") for s in sections]
-    parts.append("<nav>" + "".join(f'<a href="#{html.escape(anchor)}">{html.escape(text)}</a>'
-                                   for anchor, text in links) + "</nav>")
+    parts.append(
+        "<nav>"
+        + "".join(f'<a href="#{html.escape(anchor)}">{html.escape(text)}</a>' for anchor, text in links)
+        + "</nav>"
+    )
 
     parts.append('<h2 id="summary">Summary</h2>')
     for section in sections:
@@ -436,8 +484,9 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
             parts.append(f"<h3>{html.escape(section.label)}</h3>")
         if section.run.attacks.empty:
             parts.append('<p class="note">No attacks yet: this run has no rows in attacks.csv.</p>')
-        parts.append('<ul class="sentences">' + "".join(f"<li>{html.escape(s)}</li>" for s in section.sentences)
-                     + "</ul>")
+        parts.append(
+            '<ul class="sentences">' + "".join(f"<li>{html.escape(s)}</li>" for s in section.sentences) + "</ul>"
+        )
     summary = _summary_all(sections)
     if not summary.empty:
         parts.append(f"<p>{html.escape(_SUMMARY_NOTE)}</p>")
@@ -446,8 +495,7 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
     if len(sections) > 1:
         parts.append('<h2 id="comparison">Comparison of runs</h2>')
         keys = [key for key in differing_keys(runs)]
-        parts.append("<p>Differing run-config keys: "
-                     + (html.escape(", ".join(keys)) if keys else "none") + ".</p>")
+        parts.append("<p>Differing run-config keys: " + (html.escape(", ".join(keys)) if keys else "none") + ".</p>")
         parts.append(_html_table(comparison, "comparison"))
         if utility is not None:
             parts.append(_figure_html(utility))
@@ -459,15 +507,18 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
     parts.append('<h2 id="config">Configuration</h2>')
     differing = set(differing_keys(runs))
     config = _config_table(runs, labels)
-    parts.append(_html_table(config, "config",
-                             row_classes=["differs" if key in differing else "" for key in config["key"]]))
+    parts.append(
+        _html_table(config, "config", row_classes=["differs" if key in differing else "" for key in config["key"]])
+    )
 
     for section in sections:
         parts.append(f'<h2 id="run-{html.escape(_slug(section.label))}">Run: {html.escape(section.label)}</h2>')
         parts.append(f'<p class="meta">{html.escape(str(section.run.path))}</p>')
         if section.run.attacks.empty:
-            parts.append('<p class="note">No attacks yet: attacks.csv is missing or has no rows, '
-                         "so there is nothing to tabulate.</p>")
+            parts.append(
+                '<p class="note">No attacks yet: attacks.csv is missing or has no rows, '
+                "so there is nothing to tabulate.</p>"
+            )
             continue
         parts.append("<h3>Per round, method, defense and labels</h3>")
         parts.append(_html_table(section.per_round, "per-round", grouped=True))
@@ -496,8 +547,14 @@ def _render_html(sections: list[_RunSection], comparison: pd.DataFrame, figures:
 # ---------------------------------------------------------------- Markdown
 
 
-def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figures: list[_Picture],
-                     utility: _Picture | None, threshold: float, out_dir: Path) -> str:
+def _render_markdown(
+    sections: list[_RunSection],
+    comparison: pd.DataFrame,
+    figures: list[_Picture],
+    utility: _Picture | None,
+    threshold: float,
+    out_dir: Path,
+) -> str:
     runs = [s.run for s in sections]
     # Files are overwritten, never deleted: REPORT_DIR may hold the user's own files.
     figure_dir = out_dir / "figures"
@@ -508,10 +565,16 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
         write_bytes_atomic(path, picture.png)
         return f"![{picture.caption}]({path.relative_to(out_dir).as_posix()})\n\n*{picture.caption}*\n"
 
-    lines = ["# fl-attack leakage report", "",
-             f"Recovered means PSNR > {threshold:g} dB. Failed attacks are counted, never averaged in; "
-             "intervals are 95% t-intervals of the mean, given from 3 values and clipped to the metric's range "
-             "(blank otherwise).", "", "## Summary", ""]
+    lines = [
+        "# fl-attack leakage report",
+        "",
+        f"Recovered means PSNR > {threshold:g} dB. Failed attacks are counted, never averaged in; "
+        "intervals are 95% t-intervals of the mean, given from 3 values and clipped to the metric's range "
+        "(blank otherwise).",
+        "",
+        "## Summary",
+        "",
+    ]
     for section in sections:
         if len(sections) > 1:
             lines += [f"### {section.label}", ""]
@@ -521,8 +584,13 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
         lines += [_SUMMARY_NOTE, "", _md_table(summary)]
     if len(sections) > 1:
         keys = differing_keys(runs)
-        lines += ["## Comparison of runs", "", f"Differing run-config keys: {', '.join(keys) or 'none'}.", "",
-                  _md_table(comparison)]
+        lines += [
+            "## Comparison of runs",
+            "",
+            f"Differing run-config keys: {', '.join(keys) or 'none'}.",
+            "",
+            _md_table(comparison),
+        ]
         if utility is not None:
             lines.append(saved(utility, figure_dir))
     if figures:
@@ -534,15 +602,25 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
         if section.run.attacks.empty:
             lines += ["> No attacks yet: attacks.csv is missing or has no rows.", ""]
             continue
-        lines += ["### Per round, method, defense and labels", "", _md_table(section.per_round),
-                  "### Per client", "", _md_table(section.per_client)]
+        lines += [
+            "### Per round, method, defense and labels",
+            "",
+            _md_table(section.per_round),
+            "### Per client",
+            "",
+            _md_table(section.per_client),
+        ]
         if section.heat_map is not None:
             lines.append(saved(section.heat_map, figure_dir))
         failed = _failed_table(section.run)
         if not failed.empty:
             lines += ["### Failed attacks", "", _md_table(failed)]
-        lines += ["### Reconstructions: best and worst client per round", "",
-                  "Each image: originals in the top row, matched reconstructions in the bottom row.", ""]
+        lines += [
+            "### Reconstructions: best and worst client per round",
+            "",
+            "Each image: originals in the top row, matched reconstructions in the bottom row.",
+            "",
+        ]
         for round_, items in section.grids:
             lines += [f"#### Round {round_}", ""]
             for item in items:
@@ -556,13 +634,20 @@ def _render_markdown(sections: list[_RunSection], comparison: pd.DataFrame, figu
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m analysis.report",
-        description="Write a leakage report (tables, plots, reconstructions) for fl-attack run folders.")
+        description="Write a leakage report (tables, plots, reconstructions) for fl-attack run folders.",
+    )
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folder(s) with config.json/attacks.csv")
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="folder for the report and tables")
-    parser.add_argument("--format", choices=FORMATS, default="html", dest="fmt",
-                        help="html: one self-contained file (default); md: Markdown with PNGs beside it")
-    parser.add_argument("--threshold", type=float, default=20.0,
-                        help="PSNR in dB above which a client counts as recovered (default 20)")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="html",
+        dest="fmt",
+        help="html: one self-contained file (default); md: Markdown with PNGs beside it",
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=20.0, help="PSNR in dB above which a client counts as recovered (default 20)"
+    )
     return parser
 
 

@@ -21,6 +21,7 @@ checks, and exits 1 if a check fails:
 ``control-point-lr`` trains one victim and runs PI-SME once per control-point setting (Adam at
 several learning rates, a frozen control point, SGD at several learning rates), writing sweep.csv.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,14 @@ MIN_CLIENTS = 3
 MIN_LABEL_ACCURACY = 0.9
 # (name, optimiser, learning rate) of the control point P1 in the sweep; lr 0 keeps P1 at the midpoint.
 CONTROL_POINT_VARIANTS = [
-    ("adam-1e-3", "adam", 1e-3), ("adam-1e-4", "adam", 1e-4), ("adam-1e-5", "adam", 1e-5),
-    ("adam-1e-6", "adam", 1e-6), ("frozen", "adam", 0.0),
-    ("sgd-1e-2", "sgd", 1e-2), ("sgd-1e-1", "sgd", 1e-1), ("sgd-1", "sgd", 1.0),
+    ("adam-1e-3", "adam", 1e-3),
+    ("adam-1e-4", "adam", 1e-4),
+    ("adam-1e-5", "adam", 1e-5),
+    ("adam-1e-6", "adam", 1e-6),
+    ("frozen", "adam", 0.0),
+    ("sgd-1e-2", "sgd", 1e-2),
+    ("sgd-1e-1", "sgd", 1e-1),
+    ("sgd-1", "sgd", 1.0),
 ]
 
 
@@ -61,39 +67,59 @@ def summarise(rows: list[dict]) -> dict:
     """Per-method means and the acceptance checks of the quality benchmark."""
     table = pd.DataFrame(rows)
     metrics = ["psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds"]
-    means = {m: {k: float(v) for k, v in g[metrics].mean().items()} | {"clients": int(g["psnr"].notna().sum())}
-             for m, g in table.groupby("method", sort=False)}
+    means = {
+        m: {k: float(v) for k, v in g[metrics].mean().items()} | {"clients": int(g["psnr"].notna().sum())}
+        for m, g in table.groupby("method", sort=False)
+    }
     checks = {}
     if "pisme" in means and "ig" in means:
         margin = means["pisme"]["psnr"] - means["ig"]["psnr"]
         n = min(means["pisme"]["clients"], means["ig"]["clients"])
-        checks["pisme_beats_ig_by_3db"] = {"margin_db": margin, "clients": n,
-                                           "passed": bool(margin >= PSNR_MARGIN_DB and n >= MIN_CLIENTS)}
+        checks["pisme_beats_ig_by_3db"] = {
+            "margin_db": margin,
+            "clients": n,
+            "passed": bool(margin >= PSNR_MARGIN_DB and n >= MIN_CLIENTS),
+        }
     if "pisme" in means and "sme" in means:
-        checks["pisme_lsim_honest_le_sme"] = {"pisme": means["pisme"]["lsim_honest"], "sme": means["sme"]["lsim_honest"],
-                                              "passed": bool(means["pisme"]["lsim_honest"] <= means["sme"]["lsim_honest"])}
+        checks["pisme_lsim_honest_le_sme"] = {
+            "pisme": means["pisme"]["lsim_honest"],
+            "sme": means["sme"]["lsim_honest"],
+            "passed": bool(means["pisme"]["lsim_honest"] <= means["sme"]["lsim_honest"]),
+        }
     accuracy = float(table["label_accuracy"].mean())
     checks["label_accuracy_ge_0.9"] = {"mean": accuracy, "passed": bool(accuracy >= MIN_LABEL_ACCURACY)}
     return {"means": means, "checks": checks}
 
 
 def markdown(summary: dict, rows: list[dict]) -> str:
-    lines = ["| client | method | PSNR (dB) | SSIM | LPIPS | honest Lsim | calibrated Lsim | label acc. | s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| client | method | PSNR (dB) | SSIM | LPIPS | honest Lsim | calibrated Lsim | label acc. | s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['client']} | {r['method']} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['lpips']:.3f} | "
-                     f"{r['lsim_honest']:.4f} | {r['lsim_calibrated']:.4f} | {r['label_accuracy']:.2f} | "
-                     f"{r['seconds']:.0f} |")
-    lines += ["", "| method | clients | PSNR (dB) | SSIM | LPIPS | honest Lsim | label acc. | s/attack |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['client']} | {r['method']} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['lpips']:.3f} | "
+            f"{r['lsim_honest']:.4f} | {r['lsim_calibrated']:.4f} | {r['label_accuracy']:.2f} | "
+            f"{r['seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        "| method | clients | PSNR (dB) | SSIM | LPIPS | honest Lsim | label acc. | s/attack |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m, v in summary["means"].items():
-        lines.append(f"| {m} | {v['clients']} | {v['psnr']:.2f} | {v['ssim']:.3f} | {v['lpips']:.3f} | "
-                     f"{v['lsim_honest']:.4f} | {v['label_accuracy']:.2f} | {v['seconds']:.0f} |")
+        lines.append(
+            f"| {m} | {v['clients']} | {v['psnr']:.2f} | {v['ssim']:.3f} | {v['lpips']:.3f} | "
+            f"{v['lsim_honest']:.4f} | {v['label_accuracy']:.2f} | {v['seconds']:.0f} |"
+        )
     lines.append("")
     for name, check in summary["checks"].items():
-        lines.append(f"- {name}: {'PASS' if check['passed'] else 'FAIL'} "
-                     + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in check.items() if k != "passed"))
+        lines.append(
+            f"- {name}: {'PASS' if check['passed'] else 'FAIL'} "
+            + ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in check.items() if k != "passed"
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -104,14 +130,26 @@ def _overrides(items: list[str]) -> dict:
 
 
 def run_quality(args) -> int:
-    settings = AttackSettings(dataset="femnist", methods=tuple(args.methods.split(",")), clients=args.clients,
-                              **asdict(PAPER), iterations=args.iterations, nodes=args.nodes, seed=args.seed,
-                              device=args.device, trace_every=args.trace_every, overrides=_overrides(args.set))
+    settings = AttackSettings(
+        dataset="femnist",
+        methods=tuple(args.methods.split(",")),
+        clients=args.clients,
+        **asdict(PAPER),
+        iterations=args.iterations,
+        nodes=args.nodes,
+        seed=args.seed,
+        device=args.device,
+        trace_every=args.trace_every,
+        overrides=_overrides(args.set),
+    )
     start = time.perf_counter()
     rows = run_attack_experiment(settings, args.out, progress=True)
     wall = time.perf_counter() - start
-    summary = summarise(rows) | {"wall_seconds": wall, "torch_threads": torch.get_num_threads(),
-                                 "command": " ".join(sys.argv)}
+    summary = summarise(rows) | {
+        "wall_seconds": wall,
+        "torch_threads": torch.get_num_threads(),
+        "command": " ".join(sys.argv),
+    }
     out = Path(args.out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = markdown(summary, rows) + f"\nwall time {wall:.0f} s, {torch.get_num_threads()} torch threads\n"
@@ -121,9 +159,17 @@ def run_quality(args) -> int:
 
 
 def run_control_point_lr(args) -> int:
-    settings = AttackSettings(dataset="femnist", methods=("pisme",), clients=args.client + 1, **asdict(PAPER),
-                              iterations=args.iterations, nodes=args.nodes,
-                              seed=args.seed, device=args.device, trace_every=args.trace_every)
+    settings = AttackSettings(
+        dataset="femnist",
+        methods=("pisme",),
+        clients=args.client + 1,
+        **asdict(PAPER),
+        iterations=args.iterations,
+        nodes=args.nodes,
+        seed=args.seed,
+        device=args.device,
+        trace_every=args.trace_every,
+    )
     pool = validate_settings(settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,13 +177,18 @@ def run_control_point_lr(args) -> int:
     variants = [v for v in CONTROL_POINT_VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     rows = []
     for name, optimizer, lr in variants:
-        outcome = attack_victim(victim, "pisme", settings,
-                                overrides={"control_point_optimizer": optimizer, "lr_control_point": lr})
+        outcome = attack_victim(
+            victim, "pisme", settings, overrides={"control_point_optimizer": optimizer, "lr_control_point": lr}
+        )
         last = outcome.reconstruction.trace[-1]
         scored = results_row(outcome.row)
-        row = {"variant": name, "optimizer": optimizer, "lr_control_point": lr, **{
-            k: scored[k] for k in ("psnr", "ssim", "lpips", "lsim_honest", "lsim_calibrated", "seconds")},
-            "control_point_shift": last.get("control_point_shift", math.nan)}
+        row = {
+            "variant": name,
+            "optimizer": optimizer,
+            "lr_control_point": lr,
+            **{k: scored[k] for k in ("psnr", "ssim", "lpips", "lsim_honest", "lsim_calibrated", "seconds")},
+            "control_point_shift": last.get("control_point_shift", math.nan),
+        }
         rows.append(row)
         write_trace(out / f"trace-{name}.csv", outcome.reconstruction.trace)
         pd.DataFrame(rows).to_csv(out / "sweep.csv", index=False)
@@ -152,12 +203,18 @@ def main(argv=None) -> int:
     q.add_argument("--clients", type=int, default=3)
     q.add_argument("--methods", default="pisme,sme,ig,nlsme")
     q.add_argument("--out", default="results/benchmarks/attack-quality")
-    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an AttackConfig override for every method, e.g. --set lr_control_point=1e-4")
+    q.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an AttackConfig override for every method, e.g. --set lr_control_point=1e-4",
+    )
     c = sub.add_parser("control-point-lr", help="PI-SME with several control-point optimisers, one writer")
     c.add_argument("--client", type=int, default=0, help="partition id of the FEMNIST writer")
-    c.add_argument("--variants", default="", help="comma-separated subset of: "
-                   + ",".join(v[0] for v in CONTROL_POINT_VARIANTS))
+    c.add_argument(
+        "--variants", default="", help="comma-separated subset of: " + ",".join(v[0] for v in CONTROL_POINT_VARIANTS)
+    )
     c.add_argument("--out", default="results/benchmarks/control-point-lr")
     for p, iterations in ((q, 300), (c, 100)):
         p.add_argument("--iterations", type=int, default=iterations)

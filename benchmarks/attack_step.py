@@ -12,6 +12,7 @@ process (the best of a measurement before and after the grid), peak memory, and 
 difference of the step's gradients (dL/dX_hat, dL/dP1, dL/dd) between the two implementations, in
 float64 (where rounding cannot flip a ReLU) and in float32.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,16 +122,32 @@ def _peak_mb(device) -> float:
 def _client_update(dataset: str, samples: int, seed: int, width: int | None):
     """A real client's update (k samples, B=10, E=1) and its labels; shared by a configuration's
     float64 check and its float32 timing."""
-    victim = train_victim(dataset, 0, samples=samples, batch_size=min(PAPER.batch_size, samples), local_epochs=1,
-                          lr=PAPER.lr, seed=seed, width=width)
+    victim = train_victim(
+        dataset,
+        0,
+        samples=samples,
+        batch_size=min(PAPER.batch_size, samples),
+        local_epochs=1,
+        lr=PAPER.lr,
+        seed=seed,
+        width=width,
+    )
     return victim.update, victim.labels
 
 
 class _Problem:
     """A real client update and everything a PI-SME step needs, for both implementations."""
 
-    def __init__(self, dataset: str, nodes: int, samples: int, device: torch.device, seed: int = 0,
-                 width: int | None = None, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        dataset: str,
+        nodes: int,
+        samples: int,
+        device: torch.device,
+        seed: int = 0,
+        width: int | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
         spec = get_spec(dataset)
         update, labels = _client_update(dataset, samples, seed, width)
         self.model = build_model(dataset, width=width).to(device=device, dtype=dtype)
@@ -142,17 +159,23 @@ class _Problem:
         self.wT_state = {k: v.to(device=device, dtype=dtype) for k, v in update.wT.items()}
         self.nodes = nodes
         self.config = AttackConfig(nodes=nodes)
-        self.attack = PathIntegralSME(self.model, flatten(self.w0_state), flatten(self.wT_state), self.shapes,
-                                      self.config)
+        self.attack = PathIntegralSME(
+            self.model, flatten(self.w0_state), flatten(self.wT_state), self.shapes, self.config
+        )
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():  # a state off the initial one: P1 off the midpoint, d != 1
             rms = self.attack.delta_w.norm() / self.attack.delta_w.numel() ** 0.5
-            self.attack.control_point.add_(0.5 * rms * torch.randn(self.attack.w0.shape, generator=gen).to(self.attack.w0))
+            self.attack.control_point.add_(
+                0.5 * rms * torch.randn(self.attack.w0.shape, generator=gen).to(self.attack.w0)
+            )
             self.attack.calibration.copy_(0.5 + torch.rand(self.attack.w0.shape, generator=gen).to(self.attack.w0))
-        self.x = torch.randn(samples, *spec.image_shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+        self.x = (
+            torch.randn(samples, *spec.image_shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+        )
         self.y = labels.to(device)
         groups = [{"params": [self.x], "lr": 1.0}] + [
-            {k: v for k, v in g.items() if k != "optimizer"} for g in self.attack.param_groups()]
+            {k: v for k, v in g.items() if k != "optimizer"} for g in self.attack.param_groups()
+        ]
         self.optimizer = torch.optim.Adam(groups)
 
     def grads(self, impl: str) -> list[torch.Tensor]:
@@ -160,9 +183,16 @@ class _Problem:
         if impl == "fast":
             loss = a.objective(self.x, self.y)["loss"]
         else:
-            loss = pisme_objective_reference(self.model, self.w0_state, self.wT_state,
-                                             unflatten(a.control_point, self.shapes),
-                                             unflatten(a.calibration, self.shapes), self.x, self.y, self.nodes)
+            loss = pisme_objective_reference(
+                self.model,
+                self.w0_state,
+                self.wT_state,
+                unflatten(a.control_point, self.shapes),
+                unflatten(a.calibration, self.shapes),
+                self.x,
+                self.y,
+                self.nodes,
+            )
         return list(torch.autograd.grad(loss, [self.x, a.control_point, a.calibration]))
 
     def step(self, impl: str) -> None:
@@ -182,13 +212,16 @@ def _grad_diff(dataset, nodes, samples, device, width, dtype) -> float:
 IMPLS = ("fast", "reference")
 
 
-def bench_one(dataset: str, nodes: int, samples: int, device: torch.device, repeats: int, peak: float,
-              width: int | None = None) -> list[BenchRow]:
+def bench_one(
+    dataset: str, nodes: int, samples: int, device: torch.device, repeats: int, peak: float, width: int | None = None
+) -> list[BenchRow]:
     """Both implementations at one configuration; their steps alternate so drift biases neither."""
     diff64 = _grad_diff(dataset, nodes, samples, device, width, torch.float64)
     problem = _Problem(dataset, nodes, samples, device, width=width)
-    diff32 = max(float((f - r).abs().max() / r.abs().max().clamp_min(1e-30))
-                 for f, r in zip(problem.grads("fast"), problem.grads("reference")))
+    diff32 = max(
+        float((f - r).abs().max() / r.abs().max().clamp_min(1e-30))
+        for f, r in zip(problem.grads("fast"), problem.grads("reference"))
+    )
     flops, times, memory = {}, {impl: [] for impl in IMPLS}, {impl: 0.0 for impl in IMPLS}
     for impl in IMPLS:
         problem.step(impl)  # warm-up
@@ -205,8 +238,22 @@ def bench_one(dataset: str, nodes: int, samples: int, device: torch.device, repe
     rows = []
     for impl in IMPLS:
         sec = statistics.median(times[impl])
-        rows.append(BenchRow(dataset, nodes, samples, impl, sec, flops[impl] / 1e9, flops[impl] / sec / 1e9,
-                             flops[impl] / sec / 1e9 / peak, memory[impl], diff64, diff32, problem.width))
+        rows.append(
+            BenchRow(
+                dataset,
+                nodes,
+                samples,
+                impl,
+                sec,
+                flops[impl] / 1e9,
+                flops[impl] / sec / 1e9,
+                flops[impl] / sec / 1e9 / peak,
+                memory[impl],
+                diff64,
+                diff32,
+                problem.width,
+            )
+        )
     return rows
 
 
@@ -225,8 +272,16 @@ def validate_bench(datasets, nodes, samples, repeats, threads, widths) -> None:
         client_partition(load_pool(dataset), 0, max(samples))  # so does a k no client has
 
 
-def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples=(50,), device="auto",
-              repeats: int = 3, threads: int | None = None, widths=(None,), progress=print) -> dict:
+def run_bench(
+    datasets=("cifar100", "femnist"),
+    nodes=(1, 3, 7, 12),
+    samples=(50,),
+    device="auto",
+    repeats: int = 3,
+    threads: int | None = None,
+    widths=(None,),
+    progress=print,
+) -> dict:
     """Run the benchmark grid; returns {"device", "threads", "gemm_peak_gflops", "rows": [...]}.
 
     samples: batch sizes k; widths: conv1 channel counts (None: the paper's model). The GEMM peak is
@@ -252,39 +307,54 @@ def run_bench(datasets=("cifar100", "femnist"), nodes=(1, 3, 7, 12), samples=(50
         for row in rows:
             row.peak_fraction *= peak / peak_after
         peak = peak_after
-    return {"device": str(device), "threads": torch.get_num_threads(), "gemm_peak_gflops": peak,
-            "torch": torch.__version__, "rows": [asdict(r) for r in rows]}
+    return {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "gemm_peak_gflops": peak,
+        "torch": torch.__version__,
+        "rows": [asdict(r) for r in rows],
+    }
 
 
-HEADER = (f"{'dataset':9} {'width':>5} {'k':>3} {'m':>3} {'impl':9} {'s/step':>8} {'GFLOP':>7} {'GFLOP/s':>8} "
-          f"{'%peak':>6} {'peakMB':>7} {'dg fp64':>8} {'dg fp32':>8}")
+HEADER = (
+    f"{'dataset':9} {'width':>5} {'k':>3} {'m':>3} {'impl':9} {'s/step':>8} {'GFLOP':>7} {'GFLOP/s':>8} "
+    f"{'%peak':>6} {'peakMB':>7} {'dg fp64':>8} {'dg fp32':>8}"
+)
 
 
 def format_row(r: BenchRow | dict) -> str:
     r = BenchRow(**r) if isinstance(r, dict) else r
-    return (f"{r.dataset:9} {r.width:>5} {r.samples:>3} {r.nodes:>3} {r.impl:9} {r.seconds_per_step:8.3f} "
-            f"{r.gflop_per_step:7.1f} {r.gflops:8.1f} {100 * r.peak_fraction:5.1f}% {r.peak_memory_mb:7.0f} "
-            f"{r.max_grad_diff:8.1e} {r.max_grad_diff_fp32:8.1e}")
+    return (
+        f"{r.dataset:9} {r.width:>5} {r.samples:>3} {r.nodes:>3} {r.impl:9} {r.seconds_per_step:8.3f} "
+        f"{r.gflop_per_step:7.1f} {r.gflops:8.1f} {100 * r.peak_fraction:5.1f}% {r.peak_memory_mb:7.0f} "
+        f"{r.max_grad_diff:8.1e} {r.max_grad_diff_fp32:8.1e}"
+    )
 
 
 def summarize(result: dict) -> str:
     """Speed-ups (reference / fast) per configuration and the m-scaling of the fast step, as text."""
     rows = result["rows"]
-    lines = [f"device {result['device']}, {result['threads']} threads, fp32 GEMM peak "
-             f"{result['gemm_peak_gflops']:.1f} GFLOP/s (best of before and after), torch {result['torch']}",
-             HEADER] + [format_row(r) for r in rows]
+    lines = [
+        f"device {result['device']}, {result['threads']} threads, fp32 GEMM peak "
+        f"{result['gemm_peak_gflops']:.1f} GFLOP/s (best of before and after), torch {result['torch']}",
+        HEADER,
+    ] + [format_row(r) for r in rows]
     by = {(r["dataset"], r["width"], r["samples"], r["nodes"], r["impl"]): r for r in rows}
     configs = sorted({key[:4] for key in by})
     for dataset, width, k, m in configs:
         f, ref = by[(dataset, width, k, m, "fast")], by[(dataset, width, k, m, "reference")]
-        lines.append(f"{dataset} width={width} k={k} m={m}: fast {f['seconds_per_step']:.3f} s, reference "
-                     f"{ref['seconds_per_step']:.3f} s, speed-up x{ref['seconds_per_step'] / f['seconds_per_step']:.2f},"
-                     f" fast at {100 * f['peak_fraction']:.0f}% of the GEMM peak")
+        lines.append(
+            f"{dataset} width={width} k={k} m={m}: fast {f['seconds_per_step']:.3f} s, reference "
+            f"{ref['seconds_per_step']:.3f} s, speed-up x{ref['seconds_per_step'] / f['seconds_per_step']:.2f},"
+            f" fast at {100 * f['peak_fraction']:.0f}% of the GEMM peak"
+        )
     for dataset, width, k in sorted({c[:3] for c in configs}):
         one, seven = by.get((dataset, width, k, 1, "fast")), by.get((dataset, width, k, 7, "fast"))
         if one and seven:
-            lines.append(f"{dataset} width={width} k={k}: fast step time at m=7 / m=1 = "
-                         f"{seven['seconds_per_step'] / one['seconds_per_step']:.2f}")
+            lines.append(
+                f"{dataset} width={width} k={k}: fast step time at m=7 / m=1 = "
+                f"{seven['seconds_per_step'] / one['seconds_per_step']:.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -293,16 +363,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.attack_step",
         description="Time one PI-SME optimisation step (m node gradients, objective, double backward, Adam) at "
-                    "the paper's size on a real client batch, for this project's implementation and the literal "
-                    "Algorithm-1 loop, in one process. Prints seconds per step, GFLOP/s "
-                    "(torch.utils.flop_counter), the fraction of an fp32 GEMM peak measured in the same process, "
-                    "peak memory and the largest relative gradient difference (float64 and float32).")
+        "the paper's size on a real client batch, for this project's implementation and the literal "
+        "Algorithm-1 loop, in one process. Prints seconds per step, GFLOP/s "
+        "(torch.utils.flop_counter), the fraction of an fp32 GEMM peak measured in the same process, "
+        "peak memory and the largest relative gradient difference (float64 and float32).",
+    )
     add = parser.add_argument
     add("--datasets", default="cifar100,femnist", help="comma-separated (default: cifar100,femnist)")
     add("--nodes", default="1,3,7,12", help="comma-separated m values (default: 1,3,7,12)")
     add("--samples", default="50", metavar="K", help="comma-separated batch sizes k (default: 50)")
-    add("--widths", default="", metavar="W",
-        help="comma-separated conv1 widths for a scaling table (default: the paper's model)")
+    add(
+        "--widths",
+        default="",
+        metavar="W",
+        help="comma-separated conv1 widths for a scaling table (default: the paper's model)",
+    )
     add("--repeats", type=int, default=3, help="timed steps per configuration, median reported (default: 3)")
     add("--threads", type=int, default=0, help="torch threads, >= 1 (default 0: torch's choice)")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)")
@@ -317,8 +392,16 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    result = run_bench(datasets, nodes, samples, args.device, args.repeats, args.threads or None, widths,
-                       progress=(lambda s: None) if args.json else print)
+    result = run_bench(
+        datasets,
+        nodes,
+        samples,
+        args.device,
+        args.repeats,
+        args.threads or None,
+        widths,
+        progress=(lambda s: None) if args.json else print,
+    )
     print(json.dumps(result, indent=2) if args.json else summarize(result))
     return 0
 

@@ -9,6 +9,7 @@ Defenses (run config ``defense``): training goes through the mods of clients/def
 switched on by the run config. Under ``secagg`` the server runs Flower's legacy SecAgg+ workflow,
 so both handlers hand the message to ``LEGACY_APP``, a NumPyClient doing the same work.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,9 @@ app = ClientApp()
 
 def _load_split(settings: RunSettings, partition_id: int):
     pool = load_pool(settings.dataset, settings.data_dir or None)
-    return client_partition(pool, partition_id, settings.samples, settings.classes, seed=settings.seed,
-                            held_out=settings.held_out)
+    return client_partition(
+        pool, partition_id, settings.samples, settings.classes, seed=settings.seed, held_out=settings.held_out
+    )
 
 
 def _model(settings: RunSettings, state: dict) -> torch.nn.Module:
@@ -52,13 +54,26 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     torch.set_num_threads(settings.threads)
     split = _load_split(settings, partition_id)
     model = _model(settings, w0)
-    result = train_local(model, split.train.images, split.train.labels, dataset=settings.dataset,
-                         lr=settings.lr, batch_size=settings.batch_size, local_epochs=settings.local_epochs,
-                         seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id)
+    result = train_local(
+        model,
+        split.train.images,
+        split.train.labels,
+        dataset=settings.dataset,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        local_epochs=settings.local_epochs,
+        seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id,
+    )
     meta = result.update.metadata
-    metrics = {"num-examples": meta.num_samples, "local-steps": meta.local_steps, "lr": meta.lr,
-               "batch-size": meta.batch_size, "local-epochs": meta.local_epochs, "train-loss": result.train_loss,
-               "train-seconds": time.perf_counter() - clock}
+    metrics = {
+        "num-examples": meta.num_samples,
+        "local-steps": meta.local_steps,
+        "lr": meta.lr,
+        "batch-size": meta.batch_size,
+        "local-epochs": meta.local_epochs,
+        "train-loss": result.train_loss,
+        "train-seconds": time.perf_counter() - clock,
+    }
     simulation = {"partition-id": partition_id, "client-id": split.train.client_id, "train-started": started}
     return model.state_dict(), metrics, simulation
 
@@ -84,11 +99,13 @@ def train(msg: Message, context: Context) -> Message:
         return LEGACY_APP(msg, context)
     partition_id = int(context.node_config["partition-id"])
     server_round = int(msg.content["config"]["server-round"])
-    wT, metrics, simulation = local_training(settings, partition_id, server_round,
-                                             msg.content["arrays"].to_torch_state_dict())
+    wT, metrics, simulation = local_training(
+        settings, partition_id, server_round, msg.content["arrays"].to_torch_state_dict()
+    )
     # Simulation bookkeeping for the evaluator role only; the strategy never hands it to the attacker.
-    content = RecordDict({"arrays": ArrayRecord(wT), "metrics": MetricRecord(metrics),
-                          "simulation": ConfigRecord(simulation)})
+    content = RecordDict(
+        {"arrays": ArrayRecord(wT), "metrics": MetricRecord(metrics), "simulation": ConfigRecord(simulation)}
+    )
     return Message(content=content, reply_to=msg)
 
 
@@ -98,8 +115,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     settings = RunSettings.from_run_config(context.run_config)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
-    metrics = local_evaluation(settings, int(context.node_config["partition-id"]),
-                               msg.content["arrays"].to_torch_state_dict())
+    metrics = local_evaluation(
+        settings, int(context.node_config["partition-id"]), msg.content["arrays"].to_torch_state_dict()
+    )
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
@@ -120,8 +138,9 @@ class SecAggClient(NumPyClient):
         return OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters, strict=True))
 
     def fit(self, parameters, config):
-        wT, metrics, simulation = local_training(self.settings, self.partition_id, int(config["server-round"]),
-                                                 self._state(parameters))
+        wT, metrics, simulation = local_training(
+            self.settings, self.partition_id, int(config["server-round"]), self._state(parameters)
+        )
         return [v.numpy() for v in wT.values()], int(metrics["num-examples"]), {**metrics, **simulation}
 
     def evaluate(self, parameters, config):

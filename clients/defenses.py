@@ -15,6 +15,7 @@ defense is off. Outermost first:
 The mods read the weights sent and returned from the message's single ArrayRecord, so they work
 both on the Message API (``arrays``) and on SecAgg+'s legacy messages (``fitins.parameters``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +43,7 @@ def client_seed(context: Context, msg: Message) -> int:
     """A seed for this client's defense randomness: (run seed, server round, partition id)."""
     seed = int(context.run_config.get("seed", 0))
     partition = int(context.node_config.get("partition-id", 0))
-    return (seed * 1_000_003 + _server_round(msg) * 1009 + partition) % (2 ** 32)
+    return (seed * 1_000_003 + _server_round(msg) * 1009 + partition) % (2**32)
 
 
 def secagg_mod(msg: Message, context: Context, call_next) -> Message:
@@ -62,9 +63,10 @@ def update_transform_mod(msg: Message, context: Context, call_next) -> Message:
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
-    (key, returned), = reply.content.array_records.items()
-    wT = transform_update(w0, returned.to_torch_state_dict(), seed=client_seed(context, msg),
-                          **defense.update_transforms())
+    ((key, returned),) = reply.content.array_records.items()
+    wT = transform_update(
+        w0, returned.to_torch_state_dict(), seed=client_seed(context, msg), **defense.update_transforms()
+    )
     reply.content.array_records[key] = ArrayRecord(wT)
     return reply
 
@@ -78,8 +80,9 @@ def local_dp_mod(msg: Message, context: Context, call_next) -> Message:
     defense = _defense(context)
     if not defense.local_dp:
         return call_next(msg, context)
-    mod = LocalDpMod(clipping_norm=defense.clip_norm, sensitivity=defense.clip_norm, epsilon=defense.epsilon,
-                     delta=defense.delta)
+    mod = LocalDpMod(
+        clipping_norm=defense.clip_norm, sensitivity=defense.clip_norm, epsilon=defense.epsilon, delta=defense.delta
+    )
     state = np.random.get_state()
     np.random.seed(client_seed(context, msg))
     try:

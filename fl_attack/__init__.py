@@ -8,19 +8,43 @@ The library is usable without Flower:
 Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
 (``attacks``, ``api``) -> evaluation against the ground truth (``evaluation``, ``metrics``).
 """
+
 import importlib as _importlib
 
 __version__ = "0.1.0"
 
 # The public names load on first use (PEP 562), so torch-free helpers such as fl_attack.records can
 # be imported by the analysis scripts without starting torch.
-_EXPORTS = {"Reconstruction": "api", "reconstruct": "api", "resolve_device": "api", "ATTACKS": "attacks",
-            "AttackConfig": "attacks", "ObservedUpdate": "update", "TrainingMetadata": "update",
-            "local_steps": "update", "PAPER": "config", "PRESETS": "config", "Preset": "config",
-            "TrainingProtocol": "config"}
+_EXPORTS = {
+    "Reconstruction": "api",
+    "reconstruct": "api",
+    "resolve_device": "api",
+    "ATTACKS": "attacks",
+    "AttackConfig": "attacks",
+    "ObservedUpdate": "update",
+    "TrainingMetadata": "update",
+    "local_steps": "update",
+    "PAPER": "config",
+    "PRESETS": "config",
+    "Preset": "config",
+    "TrainingProtocol": "config",
+}
 
-__all__ = ["ATTACKS", "AttackConfig", "ObservedUpdate", "PAPER", "PRESETS", "Preset", "Reconstruction",
-           "TrainingMetadata", "TrainingProtocol", "local_steps", "reconstruct", "resolve_device", "__version__"]
+__all__ = [
+    "ATTACKS",
+    "AttackConfig",
+    "ObservedUpdate",
+    "PAPER",
+    "PRESETS",
+    "Preset",
+    "Reconstruction",
+    "TrainingMetadata",
+    "TrainingProtocol",
+    "local_steps",
+    "reconstruct",
+    "resolve_device",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
 """``reconstruct``: the library's entry point, from an observed update to images and a trace."""
+
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,7 @@ class Reconstruction:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" -> CUDA when available, else CPU. ValueError for an unknown name or missing CUDA."""
+    """ "auto" -> CUDA when available, else CPU. ValueError for an unknown name or missing CUDA."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
@@ -49,12 +50,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(device)
 
 
-def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | torch.Tensor = "recovered",
-                config: AttackConfig | None = None, device: str | torch.device = "auto",
-                callback: Callable[[int, torch.Tensor], dict] | None = None, progress: bool = False,
-                time_limit: float | None = None, model: torch.nn.Module | str | None = None,
-                label_aux: AuxiliaryData | None = None,
-                **overrides) -> Reconstruction:
+def reconstruct(
+    update: ObservedUpdate,
+    method: str = "pisme",
+    *,
+    labels: str | torch.Tensor = "recovered",
+    config: AttackConfig | None = None,
+    device: str | torch.device = "auto",
+    callback: Callable[[int, torch.Tensor], dict] | None = None,
+    progress: bool = False,
+    time_limit: float | None = None,
+    model: torch.nn.Module | str | None = None,
+    label_aux: AuxiliaryData | None = None,
+    **overrides,
+) -> Reconstruction:
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata).
 
     method: "pisme" (default), "nlsme", "sme" or "ig" (see ``fl_attack.attacks.ATTACKS``).
@@ -94,8 +103,10 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
         if labels != "recovered":
             raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
         if config.label_estimator in NEEDS_AUX and label_aux is None:
-            raise ValueError(f"label_estimator '{config.label_estimator}' needs public auxiliary data: "
-                             "pass label_aux=fl_attack.labels.AuxiliaryData(images, labels)")
+            raise ValueError(
+                f"label_estimator '{config.label_estimator}' needs public auxiliary data: "
+                "pass label_aux=fl_attack.labels.AuxiliaryData(images, labels)"
+            )
         y = recover_labels(update, model, seed=config.seed, estimator=config.label_estimator, aux=label_aux)
         label_source = "recovered"
     else:
@@ -116,13 +127,17 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     x = torch.randn(k, *spec.image_shape, generator=gen).to(dev).requires_grad_(True)
     lo, hi = (b.to(dev) for b in spec.pixel_box())
     optimizers = build_optimizers(x, attack, config)
-    schedulers = [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1)
-                  for o in optimizers] if config.lr_decay else []
+    schedulers = (
+        [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
+        if config.lr_decay
+        else []
+    )
 
     trace = []
     steps = range(config.iterations)
     if progress:
         from tqdm.auto import tqdm
+
         steps = tqdm(steps, desc=method, leave=False)
     refine_at = round(config.label_refine * config.iterations) if label_source == "recovered" else 0
     for it in steps:
@@ -151,6 +166,14 @@ def reconstruct(update: ObservedUpdate, method: str = "pisme", *, labels: str | 
     # Final Lsim at the returned images, with and without the calibration.
     final = attack.objective(x, y)
     images = spec.denormalize(x.detach()).clamp(0, 1).cpu()
-    return Reconstruction(method=method, images=images, labels=y.cpu(), label_source=label_source,
-                          lsim_honest=float(final["lsim_honest"]), lsim_calibrated=float(final["lsim_calibrated"]),
-                          seconds=time.perf_counter() - start, config=asdict(config), trace=trace)
+    return Reconstruction(
+        method=method,
+        images=images,
+        labels=y.cpu(),
+        label_source=label_source,
+        lsim_honest=float(final["lsim_honest"]),
+        lsim_calibrated=float(final["lsim_calibrated"]),
+        seconds=time.perf_counter() - start,
+        config=asdict(config),
+        trace=trace,
+    )

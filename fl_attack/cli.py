@@ -12,6 +12,7 @@ Exit status: 0 when at least one attack succeeded, 1 when every attack failed or
 (e.g. a full disk) ended the run (one ``fl-attack: error:`` line, no traceback), 2 for a bad
 setting, 130 when interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ EXIT_USAGE = 2
 
 _PRESET_LINES = "".join(
     f"  {p.name:6s} k={p.protocol.samples}, B={p.protocol.batch_size}, E={p.protocol.local_epochs}, "
-    f"lr={p.protocol.lr:g}, {p.iterations} iterations, m={p.nodes}: {p.note}\n" for p in PRESETS.values())
+    f"lr={p.protocol.lr:g}, {p.iterations} iterations, m={p.nodes}: {p.note}\n"
+    for p in PRESETS.values()
+)
 
 ATTACK_EPILOG = f"""\
 outputs (under --out):
@@ -94,70 +97,140 @@ def _methods(text: str) -> tuple[str, ...]:
     unknown = [m for m in names if m not in ATTACKS]
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown attack method '{unknown[0]}'; choose from: {', '.join(sorted(ATTACKS))}")
+            f"unknown attack method '{unknown[0]}'; choose from: {', '.join(sorted(ATTACKS))}"
+        )
     if not names:
         raise argparse.ArgumentTypeError("give at least one method")
     return names
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Honest-but-curious server attacks (PI-SME, NL-SME, SME, IG) "
-                                            "on FedAvg client updates.")
+    parser = _Parser(
+        prog=PROG, description="Honest-but-curious server attacks (PI-SME, NL-SME, SME, IG) on FedAvg client updates."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     a = sub.add_parser(
-        "attack", help="train real victim clients and reconstruct their images from their updates",
+        "attack",
+        help="train real victim clients and reconstruct their images from their updates",
         description="Train N real victim clients (FedAvg local epochs, plain SGD), attack each observed "
-                    "update (w0, wT, metadata) with each method, score the reconstructions against the "
-                    "ground truth (evaluator only) and write the results. Defaults are the paper's protocol.",
-        epilog=ATTACK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "update (w0, wT, metadata) with each method, score the reconstructions against the "
+        "ground truth (evaluator only) and write the results. Defaults are the paper's protocol.",
+        epilog=ATTACK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     d = AttackSettings()
-    a.add_argument("--dataset", default=d.dataset, metavar="{" + ",".join(sorted(DATASETS)) + "}",
-                   help=f"victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer) or cifar100 "
-                        f"(3x32x32, 100 classes) (default: {d.dataset})")
-    a.add_argument("--methods", type=_methods, default=d.methods, metavar="LIST",
-                   help="comma-separated attacks from " + ", ".join(sorted(ATTACKS))
-                        + f" (default: {','.join(d.methods)})")
-    a.add_argument("--clients", type=int, default=d.clients, metavar="N",
-                   help=f"number of victim clients, partition ids 0..N-1, integer >= 1 (default: {d.clients})")
-    a.add_argument("--preset", choices=list(PRESETS), default=None,
-                   help="the victims' protocol (k, B, E, lr) and the attack's iterations and m from a named preset "
-                        "(see below); explicit flags win (default: paper)")
+    a.add_argument(
+        "--dataset",
+        default=d.dataset,
+        metavar="{" + ",".join(sorted(DATASETS)) + "}",
+        help=f"victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer) or cifar100 "
+        f"(3x32x32, 100 classes) (default: {d.dataset})",
+    )
+    a.add_argument(
+        "--methods",
+        type=_methods,
+        default=d.methods,
+        metavar="LIST",
+        help="comma-separated attacks from " + ", ".join(sorted(ATTACKS)) + f" (default: {','.join(d.methods)})",
+    )
+    a.add_argument(
+        "--clients",
+        type=int,
+        default=d.clients,
+        metavar="N",
+        help=f"number of victim clients, partition ids 0..N-1, integer >= 1 (default: {d.clients})",
+    )
+    a.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="the victims' protocol (k, B, E, lr) and the attack's iterations and m from a named preset "
+        "(see below); explicit flags win (default: paper)",
+    )
     for flag, kind, metavar, text in _PRESET_FLAGS:  # None: not given, the preset fills it
-        a.add_argument(flag, type=kind, default=None, metavar=metavar,
-                       help=f"{text}; a preset setting (default: {getattr(d, flag[2:].replace('-', '_'))})")
-    a.add_argument("--classes", type=int, default=None, metavar="C",
-                   help="cifar100 only: each client's samples come from C classes, 1 <= C <= 100 "
-                        "(default: a uniform draw over all classes)")
-    a.add_argument("--labels", choices=("recovered", "oracle"), default=d.labels,
-                   help="labels the attack uses: recovered from the output-bias update, or the true labels "
-                        f"(oracle) (default: {d.labels})")
-    a.add_argument("--label-refine", type=float, default=None, metavar="F",
-                   help="with recovered labels, re-estimate the label counts once on the reconstruction "
-                        "after this fraction of the iterations, 0 <= F < 1 (not in the paper; helps after long "
-                        "local training, docs/attack-core.md) (default: 0, labels fixed)")
-    a.add_argument("--seed", type=int, default=None, metavar="S",
-                   help=f"seed of the initial model w0, the victims' batch shuffling, the client draw and "
-                        f"the attack's initial images (default: {d.seed})")
-    a.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device,
-                   help=f"where training and attacks run; auto = cuda if available (default: {d.device})")
-    a.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="dataset on disk: a LEAF FEMNIST directory (train/*.json, test/*.json), torchvision's "
-                        "cifar-100-python/ root, or an .npz in the bundled format (default: the bundled real sample)")
-    a.add_argument("--model", default=d.model, metavar="SPEC",
-                   help="the victims' model: 'paper' (the paper's CNN for the dataset) or 'package.module:factory', "
-                        "a callable returning an nn.Module that maps normalised NCHW images to (N, classes) logits, "
-                        "importable here (README: Attacking your own model) (default: paper)")
-    a.add_argument("--trace-every", type=int, default=None, metavar="N",
-                   help=f"record the trace (and the evaluator's PSNR) every N iterations, integer >= 1 "
-                        f"(default: {d.trace_every})")
-    a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
-                        "\"lr_control_point=1e-4,tv_reduction=sum\"; repeatable. iterations, nodes, trace_every, "
-                        "seed and label_refine have flags of their own: give one or the other (default: none)")
-    a.add_argument("--out", default="results/attack", metavar="DIR",
-                   help="output folder, created if missing; results.csv in it is replaced "
-                        "(default: results/attack)")
+        a.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            metavar=metavar,
+            help=f"{text}; a preset setting (default: {getattr(d, flag[2:].replace('-', '_'))})",
+        )
+    a.add_argument(
+        "--classes",
+        type=int,
+        default=None,
+        metavar="C",
+        help="cifar100 only: each client's samples come from C classes, 1 <= C <= 100 "
+        "(default: a uniform draw over all classes)",
+    )
+    a.add_argument(
+        "--labels",
+        choices=("recovered", "oracle"),
+        default=d.labels,
+        help="labels the attack uses: recovered from the output-bias update, or the true labels "
+        f"(oracle) (default: {d.labels})",
+    )
+    a.add_argument(
+        "--label-refine",
+        type=float,
+        default=None,
+        metavar="F",
+        help="with recovered labels, re-estimate the label counts once on the reconstruction "
+        "after this fraction of the iterations, 0 <= F < 1 (not in the paper; helps after long "
+        "local training, docs/attack-core.md) (default: 0, labels fixed)",
+    )
+    a.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help=f"seed of the initial model w0, the victims' batch shuffling, the client draw and "
+        f"the attack's initial images (default: {d.seed})",
+    )
+    a.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default=d.device,
+        help=f"where training and attacks run; auto = cuda if available (default: {d.device})",
+    )
+    a.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="dataset on disk: a LEAF FEMNIST directory (train/*.json, test/*.json), torchvision's "
+        "cifar-100-python/ root, or an .npz in the bundled format (default: the bundled real sample)",
+    )
+    a.add_argument(
+        "--model",
+        default=d.model,
+        metavar="SPEC",
+        help="the victims' model: 'paper' (the paper's CNN for the dataset) or 'package.module:factory', "
+        "a callable returning an nn.Module that maps normalised NCHW images to (N, classes) logits, "
+        "importable here (README: Attacking your own model) (default: paper)",
+    )
+    a.add_argument(
+        "--trace-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"record the trace (and the evaluator's PSNR) every N iterations, integer >= 1 (default: {d.trace_every})",
+    )
+    a.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
+        '"lr_control_point=1e-4,tv_reduction=sum"; repeatable. iterations, nodes, trace_every, '
+        "seed and label_refine have flags of their own: give one or the other (default: none)",
+    )
+    a.add_argument(
+        "--out",
+        default="results/attack",
+        metavar="DIR",
+        help="output folder, created if missing; results.csv in it is replaced (default: results/attack)",
+    )
     a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     a.set_defaults(handler=_attack)
     _add_replay_parser(sub)
@@ -198,12 +271,23 @@ def _settings(args) -> AttackSettings:
     if label_refine:  # 0: the labels stay fixed, AttackConfig's default
         options["label_refine"] = label_refine
     preset = PRESETS[args.preset] if args.preset else DEFAULT_PRESET
-    values = {**asdict(preset.protocol), **preset.attack_overrides(),
-              **{k: v for k, v in given.items() if v is not None}}
-    return AttackSettings(dataset=args.dataset, methods=tuple(args.methods), clients=args.clients,
-                          classes=args.classes, labels=args.labels, device=args.device, data_dir=args.data_dir,
-                          model=args.model,
-                          overrides=options, **values)
+    values = {
+        **asdict(preset.protocol),
+        **preset.attack_overrides(),
+        **{k: v for k, v in given.items() if v is not None},
+    }
+    return AttackSettings(
+        dataset=args.dataset,
+        methods=tuple(args.methods),
+        clients=args.clients,
+        classes=args.classes,
+        labels=args.labels,
+        device=args.device,
+        data_dir=args.data_dir,
+        model=args.model,
+        overrides=options,
+        **values,
+    )
 
 
 def _attack(args) -> int:
@@ -250,7 +334,8 @@ def _rounds(text: str) -> tuple[int, ...]:
         rounds = tuple(int(r) for r in text.split(",") if r.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"rounds must be comma-separated round numbers such as 1,5, got '{text}'") from None
+            f"rounds must be comma-separated round numbers such as 1,5, got '{text}'"
+        ) from None
     if not rounds or min(rounds) < 1:
         raise argparse.ArgumentTypeError(f"rounds must be round numbers >= 1, got '{text}'")
     return rounds
@@ -258,36 +343,83 @@ def _rounds(text: str) -> tuple[int, ...]:
 
 def _add_replay_parser(sub) -> None:
     r = sub.add_parser(
-        "replay", help="attack a run's recorded updates again, offline, with other methods or settings",
+        "replay",
+        help="attack a run's recorded updates again, offline, with other methods or settings",
         description="Re-attack the updates a federation recorded (RUN_DIR/updates/, checksums verified) with "
-                    "other methods or settings, score them against the ground truth and write the result as "
-                    "a run folder under RUN_DIR/replays/NAME/; or, with --missing, complete the attacks an "
-                    "interrupted run left undone. Defaults are the run's own settings.",
-        epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "other methods or settings, score them against the ground truth and write the result as "
+        "a run folder under RUN_DIR/replays/NAME/; or, with --missing, complete the attacks an "
+        "interrupted run left undone. Defaults are the run's own settings.",
+        epilog=REPLAY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run folder with recorded updates (record-updates=true)")
-    r.add_argument("--methods", type=_methods, default=None, metavar="LIST",
-                   help="comma-separated attacks from " + ", ".join(sorted(ATTACKS)) + " (default: the run's)")
-    r.add_argument("--labels", choices=("recovered", "oracle"), default=None,
-                   help="labels the attack uses: recovered from the update, or the true labels (oracle, an "
-                        "explicit leak, recorded in the labels column) (default: the run's)")
-    r.add_argument("--iterations", type=int, default=None, metavar="K",
-                   help="attack optimisation steps, integer >= 1 (default: the run's)")
-    r.add_argument("--nodes", type=int, default=None, metavar="M",
-                   help="Gauss-Legendre nodes m of PI-SME, integer >= 1 (default: the run's)")
-    r.add_argument("--options", default="", metavar="K=V,...",
-                   help="further AttackConfig settings on top of the run's, e.g. \"tv_weight=0.02,label_refine=0.25\"")
-    r.add_argument("--rounds", type=_rounds, default=None, metavar="LIST",
-                   help="only these recorded rounds, e.g. 1,5 (default: every recorded round)")
-    r.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="torch threads for the attacks; the run's attack-threads reproduces its rows exactly "
-                        "(default: 0, torch's own choice)")
-    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the attacks run; auto = cuda if available (default: auto)")
-    r.add_argument("--name", default=None, metavar="NAME",
-                   help="the replay's folder under RUN_DIR/replays/ (default: built from the settings)")
-    r.add_argument("--missing", action="store_true",
-                   help="complete the run itself: attack the recorded updates that have no row in its "
-                        "attacks.csv, with its own methods and settings, and append their rows there")
+    r.add_argument(
+        "--methods",
+        type=_methods,
+        default=None,
+        metavar="LIST",
+        help="comma-separated attacks from " + ", ".join(sorted(ATTACKS)) + " (default: the run's)",
+    )
+    r.add_argument(
+        "--labels",
+        choices=("recovered", "oracle"),
+        default=None,
+        help="labels the attack uses: recovered from the update, or the true labels (oracle, an "
+        "explicit leak, recorded in the labels column) (default: the run's)",
+    )
+    r.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        metavar="K",
+        help="attack optimisation steps, integer >= 1 (default: the run's)",
+    )
+    r.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="M",
+        help="Gauss-Legendre nodes m of PI-SME, integer >= 1 (default: the run's)",
+    )
+    r.add_argument(
+        "--options",
+        default="",
+        metavar="K=V,...",
+        help='further AttackConfig settings on top of the run\'s, e.g. "tv_weight=0.02,label_refine=0.25"',
+    )
+    r.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=None,
+        metavar="LIST",
+        help="only these recorded rounds, e.g. 1,5 (default: every recorded round)",
+    )
+    r.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="torch threads for the attacks; the run's attack-threads reproduces its rows exactly "
+        "(default: 0, torch's own choice)",
+    )
+    r.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the attacks run; auto = cuda if available (default: auto)",
+    )
+    r.add_argument(
+        "--name",
+        default=None,
+        metavar="NAME",
+        help="the replay's folder under RUN_DIR/replays/ (default: built from the settings)",
+    )
+    r.add_argument(
+        "--missing",
+        action="store_true",
+        help="complete the run itself: attack the recorded updates that have no row in its "
+        "attacks.csv, with its own methods and settings, and append their rows there",
+    )
     r.set_defaults(handler=_replay)
 
 
@@ -295,9 +427,19 @@ def _replay(args) -> int:
     from .replay import ReplayError, prepare_replay, run_replay
 
     try:  # every check before any attack
-        replay = prepare_replay(args.run_dir, methods=args.methods, labels=args.labels, iterations=args.iterations,
-                                nodes=args.nodes, options=args.options, rounds=args.rounds, threads=args.threads,
-                                device=args.device, name=args.name, missing=args.missing)
+        replay = prepare_replay(
+            args.run_dir,
+            methods=args.methods,
+            labels=args.labels,
+            iterations=args.iterations,
+            nodes=args.nodes,
+            options=args.options,
+            rounds=args.rounds,
+            threads=args.threads,
+            device=args.device,
+            name=args.name,
+            missing=args.missing,
+        )
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
     if not replay.work:
@@ -305,8 +447,9 @@ def _replay(args) -> int:
         return 0
     rows = run_replay(replay)
     failed = sum(r["status"] != "ok" for r in rows)
-    print(f"{PROG}: replay: {len(rows)} attack(s), {failed} failed; rows in {replay.out / 'attacks.csv'}",
-          file=sys.stderr)
+    print(
+        f"{PROG}: replay: {len(rows)} attack(s), {failed} failed; rows in {replay.out / 'attacks.csv'}", file=sys.stderr
+    )
     return 1 if rows and failed == len(rows) else 0
 
 

@@ -11,6 +11,7 @@ Every entry point (the run config, ``attack-options``, the CLI) converts ``key=v
 ``typed_value``, so "2.7" is never silently truncated to the integer 2 and "yes" is a bool
 everywhere. Light: no torch import.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,7 @@ def typed_value(key: str, value, default):
 
 
 def parse_key_values(text: str, defaults: dict, what: str, noun: str = "setting") -> dict:
-    """"tv_weight=0.02,label_refine=0.25" -> {"tv_weight": 0.02, "label_refine": 0.25}, each value
+    """ "tv_weight=0.02,label_refine=0.25" -> {"tv_weight": 0.02, "label_refine": 0.25}, each value
     typed like ``defaults[key]``. ``what`` names the source and ``noun`` its keys in error messages.
 
     Raises ValueError for an item without '=', an unknown key or a value of the wrong type.
@@ -155,8 +156,12 @@ class TrainingProtocol:
 
     def run_config(self) -> dict:
         """The federation's run-config keys of this protocol (samples-per-client, batch-size, local-epochs, lr)."""
-        return {"samples-per-client": self.samples, "batch-size": self.batch_size,
-                "local-epochs": self.local_epochs, "lr": self.lr}
+        return {
+            "samples-per-client": self.samples,
+            "batch-size": self.batch_size,
+            "local-epochs": self.local_epochs,
+            "lr": self.lr,
+        }
 
 
 # The paper's protocol (PISME.md): k=50, B=10, E=20 (T=100), eta=0.004; E=50 gives its T=250.
@@ -191,9 +196,18 @@ class Preset:
 
 PRESETS = {
     "paper": Preset("paper", PAPER, iterations=1000, nodes=7, note="the paper's protocol (PISME.md); a GPU job"),
-    "cpu": Preset("cpu", TrainingProtocol(samples=8, batch_size=4, local_epochs=50, lr=PAPER.lr), iterations=100,
-                  nodes=7, note="the experiments' CPU scale; E=50 keeps the paper's T=100"),
-    "tiny": Preset("tiny", TrainingProtocol(samples=4, batch_size=2, local_epochs=2, lr=PAPER.lr), iterations=3,
-                   nodes=3, note="a smoke test of the code paths (T=4); its numbers mean nothing"),
+    "cpu": Preset(
+        "cpu",
+        TrainingProtocol(samples=8, batch_size=4, local_epochs=50, lr=PAPER.lr),
+        iterations=100,
+        nodes=7,
+        note="the experiments' CPU scale; E=50 keeps the paper's T=100",
+    ),
+    "tiny": Preset(
+        "tiny",
+        TrainingProtocol(samples=4, batch_size=2, local_epochs=2, lr=PAPER.lr),
+        iterations=3,
+        nodes=3,
+        note="a smoke test of the code paths (T=4); its numbers mean nothing",
+    ),
 }
-

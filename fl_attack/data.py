@@ -69,9 +69,7 @@ class DatasetSpec:
             raise TypeError(f"{self.name}: expected a floating-point tensor, got {x.dtype}")
         c = self.image_shape[0]
         if x.dim() < 3 or x.shape[-3] != c:
-            raise ValueError(
-                f"{self.name}: expected images (N,{c},H,W) or ({c},H,W), got shape {tuple(x.shape)}"
-            )
+            raise ValueError(f"{self.name}: expected images (N,{c},H,W) or ({c},H,W), got shape {tuple(x.shape)}")
         mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(c, 1, 1)
         std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(c, 1, 1)
         return mean, std
@@ -411,9 +409,7 @@ def _as_index(name: str, value) -> int:
         raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
-def _check_args(
-    pool: Pool, num_samples, classes, test_samples=None
-) -> tuple[DatasetSpec, int, int | None, int | None]:
+def _check_args(pool: Pool, num_samples, classes, test_samples=None) -> tuple[DatasetSpec, int, int | None, int | None]:
     spec = get_spec(pool.dataset)
     k = _as_index("num_samples", num_samples)
     if k < 1:
@@ -464,8 +460,11 @@ def num_partitions(pool: Pool, num_samples: int, classes: int | None = None, hel
 
 def _cifar_server_indices(pool: Pool, held_out: int, seed: int) -> np.ndarray:
     """The last ``held_out`` entries of the seed's permutation: reserved for the server."""
-    return np.random.default_rng(seed).permutation(len(pool))[len(pool) - held_out:] if held_out else \
-        np.empty(0, dtype=np.int64)
+    return (
+        np.random.default_rng(seed).permutation(len(pool))[len(pool) - held_out :]
+        if held_out
+        else np.empty(0, dtype=np.int64)
+    )
 
 
 def server_test_set(pool: Pool, num_samples: int, seed: int = 0) -> ClientData:
@@ -609,9 +608,7 @@ def client_partition(
     members = [np.setdiff1d(np.flatnonzero(pool.labels == c), reserved) for c in chosen]
     caps = np.array([m.size for m in members], dtype=np.int64)
     if caps.sum() < k:
-        raise ValueError(
-            f"client {cid} has only {int(caps.sum())} samples in its {classes} classes, asked for {k}"
-        )
+        raise ValueError(f"client {cid} has only {int(caps.sum())} samples in its {classes} classes, asked for {k}")
     n_train = _spread(k, caps)
     n_test = _spread(min(t, int(caps.sum()) - k), caps - n_train)
     train_parts, test_parts = [], []

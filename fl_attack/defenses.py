@@ -10,6 +10,7 @@ new wT whose update u = wT - w0 has the defense's property, leaving its inputs u
 Which defense a run uses, and Flower's own DP and SecAgg+, are the app's business
 (strategies/defense_settings.py, clients/defenses.py). This module needs no Flower import.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,8 @@ def weight_matrices(shapes) -> list[tuple[str, tuple[int, int]]]:
     return out
 
 
-
 # Client-side update transforms: pure functions on state dicts ------------------------------------
+
 
 def _update(w0: dict, wT: dict) -> OrderedDict[str, torch.Tensor]:
     if list(w0) != list(wT):
@@ -58,7 +59,7 @@ def topk_update(w0: dict, wT: dict, fraction: float) -> OrderedDict[str, torch.T
     mask[torch.topk(flat.abs(), keep, sorted=False).indices] = True
     sparse, start = OrderedDict(), 0
     for k, u in update.items():
-        sparse[k] = torch.where(mask[start:start + u.numel()].view_as(u), u, torch.zeros_like(u))
+        sparse[k] = torch.where(mask[start : start + u.numel()].view_as(u), u, torch.zeros_like(u))
         start += u.numel()
     return _apply(w0, sparse)
 
@@ -96,7 +97,7 @@ def quantize_update(w0: dict, wT: dict, bits: int, seed: int = 0) -> OrderedDict
     if not 1 <= bits <= 16:
         raise ValueError(f"bits must be in 1..16, got {bits}")
     gen = torch.Generator().manual_seed(int(seed))
-    levels = 2 ** bits - 1
+    levels = 2**bits - 1
     out = OrderedDict()
     for k, u in _update(w0, wT).items():
         lo, hi = u.min(), u.max()
@@ -111,8 +112,15 @@ def quantize_update(w0: dict, wT: dict, bits: int, seed: int = 0) -> OrderedDict
     return _apply(w0, out)
 
 
-def transform_update(w0: dict, wT: dict, *, rank: int | None = None, bits: int | None = None,
-                     topk_fraction: float | None = None, seed: int = 0) -> OrderedDict[str, torch.Tensor]:
+def transform_update(
+    w0: dict,
+    wT: dict,
+    *,
+    rank: int | None = None,
+    bits: int | None = None,
+    topk_fraction: float | None = None,
+    seed: int = 0,
+) -> OrderedDict[str, torch.Tensor]:
     """Apply the given transforms in a fixed order: low-rank (``rank``), quantize (``bits``), top-k
     (``topk_fraction``); a None parameter skips its transform.
 

@@ -16,6 +16,7 @@ the federation's evaluator (strategies.evaluator), and ``fl-attack replay`` (fl_
 
 The attacker never sees anything here but ``Victim.update``; scoring happens after the attack.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,14 +38,42 @@ from .records import ATTACK_COLUMNS
 from .training import train_local
 from .update import ObservedUpdate
 
-__all__ = ["Victim", "train_victim", "DataSettings", "private_samples", "ground_truth", "score", "save_grid",
-           "nodes_per_iteration", "attack_row", "RESULT_COLUMNS", "results_row", "ScoredAttack", "attack_victim",
-           "psnr_trace"]
+__all__ = [
+    "Victim",
+    "train_victim",
+    "DataSettings",
+    "private_samples",
+    "ground_truth",
+    "score",
+    "save_grid",
+    "nodes_per_iteration",
+    "attack_row",
+    "RESULT_COLUMNS",
+    "results_row",
+    "ScoredAttack",
+    "attack_victim",
+    "psnr_trace",
+]
 
 _SCORES = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
 # results.csv (fl-attack attack) and the experiments' CSVs: ATTACK_COLUMNS names but for these two.
-RESULT_COLUMNS = ("dataset", "client", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim",
-                  "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds")
+RESULT_COLUMNS = (
+    "dataset",
+    "client",
+    "method",
+    "local_steps",
+    "nodes",
+    "iterations",
+    "labels",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+)
 RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
 
 
@@ -82,10 +111,24 @@ class Victim:
         return self.update.metadata.local_steps
 
 
-def train_victim(dataset: str, partition: int, *, samples: int, batch_size: int, local_epochs: int, lr: float,
-                 seed: int = 0, data_seed: int | None = None, classes: int | None = None,
-                 data_dir: str | None = None, pool=None, device: str = "cpu", width: int | None = None,
-                 record_states: bool = False, model: str = "") -> Victim:
+def train_victim(
+    dataset: str,
+    partition: int,
+    *,
+    samples: int,
+    batch_size: int,
+    local_epochs: int,
+    lr: float,
+    seed: int = 0,
+    data_seed: int | None = None,
+    classes: int | None = None,
+    data_dir: str | None = None,
+    pool=None,
+    device: str = "cpu",
+    width: int | None = None,
+    record_states: bool = False,
+    model: str = "",
+) -> Victim:
     """Train client ``partition`` (k = ``samples`` real samples) for E local epochs of plain SGD
     from w0 = build_model(dataset, seed, width), or with ``model`` (a spec, fl_attack.models.resolve_model)
     from w0 = resolve_model(model, dataset, seed).
@@ -100,15 +143,35 @@ def train_victim(dataset: str, partition: int, *, samples: int, batch_size: int,
     start = time.perf_counter()
     pool = load_pool(dataset, data_dir) if pool is None else pool
     split = client_partition(pool, partition, samples, classes=classes, seed=seed if data_seed is None else data_seed)
-    net = (resolve_model(model, dataset, seed=seed) if model else build_model(dataset, seed=seed, width=width))
+    net = resolve_model(model, dataset, seed=seed) if model else build_model(dataset, seed=seed, width=width)
     net = net.to(resolve_device(device))
-    result = train_local(net, split.train.images, split.train.labels, dataset=dataset, lr=lr, batch_size=batch_size,
-                         local_epochs=local_epochs, seed=seed, record_states=record_states,
-                         client={"partition_id": int(partition)})
-    return Victim(dataset=get_spec(dataset).name, partition=int(partition), seed=int(seed),
-                  client_id=split.train.client_id, images=split.train.images, labels=split.train.labels,
-                  update=result.update, train_loss=result.train_loss, seconds=time.perf_counter() - start,
-                  classes=classes, states=result.states, batches=result.batches, model=model)
+    result = train_local(
+        net,
+        split.train.images,
+        split.train.labels,
+        dataset=dataset,
+        lr=lr,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+        seed=seed,
+        record_states=record_states,
+        client={"partition_id": int(partition)},
+    )
+    return Victim(
+        dataset=get_spec(dataset).name,
+        partition=int(partition),
+        seed=int(seed),
+        client_id=split.train.client_id,
+        images=split.train.images,
+        labels=split.train.labels,
+        update=result.update,
+        train_loss=result.train_loss,
+        seconds=time.perf_counter() - start,
+        classes=classes,
+        states=result.states,
+        batches=result.batches,
+        model=model,
+    )
 
 
 # ------------------------------------------------------------------------------ ground truth
@@ -135,8 +198,9 @@ def private_samples(data: DataSettings, partition_id: int) -> ClientData:
     """Client ``partition_id``'s private training samples (images (k,C,H,W) in [0,1], labels (k,)),
     partitioned as the ClientApp does. Raises ValueError / FileNotFoundError for bad data settings."""
     pool = load_pool(data.dataset, data.data_dir or None)
-    return client_partition(pool, partition_id, data.samples, data.classes, seed=data.seed,
-                            held_out=data.held_out).train
+    return client_partition(
+        pool, partition_id, data.samples, data.classes, seed=data.seed, held_out=data.held_out
+    ).train
 
 
 def ground_truth(data: DataSettings, partition_ids) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,8 +221,14 @@ def score(images: torch.Tensor, labels, truth_images: torch.Tensor, truth_labels
     shared CPU LPIPS-alex network, loaded once per process), label_accuracy in [0,1], per_image,
     matching, matched_recon. Raises TypeError / ValueError for malformed inputs.
     """
-    return evaluate_reconstruction(images, truth_images, recon_labels=labels, true_labels=truth_labels,
-                                   num_classes=get_spec(dataset).num_classes, lpips=get_lpips("cpu"))
+    return evaluate_reconstruction(
+        images,
+        truth_images,
+        recon_labels=labels,
+        true_labels=truth_labels,
+        num_classes=get_spec(dataset).num_classes,
+        lpips=get_lpips("cpu"),
+    )
 
 
 def psnr_trace(truth: torch.Tensor) -> Callable[[int, torch.Tensor], dict]:
@@ -194,11 +264,29 @@ def nodes_per_iteration(method: str, config, trace: list | None = None) -> int |
 # -------------------------------------------------------------------------------------- rows
 
 
-def attack_row(*, method: str, dataset: str, local_steps: int | None, nodes, iterations: int, labels: str,
-               partition_id: int | None, round: int | None = None, node_id: int | None = None, client_id: str = "",
-               defense: str = "none", label_estimator: str = "paper", status: str = "ok", error: str = "",
-               lsim_honest: float = math.nan, lsim_calibrated: float = math.nan, attack_seconds: float = math.nan,
-               scores: dict | None = None, image: str = "", lag_rounds: int | None = None) -> dict:
+def attack_row(
+    *,
+    method: str,
+    dataset: str,
+    local_steps: int | None,
+    nodes,
+    iterations: int,
+    labels: str,
+    partition_id: int | None,
+    round: int | None = None,
+    node_id: int | None = None,
+    client_id: str = "",
+    defense: str = "none",
+    label_estimator: str = "paper",
+    status: str = "ok",
+    error: str = "",
+    lsim_honest: float = math.nan,
+    lsim_calibrated: float = math.nan,
+    attack_seconds: float = math.nan,
+    scores: dict | None = None,
+    image: str = "",
+    lag_rounds: int | None = None,
+) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
     scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the
@@ -206,12 +294,28 @@ def attack_row(*, method: str, dataset: str, local_steps: int | None, nodes, ite
     "oracle". attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
-    row.update(round=round, node_id=node_id, partition_id=partition_id, client_id=client_id, method=method,
-               dataset=dataset, defense=defense, local_steps=local_steps, nodes=nodes, iterations=iterations,
-               labels=labels, lsim_honest=lsim_honest, lsim_calibrated=lsim_calibrated,
-               attack_seconds=attack_seconds, status=status, error=error, label_estimator=label_estimator,
-               lag_rounds=lag_rounds, image=image,
-               **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES})
+    row.update(
+        round=round,
+        node_id=node_id,
+        partition_id=partition_id,
+        client_id=client_id,
+        method=method,
+        dataset=dataset,
+        defense=defense,
+        local_steps=local_steps,
+        nodes=nodes,
+        iterations=iterations,
+        labels=labels,
+        lsim_honest=lsim_honest,
+        lsim_calibrated=lsim_calibrated,
+        attack_seconds=attack_seconds,
+        status=status,
+        error=error,
+        label_estimator=label_estimator,
+        lag_rounds=lag_rounds,
+        image=image,
+        **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
+    )
     return row
 
 
@@ -234,9 +338,16 @@ class ScoredAttack:
     scores: dict
 
 
-def attack_victim(victim: Victim, method: str, config: AttackConfig, *, labels: str = "recovered",
-                  device: str | torch.device = "auto", trace_psnr: bool = False,
-                  progress: bool = False) -> ScoredAttack:
+def attack_victim(
+    victim: Victim,
+    method: str,
+    config: AttackConfig,
+    *,
+    labels: str = "recovered",
+    device: str | torch.device = "auto",
+    trace_psnr: bool = False,
+    progress: bool = False,
+) -> ScoredAttack:
     """Attack ``victim.update`` with ``method`` and ``config``, then score it against the victim's truth.
 
     labels: "recovered" (from the update) or "oracle" (the victim's true labels, given to the
@@ -246,12 +357,29 @@ def attack_victim(victim: Victim, method: str, config: AttackConfig, *, labels: 
     if labels not in ("recovered", "oracle"):
         raise ValueError(f"labels must be 'recovered' or 'oracle', got {labels!r}")
     given = victim.labels.clone() if labels == "oracle" else "recovered"
-    rec = reconstruct(victim.update, method, labels=given, config=config, device=device, model=victim.model,
-                      callback=psnr_trace(victim.images) if trace_psnr else None, progress=progress)
+    rec = reconstruct(
+        victim.update,
+        method,
+        labels=given,
+        config=config,
+        device=device,
+        model=victim.model,
+        callback=psnr_trace(victim.images) if trace_psnr else None,
+        progress=progress,
+    )
     scores = score(rec.images, rec.labels, victim.images, victim.labels, victim.dataset)
-    row = attack_row(method=method, dataset=victim.dataset, local_steps=victim.local_steps,
-                     nodes=nodes_per_iteration(method, config, rec.trace), iterations=config.iterations,
-                     labels=rec.label_source, partition_id=victim.partition, client_id=victim.client_id,
-                     lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated, attack_seconds=rec.seconds,
-                     scores=scores)
+    row = attack_row(
+        method=method,
+        dataset=victim.dataset,
+        local_steps=victim.local_steps,
+        nodes=nodes_per_iteration(method, config, rec.trace),
+        iterations=config.iterations,
+        labels=rec.label_source,
+        partition_id=victim.partition,
+        client_id=victim.client_id,
+        lsim_honest=rec.lsim_honest,
+        lsim_calibrated=rec.lsim_calibrated,
+        attack_seconds=rec.seconds,
+        scores=scores,
+    )
     return ScoredAttack(row=row, reconstruction=rec, scores=scores)

@@ -1,4 +1,5 @@
 """Image grids for humans: each band shows originals over their matched reconstructions."""
+
 from __future__ import annotations
 
 import io
@@ -15,8 +16,9 @@ PAD = 2
 PAD_VALUE = 0.5  # grey gaps, and grey cells where the last band has fewer pairs
 
 
-def save_comparison_grid(truth: torch.Tensor, recon: torch.Tensor, path: str | os.PathLike,
-                         columns: int = 16, scale: int = 2) -> Path:
+def save_comparison_grid(
+    truth: torch.Tensor, recon: torch.Tensor, path: str | os.PathLike, columns: int = 16, scale: int = 2
+) -> Path:
     """Save a PNG of every pair: ``truth`` (N,C,H,W) in [0,1] above ``recon`` (matched order, same shape).
 
     Pairs fill bands of ``columns``; each band is a row of originals over the row of their
@@ -25,14 +27,19 @@ def save_comparison_grid(truth: torch.Tensor, recon: torch.Tensor, path: str | o
     not floating point with 1 or 3 channels, N is 0, or columns or scale is not an int >= 1.
     """
     if truth.shape != recon.shape or truth.dim() != 4 or truth.shape[1] not in (1, 3):
-        raise ValueError(f"truth and recon must be (N,C,H,W) of one shape with C = 1 or 3, got "
-                         f"{tuple(truth.shape)} and {tuple(recon.shape)}")
+        raise ValueError(
+            f"truth and recon must be (N,C,H,W) of one shape with C = 1 or 3, got "
+            f"{tuple(truth.shape)} and {tuple(recon.shape)}"
+        )
     if not (truth.is_floating_point() and recon.is_floating_point()):
         raise ValueError(f"images must be floating point in [0,1], got {truth.dtype} and {recon.dtype}")
-    if truth.shape[0] == 0 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                      for v in (columns, scale)):
-        raise ValueError(f"need at least one image, and columns and scale as ints >= 1; got "
-                         f"N={truth.shape[0]}, columns={columns!r}, scale={scale!r}")
+    if truth.shape[0] == 0 or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (columns, scale)
+    ):
+        raise ValueError(
+            f"need at least one image, and columns and scale as ints >= 1; got "
+            f"N={truth.shape[0]}, columns={columns!r}, scale={scale!r}"
+        )
     n = truth.shape[0]
     per_band = min(n, columns)
     both = torch.cat([truth, recon]).detach().float().cpu().nan_to_num(0.0).clamp(0, 1)
@@ -41,7 +48,7 @@ def save_comparison_grid(truth: torch.Tensor, recon: torch.Tensor, path: str | o
     truth, recon = both[:n], both[n:]
     bands = []
     for start in range(0, n, per_band):
-        rows = [truth[start:start + per_band], recon[start:start + per_band]]
+        rows = [truth[start : start + per_band], recon[start : start + per_band]]
         missing = per_band - rows[0].shape[0]
         if missing:
             blank = torch.full((missing, *truth.shape[1:]), PAD_VALUE)

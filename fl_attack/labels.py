@@ -15,6 +15,7 @@ over the trajectory. The estimators differ in how they get p_bar (``LABEL_ESTIMA
   jointly with the counts on the support (``solve_counts``). Needs public labelled data
   (``AuxiliaryData``), disjoint from the clients' training data. Not in the paper.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,13 @@ def round_counts(raw: np.ndarray, total: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def estimate_class_counts(update: ObservedUpdate, model: torch.nn.Module | None = None,
-                          num_dummy: int = 128, seed: int = 0, inputs: torch.Tensor | None = None) -> np.ndarray:
+def estimate_class_counts(
+    update: ObservedUpdate,
+    model: torch.nn.Module | None = None,
+    num_dummy: int = 128,
+    seed: int = 0,
+    inputs: torch.Tensor | None = None,
+) -> np.ndarray:
     """Raw (unrounded) per-class count estimates n_j, shape (num_classes,), summing to about k.
 
     p_bar is the softmax averaged, at w0 and at wT, over ``inputs`` when given (normalised model
@@ -78,14 +84,17 @@ def _raw_counts(update: ObservedUpdate, probs: torch.Tensor) -> np.ndarray:
 def _mean_softmax(model, update, inputs):
     """(N, classes): the softmax of ``inputs`` averaged over the models at w0 and at wT."""
     device = inputs.device
-    probs = [torch.softmax(functional_call(model, {k: v.to(device) for k, v in w.items()}, (inputs,)), dim=1)
-             for w in (update.w0, update.wT)]
+    probs = [
+        torch.softmax(functional_call(model, {k: v.to(device) for k, v in w.items()}, (inputs,)), dim=1)
+        for w in (update.w0, update.wT)
+    ]
     return (probs[0] + probs[1]) / 2
 
 
 @torch.no_grad()
-def refine_labels(update: ObservedUpdate, inputs: torch.Tensor, labels: torch.Tensor,
-                  model: torch.nn.Module | None = None) -> torch.Tensor:
+def refine_labels(
+    update: ObservedUpdate, inputs: torch.Tensor, labels: torch.Tensor, model: torch.nn.Module | None = None
+) -> torch.Tensor:
     """Labels re-estimated from a reconstruction (not in the paper; docs/attack-core.md).
 
     The counts are estimated as by ``estimate_class_counts``, with p_bar taken on ``inputs`` (the attack's
@@ -134,8 +143,10 @@ class AuxiliaryData:
 
     def __post_init__(self):
         if self.images.dim() != 4 or self.labels.dim() != 1 or self.images.shape[0] != self.labels.shape[0]:
-            raise ValueError(f"auxiliary data needs images (N,C,H,W) and labels (N,), got "
-                             f"{tuple(self.images.shape)} and {tuple(self.labels.shape)}")
+            raise ValueError(
+                f"auxiliary data needs images (N,C,H,W) and labels (N,), got "
+                f"{tuple(self.images.shape)} and {tuple(self.labels.shape)}"
+            )
         if self.labels.numel() == 0:
             raise ValueError("auxiliary data is empty")
         if not torch.is_floating_point(self.images) or self.images.min() < 0 or self.images.max() > 1:
@@ -198,8 +209,9 @@ def output_bias_residual(update: ObservedUpdate) -> np.ndarray:
     return (meta.num_samples * delta_b / (meta.lr * meta.local_steps)).numpy()
 
 
-def solve_counts(confusion: np.ndarray, residual: np.ndarray, total: int, support: np.ndarray | None = None,
-                 sum_weight: float = 10.0) -> np.ndarray:
+def solve_counts(
+    confusion: np.ndarray, residual: np.ndarray, total: int, support: np.ndarray | None = None, sum_weight: float = 10.0
+) -> np.ndarray:
     """Raw counts n (float64, (num_classes,)) from n = M n + r with n >= 0 and sum n = total.
 
     confusion: M (num_classes, num_classes), M[j, c] = mean softmax probability of class j over the
@@ -224,8 +236,9 @@ def solve_counts(confusion: np.ndarray, residual: np.ndarray, total: int, suppor
     return lsq_linear(a, b, bounds=(lower, upper), method="bvls").x
 
 
-def simulated_confusion(update: ObservedUpdate, aux: AuxiliaryData, counts: np.ndarray, proxies: int = 2,
-                        seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def simulated_confusion(
+    update: ObservedUpdate, aux: AuxiliaryData, counts: np.ndarray, proxies: int = 2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Class-conditional softmax along simulated local trainings from w0 (not in the paper).
 
     Each proxy client draws counts[c] public images of each class c from ``aux`` (with replacement
@@ -246,8 +259,11 @@ def simulated_confusion(update: ObservedUpdate, aux: AuxiliaryData, counts: np.n
     model = build_model(meta.dataset)  # trained in place: never the caller's
     sums, seen = torch.zeros(c, c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
     for p in range(proxies):
-        idx = [gen.choice(pools[j], size=int(n), replace=pools[j].size < n)
-               for j, n in enumerate(np.asarray(counts)) if n > 0 and pools[j].size > 0]
+        idx = [
+            gen.choice(pools[j], size=int(n), replace=pools[j].size < n)
+            for j, n in enumerate(np.asarray(counts))
+            if n > 0 and pools[j].size > 0
+        ]
         if not idx:
             break
         idx = torch.from_numpy(np.concatenate(idx))
@@ -255,8 +271,17 @@ def simulated_confusion(update: ObservedUpdate, aux: AuxiliaryData, counts: np.n
         if x.shape[0] < meta.batch_size:
             continue
         model.load_state_dict(update.w0)
-        result = train_local(model, x, y, dataset=meta.dataset, lr=meta.lr, batch_size=meta.batch_size,
-                             local_epochs=meta.local_epochs, seed=seed * 1000 + p, record_states=True)
+        result = train_local(
+            model,
+            x,
+            y,
+            dataset=meta.dataset,
+            lr=meta.lr,
+            batch_size=meta.batch_size,
+            local_epochs=meta.local_epochs,
+            seed=seed * 1000 + p,
+            record_states=True,
+        )
         xn = spec.normalize(x)
         with torch.no_grad():
             for w, batch in zip(result.states[:-1], result.batches):
@@ -267,8 +292,9 @@ def simulated_confusion(update: ObservedUpdate, aux: AuxiliaryData, counts: np.n
 
 
 @torch.no_grad()
-def endpoint_confusion(update: ObservedUpdate, aux: AuxiliaryData, model: torch.nn.Module | None = None,
-                       per_class: int = 10, seed: int = 0) -> np.ndarray:
+def endpoint_confusion(
+    update: ObservedUpdate, aux: AuxiliaryData, model: torch.nn.Module | None = None, per_class: int = 10, seed: int = 0
+) -> np.ndarray:
     """M (C, C) float64: M[j, c] = mean over aux images of class c of the softmax p_j, averaged over the
     models at w0 and wT (at most ``per_class`` images per class). A class that aux lacks gets the
     mean column over all its images."""
@@ -293,9 +319,15 @@ def _columns(sums: np.ndarray, seen: np.ndarray, fallback: np.ndarray) -> np.nda
     return out
 
 
-def recover_counts(update: ObservedUpdate, estimator: str = "support", aux: AuxiliaryData | None = None,
-                   model: torch.nn.Module | None = None, seed: int = 0, iterations: int = 3,
-                   proxies: int = 2) -> np.ndarray:
+def recover_counts(
+    update: ObservedUpdate,
+    estimator: str = "support",
+    aux: AuxiliaryData | None = None,
+    model: torch.nn.Module | None = None,
+    seed: int = 0,
+    iterations: int = 3,
+    proxies: int = 2,
+) -> np.ndarray:
     """The recovered label multiset as counts, int64 (num_classes,) summing to k.
 
     estimator (``LABEL_ESTIMATORS``, docs/label-recovery.md):
@@ -328,8 +360,13 @@ def recover_counts(update: ObservedUpdate, estimator: str = "support", aux: Auxi
     return counts
 
 
-def recover_labels(update: ObservedUpdate, model: torch.nn.Module | None = None, seed: int = 0,
-                   estimator: str = "support", aux: AuxiliaryData | None = None) -> torch.Tensor:
+def recover_labels(
+    update: ObservedUpdate,
+    model: torch.nn.Module | None = None,
+    seed: int = 0,
+    estimator: str = "support",
+    aux: AuxiliaryData | None = None,
+) -> torch.Tensor:
     """Recovered labels, int64 shape (k,), sorted by class (their order is arbitrary to the attack).
 
     estimator / aux: see ``recover_counts``; "paper" is PISME.md's estimator, "support" (the

@@ -13,6 +13,7 @@ MSE (SME, Zhu et al. 2023). Then, per image and as the batch mean:
 All image inputs are float tensors of shape (N, C, H, W), C in {1, 3}, with values in [0, 1]; values
 outside [0, 1] are clamped after the checks.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,9 +70,7 @@ def _check_images(recon, truth) -> None:
         if x.dim() != 4:
             raise ValueError(f"images must be 4-D (N,C,H,W), got shape {_fmt_shape(x)}")
     if recon.shape != truth.shape:
-        raise ValueError(
-            f"recon and truth must have the same shape, got {_fmt_shape(recon)} and {_fmt_shape(truth)}"
-        )
+        raise ValueError(f"recon and truth must have the same shape, got {_fmt_shape(recon)} and {_fmt_shape(truth)}")
     if recon.shape[1] not in (1, 3):
         raise ValueError(f"images must have 1 or 3 channels, got {recon.shape[1]}")
     if recon.shape[0] == 0:
@@ -151,9 +150,7 @@ def _ssim(recon: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
     h, w = recon.shape[-2:]
     if min(h, w) < SSIM_KERNEL_SIZE:
-        raise ValueError(
-            f"ssim needs images of at least {SSIM_KERNEL_SIZE}x{SSIM_KERNEL_SIZE} pixels, got {h}x{w}"
-        )
+        raise ValueError(f"ssim needs images of at least {SSIM_KERNEL_SIZE}x{SSIM_KERNEL_SIZE} pixels, got {h}x{w}")
     return piq.ssim(
         recon,
         truth,
@@ -380,9 +377,7 @@ def label_count_accuracy(pred_labels, true_labels, num_classes: int | None = Non
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     for name, arr in (("pred_labels", pred), ("true_labels", true)):
         if arr.min() < 0 or arr.max() >= num_classes:
-            raise ValueError(
-                f"{name} must lie in [0, {num_classes}), got values from {arr.min()} to {arr.max()}"
-            )
+            raise ValueError(f"{name} must lie in [0, {num_classes}), got values from {arr.min()} to {arr.max()}")
     n_hat = np.bincount(pred, minlength=num_classes)
     n = np.bincount(true, minlength=num_classes)
     return float(np.minimum(n_hat, n).sum() / true.shape[0])

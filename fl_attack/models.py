@@ -4,6 +4,7 @@ Both models take normalised NCHW input, use ReLU and average pooling and have no
 train and eval mode compute the same function. ``OUTPUT_BIAS`` names the output-layer bias used
 for label recovery.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -137,8 +138,10 @@ def _factory(spec: str):
     try:
         obj = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or an error inside the module
-        raise ValueError(f"model spec '{spec}': cannot import '{module_name}' ({type(exc).__name__}: {exc}); "
-                         "the module must be importable (installed, or on PYTHONPATH)") from None
+        raise ValueError(
+            f"model spec '{spec}': cannot import '{module_name}' ({type(exc).__name__}: {exc}); "
+            "the module must be importable (installed, or on PYTHONPATH)"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"model spec '{spec}': '{module_name}' has no attribute '{attr}'")
@@ -151,8 +154,10 @@ def _factory(spec: str):
 def _call_factory(factory, spec: str, dataset: str) -> nn.Module:
     try:
         params = inspect.signature(factory).parameters.values()
-        takes_dataset = any(p.name == "dataset" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                            or p.kind is p.VAR_KEYWORD for p in params)
+        takes_dataset = any(
+            p.name == "dataset" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.kind is p.VAR_KEYWORD
+            for p in params
+        )
     except (TypeError, ValueError):  # no signature (some builtins): call it bare
         takes_dataset = False
     try:
@@ -178,8 +183,10 @@ def check_model(model: nn.Module, dataset: str, what: str = "the model") -> None
         raise ValueError(f"{what}: the model has no parameters")
     for key, value in state.items():
         if not torch.is_floating_point(value):
-            raise ValueError(f"{what}: state-dict entry '{key}' is {value.dtype}; every entry must be floating "
-                             "point (e.g. no batch-norm counters: use track_running_stats=False or no batch norm)")
+            raise ValueError(
+                f"{what}: state-dict entry '{key}' is {value.dtype}; every entry must be floating "
+                "point (e.g. no batch-norm counters: use track_running_stats=False or no batch norm)"
+            )
     shape = (2, *spec.image_shape)
     first = next(iter(state.values()))
     batch = torch.zeros(shape, dtype=first.dtype, device=first.device)
@@ -188,14 +195,17 @@ def check_model(model: nn.Module, dataset: str, what: str = "the model") -> None
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             out = model.eval()(batch)
     except Exception as exc:
-        raise ValueError(f"{what}: the forward pass on a {shape} {spec.name} batch raised "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise ValueError(
+            f"{what}: the forward pass on a {shape} {spec.name} batch raised {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         model.train(training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, spec.num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"{what}: on a {shape} {spec.name} batch the model returned {got}; it must return "
-                         f"logits of shape (2, {spec.num_classes})")
+        raise ValueError(
+            f"{what}: on a {shape} {spec.name} batch the model returned {got}; it must return "
+            f"logits of shape (2, {spec.num_classes})"
+        )
 
 
 def output_bias_key(state: dict, num_classes: int) -> str:
@@ -208,6 +218,8 @@ def output_bias_key(state: dict, num_classes: int) -> str:
     for key in reversed(list(state)):
         if tuple(state[key].shape) == (num_classes,):
             return key
-    raise KeyError(f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' (in another model: a 1-D "
-                   f"entry of size {num_classes}) in the update; there is none (give the output layer a bias, "
-                   "or use oracle labels)")
+    raise KeyError(
+        f"label recovery needs the output-layer bias '{OUTPUT_BIAS}' (in another model: a 1-D "
+        f"entry of size {num_classes}) in the update; there is none (give the output layer a bias, "
+        "or use oracle labels)"
+    )

@@ -7,6 +7,7 @@ results folder are therefore resolved against the real project, found in this or
 2. this file's own package, when its assets are present (a normal checkout or install);
 3. the installed ``fl-attack`` distribution (an editable install records its source folder).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def _candidate_packages() -> tuple[Path, ...]:
         if direct:
             url = json.loads(direct).get("url", "")
             if url.startswith("file://"):
-                found.append(Path(url[len("file://"):]) / "fl_attack")
+                found.append(Path(url[len("file://") :]) / "fl_attack")
         found.append(Path(str(dist.locate_file("fl_attack"))))
     except metadata.PackageNotFoundError:
         pass
@@ -49,8 +50,10 @@ def asset(name: str) -> Path:
         if path.is_file():
             return path
         tried.append(str(path))
-    raise FileNotFoundError(f"bundled file '{name}' not found (searched: {', '.join(tried)}); "
-                            f"set {HOME_ENV} to the fl-attack checkout or `pip install -e .` it")
+    raise FileNotFoundError(
+        f"bundled file '{name}' not found (searched: {', '.join(tried)}); "
+        f"set {HOME_ENV} to the fl-attack checkout or `pip install -e .` it"
+    )
 
 
 def project_root() -> Path:

@@ -2,6 +2,7 @@
 
 Weights are handled as flat parameter vectors of length P (see ``fl_attack.update.flatten``).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -9,6 +9,7 @@ when a file is created or renamed into it, so a finished write survives a power 
 A CSV row is formatted in memory and appended on an O_APPEND descriptor under an exclusive flock;
 a row that cannot be written whole is cut off again, so the file never keeps half a row.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,13 +27,47 @@ from pathlib import Path
 # The columns of a run folder's CSVs (README "Results of a run"), shared by the writers
 # (strategies/) and the reader (analysis/load.py). New columns go at the end, except in
 # ATTACK_COLUMNS where "image" stays last: the reader spots a cut-off last line by its image path.
-ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy", "attacks_in_flight", "seconds",
-                 "global_loss", "global_accuracy", "attack_lag_rounds", "attacks_dispatched", "attacks_skipped",
-                 "excluded"]
-ATTACK_COLUMNS = ["round", "node_id", "partition_id", "client_id", "method", "dataset", "defense", "local_steps",
-                  "nodes", "iterations", "labels", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
-                  "lsim_calibrated", "label_accuracy", "attack_seconds", "status", "error", "label_estimator",
-                  "lag_rounds", "image"]
+ROUND_COLUMNS = [
+    "round",
+    "clients",
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "attacks_in_flight",
+    "seconds",
+    "global_loss",
+    "global_accuracy",
+    "attack_lag_rounds",
+    "attacks_dispatched",
+    "attacks_skipped",
+    "excluded",
+]
+ATTACK_COLUMNS = [
+    "round",
+    "node_id",
+    "partition_id",
+    "client_id",
+    "method",
+    "dataset",
+    "defense",
+    "local_steps",
+    "nodes",
+    "iterations",
+    "labels",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "attack_seconds",
+    "status",
+    "error",
+    "label_estimator",
+    "lag_rounds",
+    "image",
+]
 log = logging.getLogger(__name__)
 
 WRITE_TRIES = 4  # one write and three retries
@@ -52,8 +87,10 @@ def _write_all(fd: int, data: bytes, path) -> None:
         except OSError as exc:
             failures += 1
             if failures >= WRITE_TRIES:
-                raise OSError(exc.errno, f"could not write {path} ({failures} tries, {done} of "
-                                         f"{len(view)} bytes written): {exc.strerror}") from exc
+                raise OSError(
+                    exc.errno,
+                    f"could not write {path} ({failures} tries, {done} of {len(view)} bytes written): {exc.strerror}",
+                ) from exc
             log.warning("write to %s failed (%s); retrying", path, exc.strerror)
             time.sleep(RETRY_DELAYS[min(failures, len(RETRY_DELAYS)) - 1])
             continue

@@ -18,6 +18,7 @@ methods and settings, and their rows appended to the run's attacks.csv.
 The library reads the few run-config keys it needs directly (strategies.settings is the Flower
 app's parser and sits above this layer).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,14 @@ __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepa
 REPLAYS = "replays"  # <run>/replays/<name>/
 LABEL_MODES = ("recovered", "oracle")
 # run-config keys read here, with the type each must have; the optional ones default as in pyproject.toml
-_REQUIRED = {"dataset": "", "samples-per-client": 0, "seed": 0, "server-test-samples": 0, "attack-method": "",
-             "attack-labels": ""}
+_REQUIRED = {
+    "dataset": "",
+    "samples-per-client": 0,
+    "seed": 0,
+    "server-test-samples": 0,
+    "attack-method": "",
+    "attack-labels": "",
+}
 _OPTIONAL = {"data-dir": "", "classes-per-client": 0, "attack-options": "", "model": ""}
 
 
@@ -117,8 +124,10 @@ def open_run(path: str | Path) -> RecordedRun:
     if missing:
         raise ReplayError(f"{config_path}: run_config lacks {', '.join(missing)}")
     try:
-        rc = {k: typed_value(f"{config_path}: run_config '{k}'", run_config.get(k, d), d)
-              for k, d in {**_REQUIRED, **_OPTIONAL}.items()}
+        rc = {
+            k: typed_value(f"{config_path}: run_config '{k}'", run_config.get(k, d), d)
+            for k, d in {**_REQUIRED, **_OPTIONAL}.items()
+        }
         attack_config = AttackConfig.from_overrides(None, **dict(config.get("attack_config") or {}))
         resolve_model(rc["model"], rc["dataset"])  # the victims' architecture must resolve here too
     except (TypeError, ValueError) as exc:
@@ -127,18 +136,37 @@ def open_run(path: str | Path) -> RecordedRun:
     if labels not in LABEL_MODES:
         raise ReplayError(f"{config_path}: run_config 'attack-labels' must be recovered or oracle, got {labels!r}")
     defense = config.get("defense")
-    defense = str(defense["label"]) if isinstance(defense, dict) and defense.get("label") else \
-        str(run_config.get("defense") or "none")
+    defense = (
+        str(defense["label"])
+        if isinstance(defense, dict) and defense.get("label")
+        else str(run_config.get("defense") or "none")
+    )
     index = read_update_index(path / "updates")
     if not index:
-        raise ReplayError(f"{path} has no recorded updates ({Path('updates') / 'index.csv'}); "
-                          "a run records them with record-updates=true")
-    data = DataSettings(dataset=rc["dataset"], samples=rc["samples-per-client"], data_dir=rc["data-dir"] or None,
-                        classes=rc["classes-per-client"] or None, seed=rc["seed"],
-                        held_out=rc["server-test-samples"])
-    return RecordedRun(path=path, config=config, run_config=dict(run_config), data=data,
-                       methods=_methods(rc["attack-method"], f"{config_path}: run_config 'attack-method'"),
-                       labels=labels, attack_config=attack_config, defense=defense, index=index, model=rc["model"])
+        raise ReplayError(
+            f"{path} has no recorded updates ({Path('updates') / 'index.csv'}); "
+            "a run records them with record-updates=true"
+        )
+    data = DataSettings(
+        dataset=rc["dataset"],
+        samples=rc["samples-per-client"],
+        data_dir=rc["data-dir"] or None,
+        classes=rc["classes-per-client"] or None,
+        seed=rc["seed"],
+        held_out=rc["server-test-samples"],
+    )
+    return RecordedRun(
+        path=path,
+        config=config,
+        run_config=dict(run_config),
+        data=data,
+        methods=_methods(rc["attack-method"], f"{config_path}: run_config 'attack-method'"),
+        labels=labels,
+        attack_config=attack_config,
+        defense=defense,
+        index=index,
+        model=rc["model"],
+    )
 
 
 @dataclass
@@ -180,14 +208,27 @@ def _default_name(methods, labels, iterations, nodes, options: dict, rounds) -> 
 
 def _done_attacks(path: Path) -> set[tuple[int, str, str]]:
     """(round, partition_id text, method) of every row of an attacks.csv ("" for an aggregate's id)."""
-    return {(int(r["round"]), r.get("partition_id") or "", r["method"]) for r in read_csv(path)[1]
-            if r.get("round") and r.get("method")}
+    return {
+        (int(r["round"]), r.get("partition_id") or "", r["method"])
+        for r in read_csv(path)[1]
+        if r.get("round") and r.get("method")
+    }
 
 
-def prepare_replay(run_dir: str | Path, *, methods: str | tuple | None = None, labels: str | None = None,
-                   iterations: int | None = None, nodes: int | None = None, options: str = "",
-                   rounds=None, threads: int = 0, device: str = "auto", name: str | None = None,
-                   missing: bool = False) -> Replay:
+def prepare_replay(
+    run_dir: str | Path,
+    *,
+    methods: str | tuple | None = None,
+    labels: str | None = None,
+    iterations: int | None = None,
+    nodes: int | None = None,
+    options: str = "",
+    rounds=None,
+    threads: int = 0,
+    device: str = "auto",
+    name: str | None = None,
+    missing: bool = False,
+) -> Replay:
     """Check everything a replay needs, before any attack: the run folder, the settings, the
     recorded updates' checksums and the ground truth of every target.
 
@@ -201,11 +242,22 @@ def prepare_replay(run_dir: str | Path, *, methods: str | tuple | None = None, l
     """
     run = open_run(run_dir)
     if missing:
-        given = [flag for flag, value in (("--methods", methods), ("--labels", labels), ("--iterations", iterations),
-                                          ("--nodes", nodes), ("--options", options), ("--name", name)) if value]
+        given = [
+            flag
+            for flag, value in (
+                ("--methods", methods),
+                ("--labels", labels),
+                ("--iterations", iterations),
+                ("--nodes", nodes),
+                ("--options", options),
+                ("--name", name),
+            )
+            if value
+        ]
         if given:
-            raise ReplayError(f"--missing completes the run's own attacks with its own settings; "
-                              f"it takes no {', '.join(given)}")
+            raise ReplayError(
+                f"--missing completes the run's own attacks with its own settings; it takes no {', '.join(given)}"
+            )
     if methods is None:
         methods = run.methods
     else:
@@ -231,8 +283,10 @@ def prepare_replay(run_dir: str | Path, *, methods: str | tuple | None = None, l
         rounds = tuple(sorted({int(r) for r in rounds}))
         absent = [r for r in rounds if r not in recorded]
         if absent:
-            raise ReplayError(f"no update recorded in round(s) {','.join(map(str, absent))} of {run.path}; "
-                              f"recorded: {','.join(map(str, recorded))}")
+            raise ReplayError(
+                f"no update recorded in round(s) {','.join(map(str, absent))} of {run.path}; "
+                f"recorded: {','.join(map(str, recorded))}"
+            )
     if missing:
         out, name = run.path, ""
     else:
@@ -268,22 +322,41 @@ def prepare_replay(run_dir: str | Path, *, methods: str | tuple | None = None, l
             except (ValueError, FileNotFoundError) as exc:
                 raise ReplayError(f"ground truth of {target.describe()}: {exc}") from None
         work.append((row, target, todo))
-    return Replay(run=run, name=name, out=out, methods=tuple(methods), labels=labels, config=config,
-                  options=option_values, rounds=rounds, threads=int(threads), device=dev,
-                  missing=missing, work=work, truths=truths)
+    return Replay(
+        run=run,
+        name=name,
+        out=out,
+        methods=tuple(methods),
+        labels=labels,
+        config=config,
+        options=option_values,
+        rounds=rounds,
+        threads=int(threads),
+        device=dev,
+        missing=missing,
+        work=work,
+        truths=truths,
+    )
 
 
 def _replay_run_config(replay: Replay) -> dict:
     """The run's run config with the replay's attack settings, typed like the originals."""
     rc, config = dict(replay.run.run_config), replay.config
-    options = parse_key_values(str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options",
-                               "attack setting")
+    options = parse_key_values(
+        str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options", "attack setting"
+    )
     options.update(replay.options)
     for key in ("iterations", "nodes"):  # their own run-config keys
         options.pop(key, None)
-    rc.update({"attack-method": ",".join(replay.methods), "attack-labels": replay.labels,
-               "attack-iterations": config.iterations, "attack-nodes": config.nodes,
-               "attack-options": ",".join(f"{k}={v}" for k, v in options.items())})
+    rc.update(
+        {
+            "attack-method": ",".join(replay.methods),
+            "attack-labels": replay.labels,
+            "attack-iterations": config.iterations,
+            "attack-nodes": config.nodes,
+            "attack-options": ",".join(f"{k}={v}" for k, v in options.items()),
+        }
+    )
     if replay.rounds is not None:
         rc["attack-rounds"] = ",".join(map(str, replay.rounds))
     if replay.threads:
@@ -296,15 +369,29 @@ def _start_record(replay: Replay) -> None:
     """config.json, rounds.csv (the run's) and the first events.log line of a new replay folder."""
     run = replay.run
     replay.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(replay.out / "config.json", {
-        "run_config": _replay_run_config(replay), "attack_config": asdict(replay.config),
-        "run_name": f"{run.config.get('run_name') or run.path.name}/{REPLAYS}/{replay.name}",
-        "seed": run.config.get("seed"), "num_nodes": run.config.get("num_nodes"), "defense": run.config.get("defense"),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "versions": {"fl_attack": __version__, "torch": torch.__version__, "python": platform.python_version()},
-        "replay": {"of": str(run.path.resolve()), "name": replay.name, "methods": list(replay.methods),
-                   "labels": replay.labels, "rounds": list(replay.rounds) if replay.rounds else None,
-                   "threads": replay.threads, "device": str(replay.device), "options": replay.options}})
+    write_json_atomic(
+        replay.out / "config.json",
+        {
+            "run_config": _replay_run_config(replay),
+            "attack_config": asdict(replay.config),
+            "run_name": f"{run.config.get('run_name') or run.path.name}/{REPLAYS}/{replay.name}",
+            "seed": run.config.get("seed"),
+            "num_nodes": run.config.get("num_nodes"),
+            "defense": run.config.get("defense"),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "versions": {"fl_attack": __version__, "torch": torch.__version__, "python": platform.python_version()},
+            "replay": {
+                "of": str(run.path.resolve()),
+                "name": replay.name,
+                "methods": list(replay.methods),
+                "labels": replay.labels,
+                "rounds": list(replay.rounds) if replay.rounds else None,
+                "threads": replay.threads,
+                "device": str(replay.device),
+                "options": replay.options,
+            },
+        },
+    )
     if (run.path / "rounds.csv").is_file():  # the same federation: its rounds, for accuracy plots
         write_bytes_atomic(replay.out / "rounds.csv", (run.path / "rounds.csv").read_bytes())
 
@@ -329,9 +416,12 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
     what = "missing attacks" if replay.missing else f"replay '{replay.name}'"
     if not replay.missing:
         _start_record(replay)
-    _event(replay.out, f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
-                       f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
-                       f"{torch.get_num_threads()} torch thread(s) on {replay.device}")
+    _event(
+        replay.out,
+        f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
+        f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
+        f"{torch.get_num_threads()} torch thread(s) on {replay.device}",
+    )
     rows = []
     try:
         for index_row, target, methods in replay.work:
@@ -341,18 +431,28 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                 row = _attack(replay, update, target, method, images, labels)
                 append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS)
                 rows.append(row)
-                text = (f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
-                        if row["status"] == "ok" else f"{target.describe()} {method} failed: {row['error']}")
+                text = (
+                    f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
+                    if row["status"] == "ok"
+                    else f"{target.describe()} {method} failed: {row['error']}"
+                )
                 _event(replay.out, f"attack done: {text}")
                 print(f"fl-attack: {text}", file=log, flush=True)
     finally:
         torch.set_num_threads(previous_threads)
         if not replay.missing:
             ok = sum(r["status"] == "ok" for r in rows)
-            write_json_atomic(replay.out / "summary.json", {
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
-                "attacks": len(rows), "attacks_ok": ok, "attacks_failed": len(rows) - ok,
-                "replay_of": str(replay.run.path.resolve())})
+            write_json_atomic(
+                replay.out / "summary.json",
+                {
+                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "seconds": round(time.time() - started, 1),
+                    "attacks": len(rows),
+                    "attacks_ok": ok,
+                    "attacks_failed": len(rows) - ok,
+                    "replay_of": str(replay.run.path.resolve()),
+                },
+            )
         _event(replay.out, f"{what}: {len(rows)} of {replay.attacks} attack(s) recorded")
     return rows
 
@@ -360,22 +460,40 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
 def _attack(replay: Replay, update, target: AttackTarget, method: str, images, labels) -> dict:
     """One attack of the replay, scored, as its attacks.csv row (status failed on any exception)."""
     config = replay.config
-    common = dict(round=target.round, node_id=target.node_id, partition_id=target.partition_id,
-                  client_id=target.client_id, method=method, dataset=replay.run.data.dataset,
-                  defense=replay.run.defense, local_steps=update.metadata.local_steps, iterations=config.iterations)
+    common = dict(
+        round=target.round,
+        node_id=target.node_id,
+        partition_id=target.partition_id,
+        client_id=target.client_id,
+        method=method,
+        dataset=replay.run.data.dataset,
+        defense=replay.run.defense,
+        local_steps=update.metadata.local_steps,
+        iterations=config.iterations,
+    )
     start = time.perf_counter()
     try:
         given = labels.clone() if replay.labels == "oracle" else "recovered"
-        rec = reconstruct(update, method, labels=given, config=config, device=replay.device,
-                          model=replay.run.model)
+        rec = reconstruct(update, method, labels=given, config=config, device=replay.device, model=replay.run.model)
         scores = score(rec.images, rec.labels, images, labels, replay.run.data.dataset)
         rel = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
         save_grid(images, scores, replay.out / rel)
     except Exception as exc:  # recorded; the other attacks go on
-        return attack_row(**common, nodes=nodes_per_iteration(method, config), labels=replay.labels,
-                          status="failed", error=f"{type(exc).__name__}: {exc}",
-                          attack_seconds=round(time.perf_counter() - start, 3))
-    return attack_row(**common, nodes=nodes_per_iteration(method, config, rec.trace), labels=rec.label_source,
-                      lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated,
-                      attack_seconds=round(rec.seconds, 3),
-                      scores=scores, image=rel.as_posix())
+        return attack_row(
+            **common,
+            nodes=nodes_per_iteration(method, config),
+            labels=replay.labels,
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}",
+            attack_seconds=round(time.perf_counter() - start, 3),
+        )
+    return attack_row(
+        **common,
+        nodes=nodes_per_iteration(method, config, rec.trace),
+        labels=rec.label_source,
+        lsim_honest=rec.lsim_honest,
+        lsim_calibrated=rec.lsim_calibrated,
+        attack_seconds=round(rec.seconds, 3),
+        scores=scores,
+        image=rel.as_posix(),
+    )

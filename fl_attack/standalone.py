@@ -24,6 +24,7 @@ benchmarks/attack_quality.py. It writes, under the output folder:
   (rows of up to 10 images);
 * ``settings.json``: the settings of the run.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,17 @@ from .models import resolve_model
 from .records import csv_text, write_text_atomic
 from .update import TrainingMetadata
 
-__all__ = ["RESULT_COLUMNS", "AttackSettings", "validate_settings", "train_victim", "attack_victim", "failed_row",
-           "ResultsTable", "write_trace", "run_attack_experiment"]
+__all__ = [
+    "RESULT_COLUMNS",
+    "AttackSettings",
+    "validate_settings",
+    "train_victim",
+    "attack_victim",
+    "failed_row",
+    "ResultsTable",
+    "write_trace",
+    "run_attack_experiment",
+]
 
 LABEL_MODES = ("recovered", "oracle")
 DEFAULT_PRESET = PRESETS["paper"]  # AttackSettings' (and so the CLI's) protocol, iterations and nodes
@@ -96,8 +106,9 @@ class AttackSettings:
     def protocol(self) -> TrainingProtocol:
         """The victims' TrainingProtocol (samples, batch_size, local_epochs, lr); ValueError or
         TypeError for bad values."""
-        return TrainingProtocol(samples=self.samples, batch_size=self.batch_size, local_epochs=self.local_epochs,
-                                lr=self.lr)
+        return TrainingProtocol(
+            samples=self.samples, batch_size=self.batch_size, local_epochs=self.local_epochs, lr=self.lr
+        )
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig shared by every method of the run; ValueError for bad settings, and for
@@ -105,8 +116,14 @@ class AttackSettings:
         own = sorted(set(self.overrides) & {"iterations", "nodes", "trace_every", "seed"})
         if own:
             raise ValueError(f"overrides may not set {own[0]}: it is a setting of its own")
-        return AttackConfig.from_overrides(None, iterations=self.iterations, nodes=self.nodes,
-                                           trace_every=self.trace_every, seed=self.seed, **self.overrides)
+        return AttackConfig.from_overrides(
+            None,
+            iterations=self.iterations,
+            nodes=self.nodes,
+            trace_every=self.trace_every,
+            seed=self.seed,
+            **self.overrides,
+        )
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -134,8 +151,13 @@ def validate_settings(settings: AttackSettings) -> Pool:
         raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {settings.labels!r}")
     _check_int("clients", settings.clients, 1)
     settings.attack_config()  # iterations, nodes, trace_every and overrides
-    TrainingMetadata(dataset=spec.name, lr=settings.lr, batch_size=settings.batch_size,
-                     local_epochs=settings.local_epochs, num_samples=settings.samples)
+    TrainingMetadata(
+        dataset=spec.name,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        local_epochs=settings.local_epochs,
+        num_samples=settings.samples,
+    )
     resolve_device(settings.device)
     resolve_model(settings.model, spec.name)  # a bad spec or a model off the contract, before any data
     if settings.data_dir is not None and not Path(settings.data_dir).expanduser().exists():
@@ -148,8 +170,10 @@ def validate_settings(settings: AttackSettings) -> Pool:
         except ValueError as exc:
             raise ValueError(f"no {spec.name} client has k={settings.samples} samples ({exc})") from None
     if settings.clients > available:
-        raise ValueError(f"{settings.clients} clients asked for, but the {spec.name} data has only {available} "
-                         f"client(s) with k={settings.samples} samples")
+        raise ValueError(
+            f"{settings.clients} clients asked for, but the {spec.name} data has only {available} "
+            f"client(s) with k={settings.samples} samples"
+        )
     for partition in range(settings.clients):  # e.g. too few samples in a client's C classes
         client_partition(pool, partition, settings.samples, classes=settings.classes, seed=settings.seed)
     return pool
@@ -157,39 +181,64 @@ def validate_settings(settings: AttackSettings) -> Pool:
 
 def _registry():
     from .attacks import ATTACKS
+
     return ATTACKS
 
 
 def train_victim(pool: Pool, partition: int, settings: AttackSettings) -> Victim:
     """Train client ``partition`` for E local epochs from w0 = build_model(dataset, seed)."""
-    return evaluation.train_victim(settings.dataset, partition, samples=settings.samples,
-                                   batch_size=settings.batch_size, local_epochs=settings.local_epochs, lr=settings.lr,
-                                   seed=settings.seed, classes=settings.classes, pool=pool, device=settings.device,
-                                   model=settings.model)
+    return evaluation.train_victim(
+        settings.dataset,
+        partition,
+        samples=settings.samples,
+        batch_size=settings.batch_size,
+        local_epochs=settings.local_epochs,
+        lr=settings.lr,
+        seed=settings.seed,
+        classes=settings.classes,
+        pool=pool,
+        device=settings.device,
+        model=settings.model,
+    )
 
 
-def attack_victim(victim: Victim, method: str, settings: AttackSettings, *, overrides: dict | None = None,
-                  progress: bool = False) -> ScoredAttack:
+def attack_victim(
+    victim: Victim, method: str, settings: AttackSettings, *, overrides: dict | None = None, progress: bool = False
+) -> ScoredAttack:
     """Attack one victim with one method and score it (on Hungarian-matched pairs); the PSNR is traced.
 
     overrides: AttackConfig fields for this attack only, on top of ``settings.overrides``.
     Returns a ScoredAttack whose ``row`` is an attacks.csv row (``results_row`` makes it results.csv's).
     """
     config = AttackConfig.from_overrides(settings.attack_config(), **(overrides or {}))
-    return evaluation.attack_victim(victim, method, config, labels=settings.labels, device=settings.device,
-                                    trace_psnr=True, progress=progress)
+    return evaluation.attack_victim(
+        victim, method, config, labels=settings.labels, device=settings.device, trace_psnr=True, progress=progress
+    )
 
 
 def failed_row(settings: AttackSettings, partition: int, method: str, seconds: float = math.nan) -> dict:
     """The results.csv row of an attack that raised: identifiers filled in, metrics NaN."""
     config = settings.attack_config()
-    meta = TrainingMetadata(dataset=get_spec(settings.dataset).name, lr=settings.lr,
-                            batch_size=settings.batch_size, local_epochs=settings.local_epochs,
-                            num_samples=settings.samples)
-    return results_row(attack_row(method=method, dataset=meta.dataset, local_steps=meta.local_steps,
-                                  nodes=nodes_per_iteration(method, config), iterations=config.iterations,
-                                  labels=settings.labels, partition_id=int(partition), status="failed",
-                                  attack_seconds=seconds))
+    meta = TrainingMetadata(
+        dataset=get_spec(settings.dataset).name,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        local_epochs=settings.local_epochs,
+        num_samples=settings.samples,
+    )
+    return results_row(
+        attack_row(
+            method=method,
+            dataset=meta.dataset,
+            local_steps=meta.local_steps,
+            nodes=nodes_per_iteration(method, config),
+            iterations=config.iterations,
+            labels=settings.labels,
+            partition_id=int(partition),
+            status="failed",
+            attack_seconds=seconds,
+        )
+    )
 
 
 class ResultsTable:
@@ -216,8 +265,14 @@ def write_trace(path: str | Path, trace: list[dict]) -> None:
     write_text_atomic(Path(path), csv_text(trace, columns))
 
 
-def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress: bool = True,
-                          log: TextIO | None = None, pool: Pool | None = None) -> list[dict]:
+def run_attack_experiment(
+    settings: AttackSettings,
+    out: str | Path,
+    *,
+    progress: bool = True,
+    log: TextIO | None = None,
+    pool: Pool | None = None,
+) -> list[dict]:
     """Validate, then train ``settings.clients`` victims and attack each with every method.
 
     Writes results.csv, trace-*.csv, client-*.png and settings.json under ``out`` (created after
@@ -229,15 +284,20 @@ def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress
     pool = validate_settings(settings) if pool is None else pool
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {**asdict(settings), "methods": list(settings.methods),
-            "device_resolved": str(resolve_device(settings.device)), "torch": torch.__version__}
+    meta = {
+        **asdict(settings),
+        "methods": list(settings.methods),
+        "device_resolved": str(resolve_device(settings.device)),
+        "torch": torch.__version__,
+    }
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
     table = ResultsTable(out / "results.csv")
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=settings.clients * len(settings.methods), desc="attacks", unit="attack", disable=not progress,
-               file=log)
+    bar = tqdm(
+        total=settings.clients * len(settings.methods), desc="attacks", unit="attack", disable=not progress, file=log
+    )
     try:
         for partition in range(settings.clients):
             bar.set_postfix_str(f"client {partition}: training")
@@ -261,8 +321,7 @@ def run_attack_experiment(settings: AttackSettings, out: str | Path, *, progress
                     continue
                 table.add(results_row(outcome.row))
                 write_trace(out / f"trace-{partition}-{method}.csv", outcome.reconstruction.trace)
-                save_grid(victim.images, outcome.scores, out / f"client-{partition}-{method}.png",
-                          columns=GRID_COLUMNS)
+                save_grid(victim.images, outcome.scores, out / f"client-{partition}-{method}.png", columns=GRID_COLUMNS)
                 bar.update(1)
     finally:
         bar.close()

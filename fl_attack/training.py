@@ -2,6 +2,7 @@
 
 Plain SGD (no momentum), mean cross-entropy, batches reshuffled every epoch, model in eval mode.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -31,10 +32,19 @@ class LocalResult:
     batches: list = field(default_factory=list)
 
 
-def train_local(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *, dataset: str,
-                lr: float = PAPER.lr, batch_size: int = PAPER.batch_size, local_epochs: int = PAPER.local_epochs,
-                seed: int = 0,
-                record_states: bool = False, client: dict | None = None) -> LocalResult:
+def train_local(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    dataset: str,
+    lr: float = PAPER.lr,
+    batch_size: int = PAPER.batch_size,
+    local_epochs: int = PAPER.local_epochs,
+    seed: int = 0,
+    record_states: bool = False,
+    client: dict | None = None,
+) -> LocalResult:
     """Run E local epochs of SGD on one client's k samples and return (w0, wT, metadata).
 
     images: (k,C,H,W) float in [0,1] (normalised here with the dataset's mean/std); labels: (k,)
@@ -44,7 +54,9 @@ def train_local(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tens
     Raises ValueError for B > k or mismatched images/labels, before training starts.
     """
     if images.dim() != 4 or images.shape[0] != labels.shape[0]:
-        raise ValueError(f"images must be (k,C,H,W) with one label each, got {tuple(images.shape)} and {tuple(labels.shape)}")
+        raise ValueError(
+            f"images must be (k,C,H,W) with one label each, got {tuple(images.shape)} and {tuple(labels.shape)}"
+        )
     k = images.shape[0]
     metadata = TrainingMetadata(dataset=dataset, lr=lr, batch_size=batch_size, local_epochs=local_epochs, num_samples=k)
     spec = get_spec(dataset)
@@ -60,7 +72,7 @@ def train_local(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tens
     for _ in range(local_epochs):
         order = torch.randperm(k, generator=gen)
         for start in range(0, k, batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()

@@ -4,6 +4,7 @@ An ``ObservedUpdate`` holds the global weights sent (w0), the weights returned (
 training metadata. It has no field for images or labels, so the attacker cannot be handed private
 data through it; the evaluator gets the ground truth separately, after the attack.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,8 +47,14 @@ class TrainingMetadata:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
 
     def to_dict(self) -> dict:
-        return dict(dataset=self.dataset, lr=self.lr, batch_size=self.batch_size, local_epochs=self.local_epochs,
-                    num_samples=self.num_samples, local_steps=self.local_steps)
+        return dict(
+            dataset=self.dataset,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            num_samples=self.num_samples,
+            local_steps=self.local_steps,
+        )
 
 
 def _as_state(weights, name: str) -> OrderedDict[str, torch.Tensor]:
@@ -89,11 +96,16 @@ class ObservedUpdate:
         w0, wT = _as_state(self.w0, "w0"), _as_state(self.wT, "wT")
         if list(w0) != list(wT):
             missing = sorted(set(w0) ^ set(wT))
-            raise ValueError(f"w0 and wT have different keys (differing: {missing[:5]})" if missing
-                             else "w0 and wT list the same keys in a different order")
+            raise ValueError(
+                f"w0 and wT have different keys (differing: {missing[:5]})"
+                if missing
+                else "w0 and wT list the same keys in a different order"
+            )
         for key in w0:
             if w0[key].shape != wT[key].shape:
-                raise ValueError(f"w0 and wT differ in shape at '{key}': {tuple(w0[key].shape)} vs {tuple(wT[key].shape)}")
+                raise ValueError(
+                    f"w0 and wT differ in shape at '{key}': {tuple(w0[key].shape)} vs {tuple(wT[key].shape)}"
+                )
             for name, state in (("w0", w0), ("wT", wT)):
                 if not torch.isfinite(state[key]).all():
                     raise ValueError(f"{name}['{key}'] contains NaN or inf; the update cannot be attacked")
@@ -105,8 +117,10 @@ class ObservedUpdate:
             if not isinstance(value, (int, float, str, bool)):
                 raise TypeError(f"client['{key}'] must be a public scalar identifier, got {type(value).__name__}")
             if key not in PUBLIC_CLIENT_KEYS:
-                raise ValueError(f"client['{key}'] is not a public identifier; client may only hold "
-                                 f"{', '.join(sorted(PUBLIC_CLIENT_KEYS))}")
+                raise ValueError(
+                    f"client['{key}'] is not a public identifier; client may only hold "
+                    f"{', '.join(sorted(PUBLIC_CLIENT_KEYS))}"
+                )
         object.__setattr__(self, "w0", w0)
         object.__setattr__(self, "wT", wT)
 
@@ -123,18 +137,24 @@ class ObservedUpdate:
             raise TypeError(f"model must be an nn.Module or its state dict, got {type(state).__name__}")
         extra = [k for k in self.w0 if k not in state]
         if extra:
-            raise ValueError(f"the update has tensor '{extra[0]}', which is not one of the model's parameters "
-                             f"({len(extra)} such key(s): {extra[:5]})")
+            raise ValueError(
+                f"the update has tensor '{extra[0]}', which is not one of the model's parameters "
+                f"({len(extra)} such key(s): {extra[:5]})"
+            )
         missing = [k for k in state if k not in self.w0]
         if missing:
-            raise ValueError(f"the update lacks the model's tensor '{missing[0]}' ({len(missing)} missing: {missing[:5]})")
+            raise ValueError(
+                f"the update lacks the model's tensor '{missing[0]}' ({len(missing)} missing: {missing[:5]})"
+            )
         for key, reference in state.items():
             if tuple(self.w0[key].shape) != tuple(reference.shape):
-                raise ValueError(f"the update's '{key}' has shape {tuple(self.w0[key].shape)}, "
-                                 f"the model's {tuple(reference.shape)}")
+                raise ValueError(
+                    f"the update's '{key}' has shape {tuple(self.w0[key].shape)}, the model's {tuple(reference.shape)}"
+                )
             if not torch.is_floating_point(reference):
-                raise ValueError(f"the model's '{key}' has dtype {reference.dtype}; only floating-point "
-                                 "parameters can be attacked")
+                raise ValueError(
+                    f"the model's '{key}' has dtype {reference.dtype}; only floating-point parameters can be attacked"
+                )
 
     @property
     def delta_w(self) -> OrderedDict[str, torch.Tensor]:
@@ -146,8 +166,10 @@ class ObservedUpdate:
         """Build from parallel lists of numpy arrays (Flower's ArrayRecord order)."""
         keys = list(keys)
         if not (len(keys) == len(w0_arrays) == len(wT_arrays)):
-            raise ValueError(f"w0 and wT have different numbers of arrays: {len(w0_arrays)} vs {len(wT_arrays)} "
-                             f"for {len(keys)} parameter names")
+            raise ValueError(
+                f"w0 and wT have different numbers of arrays: {len(w0_arrays)} vs {len(wT_arrays)} "
+                f"for {len(keys)} parameter names"
+            )
         return cls(OrderedDict(zip(keys, w0_arrays)), OrderedDict(zip(keys, wT_arrays)), metadata, dict(client or {}))
 
 
@@ -202,7 +224,7 @@ class AttackTarget:
 
     @property
     def name(self) -> str:
-        """"client-P", or "aggregate": the file name of its image grid and recorded update."""
+        """ "client-P", or "aggregate": the file name of its image grid and recorded update."""
         return "aggregate" if self.aggregate else f"client-{self.partition_ids[0]}"
 
     def describe(self) -> str:
@@ -213,23 +235,40 @@ class AttackTarget:
 
     def to_row(self) -> dict:
         """The target as CSV cells (updates/index.csv)."""
-        return {"round": self.round, "partition_ids": ",".join(map(str, self.partition_ids)),
-                "node_id": "" if self.node_id is None else self.node_id, "client_id": self.client_id,
-                "aggregate": int(self.aggregate)}
+        return {
+            "round": self.round,
+            "partition_ids": ",".join(map(str, self.partition_ids)),
+            "node_id": "" if self.node_id is None else self.node_id,
+            "client_id": self.client_id,
+            "aggregate": int(self.aggregate),
+        }
 
     @classmethod
     def from_row(cls, row: dict) -> AttackTarget:
         """Inverse of ``to_row`` (values may be strings, as read from a CSV)."""
         node = row.get("node_id")
-        return cls(round=int(row["round"]), partition_ids=tuple(int(p) for p in str(row["partition_ids"]).split(",")),
-                   node_id=None if node in (None, "") else int(node), client_id=str(row.get("client_id") or ""),
-                   aggregate=str(row.get("aggregate", "0")) in ("1", "True", "true"))
+        return cls(
+            round=int(row["round"]),
+            partition_ids=tuple(int(p) for p in str(row["partition_ids"]).split(",")),
+            node_id=None if node in (None, "") else int(node),
+            client_id=str(row.get("client_id") or ""),
+            aggregate=str(row.get("aggregate", "0")) in ("1", "True", "true"),
+        )
 
 
 # Recorded updates: what the attacker observed, kept in a run folder so it can be attacked again ----------
 UPDATE_INDEX = "index.csv"
-UPDATE_INDEX_COLUMNS = ["round", "partition_ids", "node_id", "client_id", "aggregate", "file", "sha256",
-                        "w0_file", "w0_sha256"]
+UPDATE_INDEX_COLUMNS = [
+    "round",
+    "partition_ids",
+    "node_id",
+    "client_id",
+    "aggregate",
+    "file",
+    "sha256",
+    "w0_file",
+    "w0_sha256",
+]
 
 
 def _saved(obj) -> tuple[bytes, str]:
@@ -256,8 +295,13 @@ def save_update(update: ObservedUpdate, target: AttackTarget, folder) -> dict:
         write_bytes_atomic(folder / rel / "w0.pt", w0_bytes)
     data, sha = _saved({"wT": update.wT, "metadata": update.metadata.to_dict(), "target": target.to_row()})
     write_bytes_atomic(folder / rel / f"{target.name}.pt", data)
-    row = {**target.to_row(), "file": (rel / f"{target.name}.pt").as_posix(), "sha256": sha,
-           "w0_file": (rel / "w0.pt").as_posix(), "w0_sha256": w0_sha}
+    row = {
+        **target.to_row(),
+        "file": (rel / f"{target.name}.pt").as_posix(),
+        "sha256": sha,
+        "w0_file": (rel / "w0.pt").as_posix(),
+        "w0_sha256": w0_sha,
+    }
     append_csv_row(folder / UPDATE_INDEX, row, UPDATE_INDEX_COLUMNS)
     return row
 

@@ -6,6 +6,7 @@ therefore ask num_cpus=0 (plus a fraction of a GPU when one is configured) and s
 thread count explicitly. Ray is never initialised here; without Ray (unit tests, plain Python)
 the same work runs in-process.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,24 +59,46 @@ class AttackOutcome:
     @classmethod
     def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
         """A job that produced no reconstruction, with the cause."""
-        return cls(job.job_id, job.method, job.target, "failed", error=error, seconds=seconds,
-                   label_source="oracle" if not isinstance(job.labels, str) else job.labels,
-                   local_steps=job.update.metadata.local_steps)
+        return cls(
+            job.job_id,
+            job.method,
+            job.target,
+            "failed",
+            error=error,
+            seconds=seconds,
+            label_source="oracle" if not isinstance(job.labels, str) else job.labels,
+            local_steps=job.update.metadata.local_steps,
+        )
 
 
 def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
     """Run one attack; never raises (an exception becomes status "failed" with its message)."""
     start = time.perf_counter()
     try:
-        rec = reconstruct(job.update, job.method, labels=job.labels, config=job.config, device=device,
-                          time_limit=job.time_limit, model=job.model)
-        return AttackOutcome(job.job_id, job.method, job.target, "ok", images=rec.images, labels=rec.labels,
-                             label_source=rec.label_source, lsim_honest=rec.lsim_honest,
-                             lsim_calibrated=rec.lsim_calibrated, seconds=rec.seconds,
-                             device=str(torch.device(device) if device != "auto" else
-                                        ("cuda" if torch.cuda.is_available() else "cpu")),
-                             local_steps=job.update.metadata.local_steps,
-                             nodes=nodes_per_iteration(job.method, rec.config, rec.trace))
+        rec = reconstruct(
+            job.update,
+            job.method,
+            labels=job.labels,
+            config=job.config,
+            device=device,
+            time_limit=job.time_limit,
+            model=job.model,
+        )
+        return AttackOutcome(
+            job.job_id,
+            job.method,
+            job.target,
+            "ok",
+            images=rec.images,
+            labels=rec.labels,
+            label_source=rec.label_source,
+            lsim_honest=rec.lsim_honest,
+            lsim_calibrated=rec.lsim_calibrated,
+            seconds=rec.seconds,
+            device=str(torch.device(device) if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")),
+            local_steps=job.update.metadata.local_steps,
+            nodes=nodes_per_iteration(job.method, rec.config, rec.trace),
+        )
     except Exception as exc:  # one failed attack must never kill the federation
         log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
         return AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
@@ -127,8 +150,16 @@ class AttackDispatcher:
     resubmitted without counting (an actor runs its jobs in order: only the oldest was running).
     """
 
-    def __init__(self, num_actors: int = 1, num_gpus: float = 0.0, threads: int = 1, device: str = "auto",
-                 use_ray: bool | None = None, max_restarts: int = MAX_RESTARTS, actor_cls: type = AttackerActor):
+    def __init__(
+        self,
+        num_actors: int = 1,
+        num_gpus: float = 0.0,
+        threads: int = 1,
+        device: str = "auto",
+        use_ray: bool | None = None,
+        max_restarts: int = MAX_RESTARTS,
+        actor_cls: type = AttackerActor,
+    ):
         self.num_actors, self.num_gpus, self.threads, self.device = num_actors, num_gpus, threads, device
         self.use_ray = use_ray
         self.max_restarts, self.actor_cls = max_restarts, actor_cls
@@ -153,13 +184,21 @@ class AttackDispatcher:
             for _ in range(self.num_actors):
                 self._actors.append(self._new_actor(ray))
                 self._load.append(0)
-            log.info("started %d attacker actor(s): num_cpus=0, num_gpus=%s, torch threads=%d, max_restarts=%d",
-                     self.num_actors, self.num_gpus, self.threads, self.max_restarts)
+            log.info(
+                "started %d attacker actor(s): num_cpus=0, num_gpus=%s, torch threads=%d, max_restarts=%d",
+                self.num_actors,
+                self.num_gpus,
+                self.threads,
+                self.max_restarts,
+            )
         return ray
 
     def _new_actor(self, ray):
-        return (ray.remote(self.actor_cls).options(num_cpus=0, num_gpus=self.num_gpus, max_restarts=self.max_restarts)
-                .remote(self.threads, self.device))
+        return (
+            ray.remote(self.actor_cls)
+            .options(num_cpus=0, num_gpus=self.num_gpus, max_restarts=self.max_restarts)
+            .remote(self.threads, self.device)
+        )
 
     @property
     def in_flight(self) -> int:
@@ -212,11 +251,20 @@ class AttackDispatcher:
             if not counted:  # the job that was running when the actor died
                 counted, deaths = True, deaths + 1
             if deaths > RESUBMITS:
-                out.append(AttackOutcome.failed(job, f"ActorDiedError: the attacker actor died under this job "
-                                                     f"{deaths} times; last cause: {cause}"))
+                out.append(
+                    AttackOutcome.failed(
+                        job,
+                        f"ActorDiedError: the attacker actor died under this job {deaths} times; last cause: {cause}",
+                    )
+                )
             else:
-                log.warning("attacker actor %d died under attack %s on %s (%s); resubmitting it",
-                            i, job.method, job.target.describe(), cause)
+                log.warning(
+                    "attacker actor %d died under attack %s on %s (%s); resubmitting it",
+                    i,
+                    job.method,
+                    job.target.describe(),
+                    cause,
+                )
                 again.append((job, deaths))
         if i not in self._probes.values():
             self._probes[self._actors[i].info.options(max_task_retries=-1).remote()] = i
@@ -250,11 +298,15 @@ class AttackDispatcher:
 
             for ref, (job, *_) in list(self._pending.items()):
                 ray.cancel(ref)
-                outcomes.append(AttackOutcome.failed(
-                    job, f"TimeoutError: still running after the {timeout:.0f} s drain"))
+                outcomes.append(
+                    AttackOutcome.failed(job, f"TimeoutError: still running after the {timeout:.0f} s drain")
+                )
             for job, _ in self._waiting:
-                outcomes.append(AttackOutcome.failed(
-                    job, f"TimeoutError: no live attacker actor within the {timeout:.0f} s drain (its actor died)"))
+                outcomes.append(
+                    AttackOutcome.failed(
+                        job, f"TimeoutError: no live attacker actor within the {timeout:.0f} s drain (its actor died)"
+                    )
+                )
             self._pending.clear()
             self._waiting.clear()
             self._load = [0] * len(self._actors)

@@ -5,6 +5,7 @@ aggregation defenses themselves are Flower's (LocalDpMod, the DP strategy wrappe
 in by clients/defenses.py, strategies/server_app.py and strategies/secagg.py; the compression
 transforms are the library's (fl_attack/defenses.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def _key_to_field(key: str) -> str:
     if key == "defense":
         return "defense"
     if key.startswith("defense-"):
-        key = key[len("defense-"):]
+        key = key[len("defense-") :]
     return key.replace("-", "_")
 
 
@@ -88,8 +89,10 @@ class DefenseSettings:
                 continue
             name = _key_to_field(key)
             if name not in known or _field_to_key(name) != key:
-                raise ValueError(f"invalid run config: unknown defense key '{key}'; known: "
-                                 f"{', '.join(_field_to_key(n) for n in known)}")
+                raise ValueError(
+                    f"invalid run config: unknown defense key '{key}'; known: "
+                    f"{', '.join(_field_to_key(n) for n in known)}"
+                )
             values[name] = typed_value(f"run config '{key}'", value, getattr(cls, name))
         settings = cls(**values)
         settings.validate()
@@ -101,32 +104,43 @@ class DefenseSettings:
         names = self.names
         unknown = [n for n in names if n not in DEFENSES]
         if unknown or not names:
-            raise ValueError(f"invalid run config: unknown defense '{unknown[0] if unknown else self.defense}' "
-                             f"in defense='{self.defense}'; choose from {', '.join(DEFENSES)} or a '+' combination")
+            raise ValueError(
+                f"invalid run config: unknown defense '{unknown[0] if unknown else self.defense}' "
+                f"in defense='{self.defense}'; choose from {', '.join(DEFENSES)} or a '+' combination"
+            )
         if len(set(names)) != len(names):
             raise ValueError(f"invalid run config: defense='{self.defense}' names a defense twice")
         if "none" in names and len(names) > 1:
             raise ValueError("invalid run config: defense 'none' cannot be combined with another defense")
         if self.secagg and self.central_dp:
-            raise ValueError("invalid run config: central-dp cannot be combined with secagg: Flower's DP strategy "
-                             "wrappers run on the Message API strategy, SecAgg+ on the legacy workflow; "
-                             "use local-dp+secagg for DP under secure aggregation")
+            raise ValueError(
+                "invalid run config: central-dp cannot be combined with secagg: Flower's DP strategy "
+                "wrappers run on the Message API strategy, SecAgg+ on the legacy workflow; "
+                "use local-dp+secagg for DP under secure aggregation"
+            )
         checks = [
             (self.clip_norm > 0, f"defense-clip-norm must be > 0, got {self.clip_norm}"),
             (self.epsilon > 0, f"defense-epsilon must be > 0 (smaller is more noise), got {self.epsilon}"),
             (0 < self.delta < 1, f"defense-delta must be in (0, 1), got {self.delta}"),
-            (self.noise_multiplier >= 0, f"defense-noise-multiplier must be >= 0 (a noise scale cannot be "
-                                         f"negative), got {self.noise_multiplier}"),
+            (
+                self.noise_multiplier >= 0,
+                f"defense-noise-multiplier must be >= 0 (a noise scale cannot be "
+                f"negative), got {self.noise_multiplier}",
+            ),
             (self.clipping in CLIPPING_SIDES, f"defense-clipping must be 'server' or 'client', got '{self.clipping}'"),
             (0 < self.topk_fraction <= 1, f"defense-topk-fraction must be in (0, 1], got {self.topk_fraction}"),
             (self.rank >= 1, f"defense-rank must be >= 1, got {self.rank}"),
             (1 <= self.bits <= 16, f"defense-bits must be in 1..16, got {self.bits}"),
             (self.secagg_num_shares >= 3, f"secagg-num-shares must be >= 3, got {self.secagg_num_shares}"),
-            (2 <= self.secagg_reconstruction_threshold < self.secagg_num_shares,
-             f"secagg-reconstruction-threshold must be in 2..secagg-num-shares-1 "
-             f"({self.secagg_num_shares - 1}), got {self.secagg_reconstruction_threshold}"),
-            (self.secagg_max_weight >= 0, f"secagg-max-weight must be >= 0 (0 = samples-per-client), "
-                                          f"got {self.secagg_max_weight}"),
+            (
+                2 <= self.secagg_reconstruction_threshold < self.secagg_num_shares,
+                f"secagg-reconstruction-threshold must be in 2..secagg-num-shares-1 "
+                f"({self.secagg_num_shares - 1}), got {self.secagg_reconstruction_threshold}",
+            ),
+            (
+                self.secagg_max_weight >= 0,
+                f"secagg-max-weight must be >= 0 (0 = samples-per-client), got {self.secagg_max_weight}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -138,17 +152,21 @@ class DefenseSettings:
             return
         for name, (rows, cols) in weight_matrices(state):
             if self.rank > min(rows, cols):
-                raise ValueError(f"invalid run config: defense-rank={self.rank} is larger than the model's "
-                                 f"'{name}' update allows: a {rows}x{cols} matrix has rank at most "
-                                 f"{min(rows, cols)}")
+                raise ValueError(
+                    f"invalid run config: defense-rank={self.rank} is larger than the model's "
+                    f"'{name}' update allows: a {rows}x{cols} matrix has rank at most "
+                    f"{min(rows, cols)}"
+                )
 
     def check_clients(self, num_clients: int) -> None:
         """With secagg: the clients sampled per round must reach SecAgg+'s minimum."""
         if self.secagg and num_clients < self.secagg_min_clients:
-            raise ValueError(f"invalid federation: secagg needs at least {self.secagg_min_clients} clients per "
-                             f"round (SecAgg+ needs 2, and secagg-reconstruction-threshold="
-                             f"{self.secagg_reconstruction_threshold} shares), but only {num_clients} take part; "
-                             "raise num-supernodes or fraction-train, or lower the threshold")
+            raise ValueError(
+                f"invalid federation: secagg needs at least {self.secagg_min_clients} clients per "
+                f"round (SecAgg+ needs 2, and secagg-reconstruction-threshold="
+                f"{self.secagg_reconstruction_threshold} shares), but only {num_clients} take part; "
+                "raise num-supernodes or fraction-train, or lower the threshold"
+            )
 
     # Views --------------------------------------------------------------------------------
     @property
@@ -220,10 +238,14 @@ class DefenseSettings:
 
     def parameters(self) -> dict:
         """The run-config keys and values that configure the active defenses."""
-        used = {"local-dp": ("clip_norm", "epsilon", "delta"),
-                "central-dp": ("clip_norm", "noise_multiplier", "clipping"),
-                "secagg": ("secagg_num_shares", "secagg_reconstruction_threshold", "secagg_max_weight"),
-                "topk": ("topk_fraction", "adaptive_attack"), "low-rank": ("rank",), "quantize": ("bits",)}
+        used = {
+            "local-dp": ("clip_norm", "epsilon", "delta"),
+            "central-dp": ("clip_norm", "noise_multiplier", "clipping"),
+            "secagg": ("secagg_num_shares", "secagg_reconstruction_threshold", "secagg_max_weight"),
+            "topk": ("topk_fraction", "adaptive_attack"),
+            "low-rank": ("rank",),
+            "quantize": ("bits",),
+        }
         out = {}
         for name in self.names:
             for f in used.get(name, ()):
@@ -238,35 +260,53 @@ class DefenseSettings:
             return "each attacked client's full update (w0, wT) and its public training metadata"
         notes = []
         if self.secagg:
-            notes.append("SecAgg+: only the aggregate (the num-examples weighted mean of all participants' "
-                         "updates), attacked as one update of k = the participants' total samples and scored "
-                         "against all their images; num-examples and metrics still arrive in plaintext")
+            notes.append(
+                "SecAgg+: only the aggregate (the num-examples weighted mean of all participants' "
+                "updates), attacked as one update of k = the participants' total samples and scored "
+                "against all their images; num-examples and metrics still arrive in plaintext"
+            )
         if self.local_dp:
-            notes.append(f"local DP: each update clipped to L2 norm {self.clip_norm:g}, then Gaussian noise of "
-                         f"std {self.local_dp_std:.3g} on every coordinate (Flower's LocalDpMod)")
+            notes.append(
+                f"local DP: each update clipped to L2 norm {self.clip_norm:g}, then Gaussian noise of "
+                f"std {self.local_dp_std:.3g} on every coordinate (Flower's LocalDpMod)"
+            )
         if self.central_dp:
-            notes.append(f"central DP ({self.clipping}-side clipping): each client's update clipped to L2 norm "
-                         f"{self.clip_norm:g} and free of noise; Flower adds the noise (std z*C/n, z="
-                         f"{self.noise_multiplier:g}) to the aggregate only")
+            notes.append(
+                f"central DP ({self.clipping}-side clipping): each client's update clipped to L2 norm "
+                f"{self.clip_norm:g} and free of noise; Flower adds the noise (std z*C/n, z="
+                f"{self.noise_multiplier:g}) to the aggregate only"
+            )
         if self.low_rank:
-            notes.append(f"low-rank: each weight matrix's update is a rank-{self.rank} SVD approximation "
-                         "(biases unchanged)")
+            notes.append(
+                f"low-rank: each weight matrix's update is a rank-{self.rank} SVD approximation (biases unchanged)"
+            )
         if self.quantize:
             notes.append(f"quantize: each tensor's update stochastically quantised to {self.bits} bits")
         if self.topk:
-            notes.append(f"top-k: only the {self.topk_fraction:g} fraction of update coordinates largest in "
-                         "magnitude; the rest equal w0. The attacker "
-                         + ("matches only these observed coordinates (adaptive)" if self.adaptive_attack
-                            else "matches all coordinates, zeros included (naive)"))
+            notes.append(
+                f"top-k: only the {self.topk_fraction:g} fraction of update coordinates largest in "
+                "magnitude; the rest equal w0. The attacker "
+                + (
+                    "matches only these observed coordinates (adaptive)"
+                    if self.adaptive_attack
+                    else "matches all coordinates, zeros included (naive)"
+                )
+            )
         return "; ".join(notes)
 
     def describe(self) -> dict:
         """The defense block of config.json."""
-        return {"defense": "+".join(self.names), "label": self.label, "parameters": self.parameters(),
-                "observed": self.observed()}
-
+        return {
+            "defense": "+".join(self.names),
+            "label": self.label,
+            "parameters": self.parameters(),
+            "observed": self.observed(),
+        }
 
     def update_transforms(self) -> dict:
         """The keyword arguments of ``fl_attack.defenses.transform_update`` for this defense."""
-        return {"rank": self.rank if self.low_rank else None, "bits": self.bits if self.quantize else None,
-                "topk_fraction": self.topk_fraction if self.topk else None}
+        return {
+            "rank": self.rank if self.low_rank else None,
+            "bits": self.bits if self.quantize else None,
+            "topk_fraction": self.topk_fraction if self.topk else None,
+        }

@@ -10,6 +10,7 @@ scored against the union of all participants' images, in partition order: the at
 reconstructs as many images as the participants hold in total, so the Hungarian matching is
 one-to-one over the union.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,14 @@ from .timings import Timings
 
 def data_settings(settings: RunSettings) -> DataSettings:
     """The run's data settings: how its clients' private samples are drawn."""
-    return DataSettings(dataset=settings.dataset, samples=settings.samples, data_dir=settings.data_dir or None,
-                        classes=settings.classes, seed=settings.seed, held_out=settings.held_out)
+    return DataSettings(
+        dataset=settings.dataset,
+        samples=settings.samples,
+        data_dir=settings.data_dir or None,
+        classes=settings.classes,
+        seed=settings.seed,
+        held_out=settings.held_out,
+    )
 
 
 class Evaluator:
@@ -69,15 +76,26 @@ class Evaluator:
         ``lag_rounds``: how many rounds after its own the attack finished (the attacker's lag)."""
         target, config = outcome.target, self.attack_config
         nodes = outcome.nodes if outcome.nodes is not None else nodes_per_iteration(outcome.method, config)
-        row = attack_row(round=target.round, node_id=target.node_id, partition_id=target.partition_id,
-                         client_id=target.client_id, method=outcome.method, dataset=self.settings.dataset,
-                         defense=self.settings.defense.label, local_steps=outcome.local_steps, nodes=nodes,
-                         iterations=config.iterations, lag_rounds=lag_rounds,
-                         label_estimator=getattr(config, "label_estimator", "paper"),
-                         labels=outcome.label_source or self.settings.attack_labels,
-                         lsim_honest=outcome.lsim_honest, lsim_calibrated=outcome.lsim_calibrated,
-                         attack_seconds=round(outcome.seconds, 3) if not math.isnan(outcome.seconds) else math.nan,
-                         status=outcome.status, error=outcome.error)
+        row = attack_row(
+            round=target.round,
+            node_id=target.node_id,
+            partition_id=target.partition_id,
+            client_id=target.client_id,
+            method=outcome.method,
+            dataset=self.settings.dataset,
+            defense=self.settings.defense.label,
+            local_steps=outcome.local_steps,
+            nodes=nodes,
+            iterations=config.iterations,
+            lag_rounds=lag_rounds,
+            label_estimator=getattr(config, "label_estimator", "paper"),
+            labels=outcome.label_source or self.settings.attack_labels,
+            lsim_honest=outcome.lsim_honest,
+            lsim_calibrated=outcome.lsim_calibrated,
+            attack_seconds=round(outcome.seconds, 3) if not math.isnan(outcome.seconds) else math.nan,
+            status=outcome.status,
+            error=outcome.error,
+        )
         if outcome.status == "ok":
             try:
                 row.update(self._score(outcome))
@@ -95,5 +113,4 @@ class Evaluator:
         rel = Path("images") / f"round-{target.round}" / outcome.method / f"{target.name}.png"
         with self.timings.measure("images"):
             save_grid(images, scores, self.run_dir / rel)
-        return {**{m: scores[m] for m in ("psnr", "ssim", "fsim", "lpips", "label_accuracy")},
-                "image": rel.as_posix()}
+        return {**{m: scores[m] for m in ("psnr", "ssim", "fsim", "lpips", "label_accuracy")}, "image": rel.as_posix()}

@@ -21,6 +21,7 @@ client-resources-num-cpus as the run config's client-num-cpus (the ServerApp can
 federation config) unless the run config sets it. The report is analysis' job, run afterwards
 (``make demo`` does both); nothing here imports analysis/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -135,8 +136,9 @@ def stream(cmd: list[str], env: dict, timeout: float, silence_timeout: float, on
     killed (SIGTERM, SIGKILL 5 s later). Returns "" when the command ended by itself, else why it
     was abandoned (one sentence).
     """
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     lines: queue.Queue = queue.Queue()
 
     def read():
@@ -175,33 +177,51 @@ def stream(cmd: list[str], env: dict, timeout: float, silence_timeout: float, on
 
 
 def _final_status(run_id: str, env: dict) -> str:
-    out = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=env,
-                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = subprocess.run(
+        ["flwr", "ls", "--run-id", run_id, "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     try:
-        runs = json.loads(out.stdout[out.stdout.find("{"):]).get("runs", [])
+        runs = json.loads(out.stdout[out.stdout.find("{") :]).get("runs", [])
         return str(runs[0].get("status", "unknown")) if runs else "unknown"
     except (json.JSONDecodeError, AttributeError):
         return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m strategies.launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-config", action="append", default=[],
-                        help="run config overrides as for flwr run: 'dataset=\"cifar100\" num-server-rounds=3' "
-                             "(repeatable) or one .toml file")
-    parser.add_argument("--federation-config", default=DEFAULT_FEDERATION,
-                        help=f"simulation options (default: '{DEFAULT_FEDERATION}')")
+    parser = argparse.ArgumentParser(
+        prog="python -m strategies.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        help="run config overrides as for flwr run: 'dataset=\"cifar100\" num-server-rounds=3' "
+        "(repeatable) or one .toml file",
+    )
+    parser.add_argument(
+        "--federation-config", default=DEFAULT_FEDERATION, help=f"simulation options (default: '{DEFAULT_FEDERATION}')"
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is abandoned")
-    parser.add_argument("--silence-timeout", type=float, default=900,
-                        help="seconds without any output before the run is abandoned (default: 900)")
+    parser.add_argument(
+        "--silence-timeout",
+        type=float,
+        default=900,
+        help="seconds without any output before the run is abandoned (default: 900)",
+    )
     parser.add_argument("--run-dir-file", default="", help="write the run folder's path to this file at the end")
     args = parser.parse_args(argv)
     for name in ("timeout", "silence_timeout"):
         value = getattr(args, name)
         if not (value > 0 and value != float("inf")):
-            print(f"fl-attack: error: --{name.replace('_', '-')} must be a finite number of seconds > 0, "
-                  f"got {value}", file=sys.stderr)
+            print(
+                f"fl-attack: error: --{name.replace('_', '-')} must be a finite number of seconds > 0, got {value}",
+                file=sys.stderr,
+            )
             return 2
 
     env = _environment()
@@ -233,15 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
     if abandoned:
-        print(f"fl-attack: run {run_id} abandoned after {time.time() - started:.0f} s (status: {status})",
-              file=sys.stderr)
+        print(
+            f"fl-attack: run {run_id} abandoned after {time.time() - started:.0f} s (status: {status})", file=sys.stderr
+        )
         return 1
     seconds = time.time() - started
     ok = status.endswith("completed") and run_dir is not None and (run_dir / "rounds.csv").exists()
     print(f"fl-attack: run {run_id} {status} in {seconds:.0f} s", flush=True)
     if not ok:
-        print(f"fl-attack: error: the federation did not complete (status: {status}); see the log above"
-              + (f" and {run_dir}" if run_dir is not None and run_dir.exists() else ""), file=sys.stderr)
+        print(
+            f"fl-attack: error: the federation did not complete (status: {status}); see the log above"
+            + (f" and {run_dir}" if run_dir is not None and run_dir.exists() else ""),
+            file=sys.stderr,
+        )
         return 1
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
     _report_timings(run_dir, started, flwr_exited)

@@ -14,6 +14,7 @@ reconstructs K images and the evaluator scores them against the union of all par
 (Hungarian matching one-to-one over the union). A smaller k (one client's) would leave the
 attacker guessing which participant its images belong to, which the aggregate cannot tell it.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,10 +38,12 @@ from .strategy import LeakageTracking
 
 def _weighted_mean(key: str):
     """A legacy metrics-aggregation function: the num-examples weighted mean of ``key``."""
+
     def aggregate(metrics: list[tuple[int, dict]]) -> dict:
         pairs = [(n, float(m[key])) for n, m in metrics if key in m]
         total = sum(n for n, _ in pairs)
         return {key: sum(n * v for n, v in pairs) / total} if total else {}
+
     return aggregate
 
 
@@ -58,8 +61,14 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, cli
             raise ValueError(f"participants differ in '{key}'; the aggregate has no single training setting")
     total = sum(int(r.num_examples) for r in results)
     steps = round(sum(int(r.num_examples) * int(m["local-steps"]) for r, m in zip(results, metrics)) / total)
-    meta = TrainingMetadata(dataset=dataset, lr=float(metrics[0]["lr"]), batch_size=int(metrics[0]["batch-size"]),
-                            local_epochs=int(metrics[0]["local-epochs"]), num_samples=total, local_steps=steps)
+    meta = TrainingMetadata(
+        dataset=dataset,
+        lr=float(metrics[0]["lr"]),
+        batch_size=int(metrics[0]["batch-size"]),
+        local_epochs=int(metrics[0]["local-epochs"]),
+        num_samples=total,
+        local_steps=steps,
+    )
     w0_state = w0.to_torch_state_dict()
     aggregate = parameters_to_ndarrays(results[0].parameters)
     wT = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(w0_state, aggregate, strict=True))
@@ -69,21 +78,33 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, cli
 class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
     """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the attacker."""
 
-    def __init__(self, settings: RunSettings, run_dir, initial_state: dict, dispatcher: AttackDispatcher | None = None,
-                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, test_set=None,
-                 **fedavg_kwargs):
+    def __init__(
+        self,
+        settings: RunSettings,
+        run_dir,
+        initial_state: dict,
+        dispatcher: AttackDispatcher | None = None,
+        evaluator: Evaluator | None = None,
+        clients_per_round: int | None = None,
+        test_set=None,
+        **fedavg_kwargs,
+    ):
         self.keys = list(initial_state)
-        super().__init__(initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
-                         on_fit_config_fn=lambda server_round: {"server-round": server_round},
-                         evaluate_fn=self.evaluate_global,
-                         fit_metrics_aggregation_fn=_weighted_mean("train-loss"),
-                         evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"), **fedavg_kwargs)
+        super().__init__(
+            initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
+            on_fit_config_fn=lambda server_round: {"server-round": server_round},
+            evaluate_fn=self.evaluate_global,
+            fit_metrics_aggregation_fn=_weighted_mean("train-loss"),
+            evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"),
+            **fedavg_kwargs,
+        )
         self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round, test_set=test_set)
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
-        arrays = OrderedDict((k, torch.from_numpy(a.copy()))
-                             for k, a in zip(self.keys, parameters_to_ndarrays(parameters), strict=True))
+        arrays = OrderedDict(
+            (k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters_to_ndarrays(parameters), strict=True)
+        )
         self._round_started(server_round, ArrayRecord(arrays))
         instructions = super().configure_fit(server_round, parameters, client_manager)
         if server_round > 1:  # round 1's configure belongs to the start-up span
@@ -91,8 +112,11 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         return instructions
 
     def aggregate_fit(self, server_round, results, failures):
-        self._training_received(server_round, [r.metrics.get("train-seconds") for _, r in results],
-                                [r.metrics.get("train-started") for _, r in results])
+        self._training_received(
+            server_round,
+            [r.metrics.get("train-seconds") for _, r in results],
+            [r.metrics.get("train-started") for _, r in results],
+        )
         with self.timings.measure("strategy"):
             self._dispatch(server_round, [fit_res for _, fit_res in results])
             parameters, metrics = super().aggregate_fit(server_round, results, failures)
@@ -123,19 +147,29 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         if not self.settings.attacks_round(server_round):
             self._event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
             return
-        target = AttackTarget(server_round, tuple(partitions), None,
-                              f"aggregate:{','.join(map(str, partitions))}", aggregate=True)
-        self._submit(target, lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
-                     lambda: self.evaluator.truth(target)[1])
-        self._event(f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
-                    f"{partitions} ({self.dispatcher.in_flight} in flight)")
+        target = AttackTarget(
+            server_round, tuple(partitions), None, f"aggregate:{','.join(map(str, partitions))}", aggregate=True
+        )
+        self._submit(
+            target,
+            lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
+            lambda: self.evaluator.truth(target)[1],
+        )
+        self._event(
+            f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
+            f"{partitions} ({self.dispatcher.in_flight} in flight)"
+        )
 
 
 def run_secagg(grid, context, strategy: SecAggLeakageFedAvg, settings: RunSettings) -> None:
     """Run the federation through Flower's DefaultWorkflow with SecAggPlusWorkflow as its fit workflow."""
     defense = settings.defense
-    workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
-        num_shares=defense.secagg_num_shares, reconstruction_threshold=defense.secagg_reconstruction_threshold,
-        max_weight=defense.secagg_max_weight or float(settings.samples)))
+    workflow = DefaultWorkflow(
+        fit_workflow=SecAggPlusWorkflow(
+            num_shares=defense.secagg_num_shares,
+            reconstruction_threshold=defense.secagg_reconstruction_threshold,
+            max_weight=defense.secagg_max_weight or float(settings.samples),
+        )
+    )
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=settings.num_server_rounds), strategy=strategy)
     workflow(grid, legacy)

@@ -10,6 +10,7 @@ The run config's ``defense`` picks how the server side runs (strategies/defense_
   attacker sees only the aggregate;
 - anything else: plain LeakageFedAvg; local-dp, topk, low-rank and quantize act on the clients.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,18 +56,37 @@ def _versions() -> dict:
 
 RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")
 # Run-config keys a resumed run may change: where and how fast attacks run, and how many rounds.
-RESUMABLE_KEYS = {"resume", "num-server-rounds", "run-name", "results-dir", "attack-timeout", "attack-threads",
-                  "attack-actors", "attack-num-gpus", "attack-device", "client-num-cpus"}
+RESUMABLE_KEYS = {
+    "resume",
+    "num-server-rounds",
+    "run-name",
+    "results-dir",
+    "attack-timeout",
+    "attack-threads",
+    "attack-actors",
+    "attack-num-gpus",
+    "attack-device",
+    "client-num-cpus",
+}
 
 
 def write_run_config(run_dir: Path, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
     """A new run's config.json: the flat run config, the seed, versions, the AttackConfig and the
     defense (what analysis/load.py and ``fl-attack replay`` read back)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", {
-        "run_config": run_config, "seed": settings.seed, "run_name": run_dir.name,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": _versions(), "num_nodes": num_nodes,
-        "attack_config": asdict(settings.attack_config()), "defense": settings.defense.describe()})
+    write_json_atomic(
+        run_dir / "config.json",
+        {
+            "run_config": run_config,
+            "seed": settings.seed,
+            "run_name": run_dir.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "versions": _versions(),
+            "num_nodes": num_nodes,
+            "attack_config": asdict(settings.attack_config()),
+            "defense": settings.defense.describe(),
+        },
+    )
 
 
 def run_folder(settings: RunSettings) -> Path:
@@ -77,8 +97,10 @@ def run_folder(settings: RunSettings) -> Path:
     if settings.run_name:
         folder = root / settings.run_name
         if any((folder / name).exists() for name in RUN_FILES):
-            raise ValueError(f"invalid run config: run folder {folder} already holds a run; choose another "
-                             f"run-name, or resume it with resume=\"{folder}\"")
+            raise ValueError(
+                f"invalid run config: run folder {folder} already holds a run; choose another "
+                f'run-name, or resume it with resume="{folder}"'
+            )
         return folder
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
     folder, n = root / base, 1
@@ -100,19 +122,28 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, 
         before = json.loads((folder / "config.json").read_text())["run_config"]
         checkpoint = torch.load(folder / CHECKPOINT, weights_only=True)
     except (OSError, KeyError, json.JSONDecodeError) as exc:
-        raise ValueError(f"invalid run config: resume='{settings.resume}' is not a resumable run folder "
-                         f"(needs config.json and {CHECKPOINT}): {exc}") from None
-    differing = sorted(k for k in set(before) | set(run_config) if k not in RESUMABLE_KEYS
-                       and before.get(k) != run_config.get(k))
+        raise ValueError(
+            f"invalid run config: resume='{settings.resume}' is not a resumable run folder "
+            f"(needs config.json and {CHECKPOINT}): {exc}"
+        ) from None
+    differing = sorted(
+        k for k in set(before) | set(run_config) if k not in RESUMABLE_KEYS and before.get(k) != run_config.get(k)
+    )
     if differing:
-        raise ValueError(f"invalid run config: resume: the run config differs from the interrupted run's in "
-                         f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change")
+        raise ValueError(
+            f"invalid run config: resume: the run config differs from the interrupted run's in "
+            f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
+        )
     done = int(checkpoint["round"])
     if done >= settings.num_server_rounds:
-        raise ValueError(f"invalid run config: resume: {folder} has finished all {done} rounds; raise "
-                         "num-server-rounds to go on")
-    for path, key in ((folder / "rounds.csv", "round"), (folder / "attacks.csv", "round"),
-                      (folder / "updates" / UPDATE_INDEX, "round")):
+        raise ValueError(
+            f"invalid run config: resume: {folder} has finished all {done} rounds; raise num-server-rounds to go on"
+        )
+    for path, key in (
+        (folder / "rounds.csv", "round"),
+        (folder / "attacks.csv", "round"),
+        (folder / "updates" / UPDATE_INDEX, "round"),
+    ):
         if path.exists():
             columns, found = read_csv(path)
             write_text_atomic(path, csv_text([r for r in found if r.get(key) and int(r[key]) <= done], columns))
@@ -125,8 +156,10 @@ def check_partitions(settings: RunSettings, num_nodes: int) -> None:
     pool = load_pool(settings.dataset, settings.data_dir or None)
     available = num_partitions(pool, settings.samples, settings.classes, held_out=settings.held_out)
     if num_nodes > available:
-        raise ValueError(f"{num_nodes} clients asked for, but the {settings.dataset} data has only {available} "
-                         f"partitions of {settings.samples} samples; lower num-supernodes or samples-per-client")
+        raise ValueError(
+            f"{num_nodes} clients asked for, but the {settings.dataset} data has only {available} "
+            f"partitions of {settings.samples} samples; lower num-supernodes or samples-per-client"
+        )
 
 
 def sampled_clients(num_nodes: int, fraction: float, minimum: int) -> int:
@@ -151,28 +184,50 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
         test_set = server_test_set(pool, settings.server_test_samples, seed=settings.seed)
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
-    clients_per_round = min(num_nodes, sampled_clients(num_nodes, settings.fraction_train,
-                                                       defense.secagg_min_clients if defense.secagg else 1))
+    clients_per_round = min(
+        num_nodes,
+        sampled_clients(num_nodes, settings.fraction_train, defense.secagg_min_clients if defense.secagg else 1),
+    )
     if defense.secagg:
-        strategy = SecAggLeakageFedAvg(settings, run_dir, initial_state, clients_per_round=clients_per_round,
-                                       test_set=test_set,
-                                       fraction_fit=settings.fraction_train,
-                                       fraction_evaluate=settings.fraction_evaluate,
-                                       min_fit_clients=defense.secagg_min_clients, min_evaluate_clients=min_evaluate,
-                                       min_available_clients=defense.secagg_min_clients)
+        strategy = SecAggLeakageFedAvg(
+            settings,
+            run_dir,
+            initial_state,
+            clients_per_round=clients_per_round,
+            test_set=test_set,
+            fraction_fit=settings.fraction_train,
+            fraction_evaluate=settings.fraction_evaluate,
+            min_fit_clients=defense.secagg_min_clients,
+            min_evaluate_clients=min_evaluate,
+            min_available_clients=defense.secagg_min_clients,
+        )
         return strategy, strategy
-    strategy = LeakageFedAvg(settings, run_dir, clients_per_round=clients_per_round, round_offset=round_offset,
-                             test_set=test_set,
-                             fraction_train=settings.fraction_train,
-                             fraction_evaluate=settings.fraction_evaluate, min_train_nodes=1,
-                             min_evaluate_nodes=min_evaluate, min_available_nodes=1)
+    strategy = LeakageFedAvg(
+        settings,
+        run_dir,
+        clients_per_round=clients_per_round,
+        round_offset=round_offset,
+        test_set=test_set,
+        fraction_train=settings.fraction_train,
+        fraction_evaluate=settings.fraction_evaluate,
+        min_train_nodes=1,
+        min_evaluate_nodes=min_evaluate,
+        min_available_nodes=1,
+    )
     if not defense.central_dp:
         return strategy, strategy
-    wrapper = (DifferentialPrivacyServerSideFixedClipping if defense.clipping == "server"
-               else DifferentialPrivacyClientSideFixedClipping)
+    wrapper = (
+        DifferentialPrivacyServerSideFixedClipping
+        if defense.clipping == "server"
+        else DifferentialPrivacyClientSideFixedClipping
+    )
     sampled = sampled_clients(num_nodes, settings.fraction_train, 1)
-    return wrapper(strategy, noise_multiplier=defense.noise_multiplier, clipping_norm=defense.clip_norm,
-                   num_sampled_clients=sampled), strategy
+    return wrapper(
+        strategy,
+        noise_multiplier=defense.noise_multiplier,
+        clipping_norm=defense.clip_norm,
+        num_sampled_clients=sampled,
+    ), strategy
 
 
 @app.main()
@@ -188,8 +243,9 @@ def main(grid: Grid, context: Context) -> None:
     if settings.resume:
         run_dir, done, state = prepare_resume(settings, run_config)
         config = json.loads((run_dir / "config.json").read_text())
-        config.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "after_round": done,
-                                                 "run_config": run_config})
+        config.setdefault("resumed", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "after_round": done, "run_config": run_config}
+        )
         write_json_atomic(run_dir / "config.json", config)
     else:
         run_dir, done, state = run_folder(settings), 0, settings.new_model(seed=settings.seed).state_dict()
@@ -207,8 +263,13 @@ def main(grid: Grid, context: Context) -> None:
         if settings.defense.secagg:
             run_secagg(grid, context, strategy, settings)
         else:
-            runner.start(grid=grid, initial_arrays=ArrayRecord(state), num_rounds=settings.num_server_rounds - done,
-                         train_config=ConfigRecord({}), evaluate_fn=strategy.evaluate_global)
+            runner.start(
+                grid=grid,
+                initial_arrays=ArrayRecord(state),
+                num_rounds=settings.num_server_rounds - done,
+                train_config=ConfigRecord({}),
+                evaluate_fn=strategy.evaluate_global,
+            )
     finally:
         rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
@@ -219,15 +280,28 @@ def main(grid: Grid, context: Context) -> None:
         ok = sum(r["status"] == "ok" for r in strategy.rows)
         strategy.timings.add("writing", config_seconds)
         # Where the time went (strategies/timings.py); the launcher adds its own clock and prints it.
-        timings = {**strategy.timing_record(), "main_started": main_started, "rounds_finished": rounds_finished,
-                   "main_finished": time.time()}
+        timings = {
+            **strategy.timing_record(),
+            "main_started": main_started,
+            "rounds_finished": rounds_finished,
+            "main_finished": time.time(),
+        }
         try:  # the shutdown path must not fail on the error that may have brought it here
-            write_json_atomic(run_dir / "summary.json", {
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
-                "attacks": len(strategy.rows), "attacks_ok": ok, "attacks_failed": len(strategy.rows) - ok,
-                "attacks_unwritten": len(strategy.unwritten), "resumed_after_round": done or None,
-                "drain_seconds": round(time.time() - rounds_finished, 1),
-                "cuda": torch.cuda.is_available(), "timings": timings})
+            write_json_atomic(
+                run_dir / "summary.json",
+                {
+                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "seconds": round(time.time() - started, 1),
+                    "attacks": len(strategy.rows),
+                    "attacks_ok": ok,
+                    "attacks_failed": len(strategy.rows) - ok,
+                    "attacks_unwritten": len(strategy.unwritten),
+                    "resumed_after_round": done or None,
+                    "drain_seconds": round(time.time() - rounds_finished, 1),
+                    "cuda": torch.cuda.is_available(),
+                    "timings": timings,
+                },
+            )
         except OSError as exc:
             print(f"fl-attack: error: could not write {run_dir / 'summary.json'}: {exc}", flush=True)
     print(f"fl-attack: {ok}/{len(strategy.rows)} attacks succeeded; results in {run_dir}", flush=True)

@@ -6,6 +6,7 @@ message for any bad value, so the ServerApp can fail before the first round star
 (clients/ and strategies/) read the run config through this module. The federation's policies live
 here too: the attacker's torch threads (the cores the clients leave idle) and which clients to attack.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ from .defense_settings import DefenseSettings
 
 
 def _parse_overrides(text: str) -> dict:
-    """"tv_weight=0.02,lr_control_point=1e-5" -> AttackConfig overrides (typed like the defaults)."""
+    """ "tv_weight=0.02,lr_control_point=1e-5" -> AttackConfig overrides (typed like the defaults)."""
     out = parse_key_values(text, asdict(AttackConfig()), "attack-options", "attack setting")
     AttackConfig.from_overrides(**out)  # validates the combination
     return out
@@ -56,6 +57,7 @@ def usable_cpus() -> int:
 
 def _cgroup_cpu_quota() -> int | None:
     """ceil(quota / period) of the cgroup's CPU limit (v2 cpu.max, else v1 cfs), None without one."""
+
     def read(path):
         try:
             with open(path) as f:
@@ -63,8 +65,9 @@ def _cgroup_cpu_quota() -> int | None:
         except OSError:
             return []
 
-    fields = read("/sys/fs/cgroup/cpu.max") or (read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")[:1]
-                                                + read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")[:1])
+    fields = read("/sys/fs/cgroup/cpu.max") or (
+        read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")[:1] + read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")[:1]
+    )
     try:
         quota, period = fields[0], int(fields[1])
         return None if quota in ("max", "-1") else max(1, math.ceil(int(quota) / period))
@@ -153,14 +156,16 @@ class RunSettings:
     def protocol(self) -> TrainingProtocol:
         """The clients' local training as the library's TrainingProtocol: samples-per-client (k),
         batch-size (B), local-epochs (E) and lr. ValueError for values ``validate`` rejects."""
-        return TrainingProtocol(samples=self.samples_per_client, batch_size=self.batch_size,
-                                local_epochs=self.local_epochs, lr=self.lr)
+        return TrainingProtocol(
+            samples=self.samples_per_client, batch_size=self.batch_size, local_epochs=self.local_epochs, lr=self.lr
+        )
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig for every attack of this run (attack-options override the defense's adaptation)."""
         overrides = {"observed_only": self.defense.observed_only, **_parse_overrides(self.attack_options)}
-        return AttackConfig.from_overrides(iterations=self.attack_iterations, nodes=self.attack_nodes,
-                                           seed=self.seed, **overrides)
+        return AttackConfig.from_overrides(
+            iterations=self.attack_iterations, nodes=self.attack_nodes, seed=self.seed, **overrides
+        )
 
     def attack_thread_count(self, clients_per_round: int | None = None, cpus: int | None = None) -> int:
         """Torch threads for an attack that runs while clients train: attack-threads when it is set,
@@ -224,8 +229,10 @@ class RunSettings:
         try:
             ids = [int(p) for p in clients.split(",")]
         except ValueError:
-            raise ValueError("invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
-                             f"or comma-separated partition ids, got '{clients}'") from None
+            raise ValueError(
+                "invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
+                f"or comma-separated partition ids, got '{clients}'"
+            ) from None
         negative = [p for p in ids if p < 0]
         if negative:
             raise ValueError(f"invalid run config: attack-clients partition ids must be >= 0, got {negative[0]}")
@@ -237,8 +244,10 @@ class RunSettings:
         ids = self.attack_client_ids() or []
         outside = sorted(p for p in ids if p >= num_nodes)
         if outside:
-            raise ValueError(f"invalid run config: attack-clients lists partition id {outside[0]}, but the "
-                             f"federation has {num_nodes} node(s) (partition ids 0..{num_nodes - 1})")
+            raise ValueError(
+                f"invalid run config: attack-clients lists partition id {outside[0]}, but the "
+                f"federation has {num_nodes} node(s) (partition ids 0..{num_nodes - 1})"
+            )
 
     # Parsing --------------------------------------------------------------------------------
     @classmethod
@@ -276,13 +285,19 @@ class RunSettings:
             (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
             (self.local_epochs >= 1, "local-epochs must be >= 1"),
             (self.samples_per_client >= 1, "samples-per-client must be >= 1"),
-            (1 <= self.batch_size <= self.samples_per_client,
-             f"batch-size must be in 1..samples-per-client ({self.samples_per_client}), got {self.batch_size}"),
+            (
+                1 <= self.batch_size <= self.samples_per_client,
+                f"batch-size must be in 1..samples-per-client ({self.samples_per_client}), got {self.batch_size}",
+            ),
             (self.lr > 0, "lr must be > 0"),
-            (0 <= self.classes_per_client <= spec.num_classes,
-             f"classes-per-client must be in 0..{spec.num_classes} (0 = unrestricted)"),
-            (self.classes_per_client == 0 or self.dataset == "cifar100",
-             "classes-per-client only applies to cifar100 (FEMNIST clients are writers)"),
+            (
+                0 <= self.classes_per_client <= spec.num_classes,
+                f"classes-per-client must be in 0..{spec.num_classes} (0 = unrestricted)",
+            ),
+            (
+                self.classes_per_client == 0 or self.dataset == "cifar100",
+                "classes-per-client only applies to cifar100 (FEMNIST clients are writers)",
+            ),
             (self.attack_iterations >= 1, "attack-iterations must be >= 1"),
             (self.attack_nodes >= 1, f"attack-nodes (m) must be >= 1, got {self.attack_nodes}"),
             (self.attack_labels in ("recovered", "oracle"), "attack-labels must be 'recovered' or 'oracle'"),
@@ -294,14 +309,19 @@ class RunSettings:
             (self.attack_timeout > 0, f"attack-timeout must be a finite number > 0 seconds, got {self.attack_timeout}"),
             (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
             (self.results_dir.strip() != "", "results-dir must not be empty"),
-            (self.run_name == "" or (os.sep not in self.run_name and "/" not in self.run_name
-                                     and self.run_name not in (".", "..")),
-             f"run-name must be a plain folder name (no '/', not '.' or '..'), got '{self.run_name}'"),
+            (
+                self.run_name == ""
+                or (os.sep not in self.run_name and "/" not in self.run_name and self.run_name not in (".", "..")),
+                f"run-name must be a plain folder name (no '/', not '.' or '..'), got '{self.run_name}'",
+            ),
             (self.attack_budget >= 0, "attack-budget must be >= 0 attacks per round (0 = no limit)"),
             (self.attack_max_backlog >= 0, "attack-max-backlog must be >= 0 attacks in flight (0 = no limit)"),
             (self.server_test_samples >= 0, "server-test-samples must be >= 0 (0 = no centralised evaluation)"),
-            (not (self.resume and self.defense.secagg), "resume is not supported with defense secagg "
-                                                       "(Flower's legacy SecAgg+ workflow always starts at round 1)"),
+            (
+                not (self.resume and self.defense.secagg),
+                "resume is not supported with defense secagg "
+                "(Flower's legacy SecAgg+ workflow always starts at round 1)",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -310,18 +330,22 @@ class RunSettings:
             import torch
 
             if not torch.cuda.is_available():
-                raise ValueError("invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
-                                 "use attack-device='auto' or 'cpu'")
+                raise ValueError(
+                    "invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
+                    "use attack-device='auto' or 'cpu'"
+                )
         if not self.methods:
-            raise ValueError("invalid run config: attack-method names no attack; give at least one of: "
-                             + ", ".join(sorted(ATTACKS)))
+            raise ValueError(
+                "invalid run config: attack-method names no attack; give at least one of: " + ", ".join(sorted(ATTACKS))
+            )
         twice = sorted({m for m in self.methods if self.methods.count(m) > 1})
         if twice:
             raise ValueError(f"invalid run config: attack-method names '{twice[0]}' twice in '{self.attack_method}'")
         for method in self.methods:
             if method not in ATTACKS:
-                raise ValueError(f"invalid run config: unknown attack-method '{method}'; "
-                                 f"choose from: {', '.join(sorted(ATTACKS))}")
+                raise ValueError(
+                    f"invalid run config: unknown attack-method '{method}'; choose from: {', '.join(sorted(ATTACKS))}"
+                )
         rounds = self.attack_rounds.strip()
         try:
             kind, _, number = rounds.partition(":")
@@ -333,8 +357,10 @@ class RunSettings:
                 if min(picked) < 1 or len(set(picked)) != len(picked):
                     raise ValueError
         except ValueError:
-            raise ValueError("invalid run config: attack-rounds must be 'all', 'none', 'every:N', 'first:N' (N >= 1) "
-                             f"or distinct round numbers >= 1 such as '1,5,10', got '{rounds}'") from None
+            raise ValueError(
+                "invalid run config: attack-rounds must be 'all', 'none', 'every:N', 'first:N' (N >= 1) "
+                f"or distinct round numbers >= 1 such as '1,5,10', got '{rounds}'"
+            ) from None
         clients = self.attack_clients.strip()
         if clients.startswith("fraction:"):
             try:

@@ -8,6 +8,7 @@ code, in partition order so that one seed gives one global model. The server's c
 evaluation ends each round: it writes the round's row and checkpoints the global model. Finished
 attacks go to the evaluator whenever the strategy next runs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,9 +52,14 @@ def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict)
     record (partition id, for the evaluator) is not part of it.
     """
     metrics = reply.content["metrics"]
-    meta = TrainingMetadata(dataset=dataset, lr=float(metrics["lr"]), batch_size=int(metrics["batch-size"]),
-                            local_epochs=int(metrics["local-epochs"]), num_samples=int(metrics["num-examples"]),
-                            local_steps=int(metrics["local-steps"]))
+    meta = TrainingMetadata(
+        dataset=dataset,
+        lr=float(metrics["lr"]),
+        batch_size=int(metrics["batch-size"]),
+        local_epochs=int(metrics["local-epochs"]),
+        num_samples=int(metrics["num-examples"]),
+        local_steps=int(metrics["local-steps"]),
+    )
     wT = reply.content["arrays"]
     return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, client)
 
@@ -67,9 +73,11 @@ def partition_of(reply: Message) -> int | None:
 def in_partition_order(replies: Iterable[Message]) -> list[Message]:
     """Replies sorted by partition id, then node id: the order they arrive in varies from run to
     run, and floating-point sums depend on the order."""
+
     def key(reply):
         partition = partition_of(reply)
         return (partition is None, partition if partition is not None else 0, int(reply.metadata.src_node_id))
+
     return sorted(replies, key=key)
 
 
@@ -78,8 +86,9 @@ def is_finite(arrays: ArrayRecord) -> bool:
     return all(np.isfinite(array.numpy()).all() for array in arrays.values())
 
 
-def evaluate_model(dataset: str, state: dict, images: torch.Tensor, labels: torch.Tensor,
-                   batch: int = 500, model: str = "") -> tuple[float, float]:
+def evaluate_model(
+    dataset: str, state: dict, images: torch.Tensor, labels: torch.Tensor, batch: int = 500, model: str = ""
+) -> tuple[float, float]:
     """(mean cross-entropy, accuracy in [0,1]) of the model ``state`` on images in [0,1] NCHW;
     ``model``: the architecture's spec (fl_attack.models.resolve_model; "" = the paper's CNN)."""
     spec = get_spec(dataset)
@@ -89,9 +98,9 @@ def evaluate_model(dataset: str, state: dict, images: torch.Tensor, labels: torc
     loss, correct = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(labels), batch):
-            logits = net(spec.normalize(images[i:i + batch]))
-            loss += F.cross_entropy(logits, labels[i:i + batch], reduction="sum").item()
-            correct += int((logits.argmax(1) == labels[i:i + batch]).sum())
+            logits = net(spec.normalize(images[i : i + batch]))
+            loss += F.cross_entropy(logits, labels[i : i + batch], reduction="sum").item()
+            correct += int((logits.argmax(1) == labels[i : i + batch]).sum())
     return loss / len(labels), correct / len(labels)
 
 
@@ -115,9 +124,16 @@ class LeakageTracking:
     config's rule (RunSettings.attack_thread_count).
     """
 
-    def _init_tracking(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None,
-                       evaluator: Evaluator | None, clients_per_round: int | None = None, round_offset: int = 0,
-                       test_set=None) -> None:
+    def _init_tracking(
+        self,
+        settings: RunSettings,
+        run_dir,
+        dispatcher: AttackDispatcher | None,
+        evaluator: Evaluator | None,
+        clients_per_round: int | None = None,
+        round_offset: int = 0,
+        test_set=None,
+    ) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self.round_offset = round_offset
@@ -126,8 +142,11 @@ class LeakageTracking:
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
         self.dispatcher = dispatcher or AttackDispatcher(
-            num_actors=settings.attack_actors, num_gpus=settings.attack_num_gpus,
-            threads=self.attack_threads, device=settings.attack_device)
+            num_actors=settings.attack_actors,
+            num_gpus=settings.attack_num_gpus,
+            threads=self.attack_threads,
+            device=settings.attack_device,
+        )
         self.evaluator = evaluator or Evaluator(settings, run_dir)
         self.timings = Timings()
         self.round_times: dict[int, dict] = {}
@@ -141,10 +160,12 @@ class LeakageTracking:
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
         self._round_start: dict[int, float] = {}
         self._jobs = 0
-        self._event(f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
-                    f"{self.drain_threads} for the last round's attacks (attack-threads={settings.attack_threads}, "
-                    f"{usable_cpus()} cores, client-num-cpus={settings.client_num_cpus}, "
-                    f"clients per round={clients_per_round if clients_per_round is not None else 'unknown'})")
+        self._event(
+            f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
+            f"{self.drain_threads} for the last round's attacks (attack-threads={settings.attack_threads}, "
+            f"{usable_cpus()} cores, client-num-cpus={settings.client_num_cpus}, "
+            f"clients per round={clients_per_round if clients_per_round is not None else 'unknown'})"
+        )
 
     def _run_round(self, flower_round: int) -> int:
         return flower_round + self.round_offset
@@ -154,9 +175,14 @@ class LeakageTracking:
         self._round_start[server_round] = time.time()
         self.round_times[server_round] = {"configured": self._round_start[server_round]}
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
-        self._event(f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight"
-                    + (f", the oldest from round {min(self._in_flight_rounds)} ({self.lag_rounds()} round(s) behind)"
-                       if self._in_flight_rounds else ""))
+        self._event(
+            f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight"
+            + (
+                f", the oldest from round {min(self._in_flight_rounds)} ({self.lag_rounds()} round(s) behind)"
+                if self._in_flight_rounds
+                else ""
+            )
+        )
 
     def lag_rounds(self) -> int:
         """How many rounds the oldest attack still in flight is behind the current round (0: none)."""
@@ -172,19 +198,22 @@ class LeakageTracking:
         backlog = self.settings.attack_max_backlog
         if backlog and self.dispatcher.in_flight >= backlog:
             self._round[server_round]["skipped"] += len(targets) * methods
-            self._event(f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
-                        f"{self.dispatcher.in_flight} still in flight (attack-max-backlog={backlog})")
+            self._event(
+                f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
+                f"{self.dispatcher.in_flight} still in flight (attack-max-backlog={backlog})"
+            )
             return []
         budget = self.settings.attack_budget
         if budget and len(targets) * methods > budget:
-            kept = targets[:max(0, budget // methods)]
+            kept = targets[: max(0, budget // methods)]
             self._round[server_round]["skipped"] += (len(targets) - len(kept)) * methods
             self._event(f"round {server_round}: attack-budget={budget} keeps partitions {kept} of {targets}")
             targets = kept
         return targets
 
-    def _submit(self, target: AttackTarget, make_update: Callable[[], ObservedUpdate],
-                oracle_labels: Callable[[], object]) -> None:
+    def _submit(
+        self, target: AttackTarget, make_update: Callable[[], ObservedUpdate], oracle_labels: Callable[[], object]
+    ) -> None:
         """One attack job per method on the update ``make_update()`` builds, recorded in updates/ first;
         a failure to build it is recorded as a failed attack and the round goes on."""
         try:  # built once, shared by every method's job
@@ -201,14 +230,26 @@ class LeakageTracking:
         for method in self.settings.methods:
             self._jobs += 1
             if update is None:
-                self.rows.append(self.evaluator.record(AttackOutcome(
-                    self._jobs, method, target, "failed", error=error, label_source=self.settings.attack_labels)))
+                self.rows.append(
+                    self.evaluator.record(
+                        AttackOutcome(
+                            self._jobs, method, target, "failed", error=error, label_source=self.settings.attack_labels
+                        )
+                    )
+                )
                 continue
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
-            job = AttackJob(self._jobs, update, method, self.attack_config, target, labels,
-                            time_limit=self.settings.attack_timeout,
-                            threads=self.drain_threads if last_round else self.attack_threads,
-                            model=self.settings.model)
+            job = AttackJob(
+                self._jobs,
+                update,
+                method,
+                self.attack_config,
+                target,
+                labels,
+                time_limit=self.settings.attack_timeout,
+                threads=self.drain_threads if last_round else self.attack_threads,
+                model=self.settings.model,
+            )
             self.submitted.append(job)
             self._in_flight_rounds[target.round] += 1
             self._round[target.round]["dispatched"] += 1
@@ -244,11 +285,14 @@ class LeakageTracking:
         if self.test_set is None:
             return None
         with self.timings.measure("global_evaluation"):
-            loss, accuracy = evaluate_model(self.settings.dataset, state, self.test_set.images, self.test_set.labels,
-                                            model=self.settings.model)
+            loss, accuracy = evaluate_model(
+                self.settings.dataset, state, self.test_set.images, self.test_set.labels, model=self.settings.model
+            )
         if server_round == 0:
-            self._event(f"initial global model: test accuracy {accuracy:.4f}, loss {loss:.4f} "
-                        f"on the server's {len(self.test_set)} held-out samples")
+            self._event(
+                f"initial global model: test accuracy {accuracy:.4f}, loss {loss:.4f} "
+                f"on the server's {len(self.test_set)} held-out samples"
+            )
         else:
             self._round[server_round].update(global_loss=loss, global_accuracy=accuracy)
         return {"global-loss": loss, "global-accuracy": accuracy}
@@ -258,14 +302,21 @@ class LeakageTracking:
         no checkpoint), written atomically in that order."""
         self.collect()
         record = self._round[server_round]
-        row = {"round": server_round, "clients": record.get("clients", 0), "train_loss": record.get("train_loss"),
-               "attacks_in_flight": self.dispatcher.in_flight,
-               "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
-               "eval_loss": record.get("eval_loss"), "eval_accuracy": record.get("eval_accuracy"),
-               "global_loss": record.get("global_loss"), "global_accuracy": record.get("global_accuracy"),
-               "attack_lag_rounds": self.lag_rounds(), "attacks_dispatched": record.get("dispatched", 0),
-               "attacks_skipped": record.get("skipped", 0),
-               "excluded": ",".join(map(str, record.get("excluded", [])))}
+        row = {
+            "round": server_round,
+            "clients": record.get("clients", 0),
+            "train_loss": record.get("train_loss"),
+            "attacks_in_flight": self.dispatcher.in_flight,
+            "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
+            "eval_loss": record.get("eval_loss"),
+            "eval_accuracy": record.get("eval_accuracy"),
+            "global_loss": record.get("global_loss"),
+            "global_accuracy": record.get("global_accuracy"),
+            "attack_lag_rounds": self.lag_rounds(),
+            "attacks_dispatched": record.get("dispatched", 0),
+            "attacks_skipped": record.get("skipped", 0),
+            "excluded": ",".join(map(str, record.get("excluded", []))),
+        }
         try:
             with self.timings.measure("writing"):
                 append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
@@ -281,9 +332,11 @@ class LeakageTracking:
             self._event(f"round {server_round}: {CRASH_ENV} set: the ServerApp dies here, as if killed")
             os._exit(70)
         accuracy = record.get("global_accuracy")
-        self._event(f"round {server_round}: done; global accuracy "
-                    f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.dispatcher.in_flight} attack(s) "
-                    f"in flight, {self.lag_rounds()} round(s) behind")
+        self._event(
+            f"round {server_round}: done; global accuracy "
+            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.dispatcher.in_flight} attack(s) "
+            f"in flight, {self.lag_rounds()} round(s) behind"
+        )
 
     def _evaluation_received(self, server_round: int) -> None:
         self.round_times.setdefault(server_round, {})["evaluating"] = time.time()
@@ -308,13 +361,17 @@ class LeakageTracking:
                 row = self.evaluator.record(outcome, lag_rounds=self.current_round - outcome.target.round)
             except OSError as exc:
                 self.unwritten.append(outcome)
-                self._event(f"could not write the result of {outcome.target.describe()} {outcome.method} "
-                            f"({exc}); kept in memory, tried again later")
+                self._event(
+                    f"could not write the result of {outcome.target.describe()} {outcome.method} "
+                    f"({exc}); kept in memory, tried again later"
+                )
                 continue
             rows.append(row)
-            self._event(f"attack done: {outcome.target.describe()} {row['method']} psnr={row['psnr']:.2f}"
-                        if row["status"] == "ok" else
-                        f"attack failed: {outcome.target.describe()} {row['method']}: {row['error']}")
+            self._event(
+                f"attack done: {outcome.target.describe()} {row['method']} psnr={row['psnr']:.2f}"
+                if row["status"] == "ok"
+                else f"attack failed: {outcome.target.describe()} {row['method']}: {row['error']}"
+            )
         self.rows.extend(rows)
         return rows
 
@@ -341,11 +398,19 @@ class LeakageTracking:
         with self.timings.measure("drain_wait"):
             left = self.dispatcher.in_flight
             if left:
-                self._event(f"rounds done; waiting for {left} attack(s) still in flight "
-                            f"(the oldest from round {min(self._in_flight_rounds)}), at most {timeout:.0f} s")
+                self._event(
+                    f"rounds done; waiting for {left} attack(s) still in flight "
+                    f"(the oldest from round {min(self._in_flight_rounds)}), at most {timeout:.0f} s"
+                )
             deadline, next_note = time.monotonic() + timeout, time.monotonic() + 60
-            with tqdm(total=left, desc="fl-attack: attacks still running", unit="attack", file=sys.stderr,
-                      disable=not left, mininterval=10) as bar:  # Flower logs every refresh as a line
+            with tqdm(
+                total=left,
+                desc="fl-attack: attacks still running",
+                unit="attack",
+                file=sys.stderr,
+                disable=not left,
+                mininterval=10,
+            ) as bar:  # Flower logs every refresh as a line
                 while self.dispatcher.in_flight and time.monotonic() < deadline:
                     done = self.collect()
                     rows += done
@@ -364,8 +429,11 @@ class LeakageTracking:
         """This strategy's and its evaluator's timings, for summary.json (strategies/timings.py)."""
         merged = self.timings.merged(getattr(self.evaluator, "timings", Timings()))
         rounds = {str(r): {k: round(v, 3) for k, v in t.items()} for r, t in sorted(self.round_times.items())}
-        return {**merged.as_dict(), "rounds": rounds,
-                "attacker_threads": {"while_training": self.attack_threads, "last_round": self.drain_threads}}
+        return {
+            **merged.as_dict(),
+            "rounds": rounds,
+            "attacker_threads": {"while_training": self.attack_threads, "last_round": self.drain_threads},
+        }
 
     def _event(self, text: str) -> None:
         """A line in events.log (and the log); a failing write is logged, never raised."""
@@ -386,9 +454,17 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
     ``evaluate_global`` as ``evaluate_fn`` to ``start``: it ends each round.
     """
 
-    def __init__(self, settings: RunSettings, run_dir, dispatcher: AttackDispatcher | None = None,
-                 evaluator: Evaluator | None = None, clients_per_round: int | None = None, round_offset: int = 0,
-                 test_set=None, **fedavg_kwargs):
+    def __init__(
+        self,
+        settings: RunSettings,
+        run_dir,
+        dispatcher: AttackDispatcher | None = None,
+        evaluator: Evaluator | None = None,
+        clients_per_round: int | None = None,
+        round_offset: int = 0,
+        test_set=None,
+        **fedavg_kwargs,
+    ):
         super().__init__(**fedavg_kwargs)
         self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round, round_offset, test_set)
 
@@ -406,8 +482,11 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         server_round = self._run_round(server_round)
         replies = in_partition_order(replies)
         ok = [r for r in replies if not r.has_error()]
-        self._training_received(server_round, [(r.content.get("metrics") or {}).get("train-seconds") for r in ok],
-                                [(r.content.get("simulation") or {}).get("train-started") for r in ok])
+        self._training_received(
+            server_round,
+            [(r.content.get("metrics") or {}).get("train-seconds") for r in ok],
+            [(r.content.get("simulation") or {}).get("train-started") for r in ok],
+        )
         with self.timings.measure("strategy"):
             self._dispatch(server_round, ok)  # a non-finite update becomes a failed attack row
             valid = self._exclude_non_finite(server_round, ok)
@@ -426,9 +505,10 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         if excluded:
             who = [partition_of(r) if partition_of(r) is not None else int(r.metadata.src_node_id) for r in excluded]
             self._round[server_round]["excluded"].extend(who)
-            self._event(f"round {server_round}: excluded {len(excluded)} non-finite update(s) from the aggregate "
-                        f"(partitions {who})" + ("; no valid update: the global model stays as it was"
-                                                 if not valid else ""))
+            self._event(
+                f"round {server_round}: excluded {len(excluded)} non-finite update(s) from the aggregate "
+                f"(partitions {who})" + ("; no valid update: the global model stays as it was" if not valid else "")
+            )
         return valid
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
@@ -437,8 +517,11 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         with self.timings.measure("strategy"):
             metrics = super().aggregate_evaluate(server_round, replies)
         found = metrics if metrics is not None else {}
-        self._clients_evaluated(server_round, float(found["eval-loss"]) if "eval-loss" in found else None,
-                                float(found["eval-accuracy"]) if "eval-accuracy" in found else None)
+        self._clients_evaluated(
+            server_round,
+            float(found["eval-loss"]) if "eval-loss" in found else None,
+            float(found["eval-accuracy"]) if "eval-accuracy" in found else None,
+        )
         return metrics
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -457,10 +540,20 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         by_partition = {partition_of(r): r for r in replies if partition_of(r) is not None}
         for partition_id in self._plan(server_round, list(by_partition)):
             reply = by_partition[partition_id]
-            target = AttackTarget(server_round, (partition_id,), int(reply.metadata.src_node_id),
-                                  str(reply.content["simulation"].get("client-id", "")))
-            self._submit(target, lambda reply=reply, target=target: observed_update(
-                             w0, reply, self.settings.dataset, {"round": server_round, "node_id": target.node_id}),
-                         lambda partition_id=partition_id: self.evaluator.oracle_labels(partition_id))
-        self._event(f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "
-                    f"{self.dispatcher.in_flight} in flight")
+            target = AttackTarget(
+                server_round,
+                (partition_id,),
+                int(reply.metadata.src_node_id),
+                str(reply.content["simulation"].get("client-id", "")),
+            )
+            self._submit(
+                target,
+                lambda reply=reply, target=target: observed_update(
+                    w0, reply, self.settings.dataset, {"round": server_round, "node_id": target.node_id}
+                ),
+                lambda partition_id=partition_id: self.evaluator.oracle_labels(partition_id),
+            )
+        self._event(
+            f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "
+            f"{self.dispatcher.in_flight} in flight"
+        )

@@ -14,6 +14,7 @@ other workers, so their busy sums are reported beside the spans, not in the sum.
 
 Light on purpose (no torch): the launcher imports it after the run.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,10 @@ class Timings:
         return out
 
     def as_dict(self) -> dict:
-        return {"seconds": {k: round(v, 3) for k, v in sorted(self.seconds.items())},
-                "counts": dict(sorted(self.counts.items()))}
+        return {
+            "seconds": {k: round(v, 3) for k, v in sorted(self.seconds.items())},
+            "counts": dict(sorted(self.counts.items())),
+        }
 
 
 def _span(end, start) -> float:
@@ -87,21 +90,33 @@ def breakdown(record: dict) -> list[tuple[str, float | None, str]]:
     evaluation = sum(_span(r.get("evaluating"), r.get("aggregated")) for r in rounds)
     get = lambda phase: seconds.get(phase, 0.0)  # noqa: E731
     spans = [
-        ("start-up: launch to the first client fit", startup,
-         f"Flower + SuperLink {_span(main_started, launched):.1f}, ServerApp set-up "
-         f"{_span(configured, main_started):.1f}, Ray + client actors {_span(fit_started, configured):.1f}"),
-        (f"client training, wall span of {len(rounds)} round(s)", training,
-         f"busy {get('client_train'):.1f} s summed over {counts.get('client_train', 0)} fits, in parallel"),
+        (
+            "start-up: launch to the first client fit",
+            startup,
+            f"Flower + SuperLink {_span(main_started, launched):.1f}, ServerApp set-up "
+            f"{_span(configured, main_started):.1f}, Ray + client actors {_span(fit_started, configured):.1f}",
+        ),
+        (
+            f"client training, wall span of {len(rounds)} round(s)",
+            training,
+            f"busy {get('client_train'):.1f} s summed over {counts.get('client_train', 0)} fits, in parallel",
+        ),
         ("strategy: configure, aggregate, dispatch", get("strategy"), ""),
         ("federated evaluation, wall span", evaluation, ""),
-        ("attacks: server waiting for the last ones", get("drain_wait"),
-         f"busy {get('attack'):.1f} s summed over {counts.get('attack', 0)} attacks, overlapping training"),
+        (
+            "attacks: server waiting for the last ones",
+            get("drain_wait"),
+            f"busy {get('attack'):.1f} s summed over {counts.get('attack', 0)} attacks, overlapping training",
+        ),
         ("evaluation: scoring reconstructions", get("scoring"), ""),
         ("writing results: images, csv, json", get("images") + get("writing"), ""),
     ]
     other = wall - sum(s for _, s, _ in spans)
-    rows = [("flwr run: launch to exit (wall)", wall, "")] + spans + [
-        ("other: Flower between rounds, shutdown", other, "")]
+    rows = (
+        [("flwr run: launch to exit (wall)", wall, "")]
+        + spans
+        + [("other: Flower between rounds, shutdown", other, "")]
+    )
     return rows
 
 
@@ -109,8 +124,10 @@ def table(record: dict) -> str:
     """The breakdown as printed text."""
     rows = breakdown(record)
     width = max(len(label) for label, _, _ in rows)
-    lines = ["fl-attack: where the time went (seconds; the spans add up to the wall time, the busy sums "
-             "of clients and attacks overlap them)"]
+    lines = [
+        "fl-attack: where the time went (seconds; the spans add up to the wall time, the busy sums "
+        "of clients and attacks overlap them)"
+    ]
     for label, value, note in rows:
         lines.append(f"  {label:<{width}}  {value:7.1f}" + (f"   {note}" if note else ""))
     return "\n".join(lines)

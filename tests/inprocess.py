@@ -3,6 +3,7 @@
 The grid delivers each message to the ClientApp of its node in this process; the dispatcher runs
 attacks in process and keeps every job it was given.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,18 @@ from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
 from strategies.settings import RunSettings
 
-BASE = {"dataset": "femnist", "num-server-rounds": 1, "samples-per-client": 10, "batch-size": 5, "local-epochs": 1,
-        "attack-iterations": 2, "attack-nodes": 2, "attack-clients": "all", "attack-method": "pisme", "seed": 0}
+BASE = {
+    "dataset": "femnist",
+    "num-server-rounds": 1,
+    "samples-per-client": 10,
+    "batch-size": 5,
+    "local-epochs": 1,
+    "attack-iterations": 2,
+    "attack-nodes": 2,
+    "attack-clients": "all",
+    "attack-method": "pisme",
+    "seed": 0,
+}
 
 
 def flower_run_config(num_rounds=1, **overrides) -> dict:
@@ -28,8 +39,12 @@ def flower_run_config(num_rounds=1, **overrides) -> dict:
     config.json records)."""
     with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
         defaults = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
-    return {**defaults, **BASE, "num-server-rounds": num_rounds,
-            **{k.replace("_", "-"): v for k, v in overrides.items()}}
+    return {
+        **defaults,
+        **BASE,
+        "num-server-rounds": num_rounds,
+        **{k.replace("_", "-"): v for k, v in overrides.items()},
+    }
 
 
 class InProcessGrid:
@@ -41,8 +56,10 @@ class InProcessGrid:
 
     def __init__(self, run_config: dict, partitions):
         self.run = SimpleNamespace(run_id=1)
-        self.contexts = {100 + p: Context(1, 100 + p, {"partition-id": p, "num-partitions": 8}, RecordDict(),
-                                          dict(run_config)) for p in partitions}
+        self.contexts = {
+            100 + p: Context(1, 100 + p, {"partition-id": p, "num-partitions": 8}, RecordDict(), dict(run_config))
+            for p in partitions
+        }
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -51,8 +68,12 @@ class InProcessGrid:
         replies = []
         for msg in messages:
             node = msg.metadata.dst_node_id
-            delivered = Message(content=copy.deepcopy(msg.content), dst_node_id=node,
-                                message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
+            delivered = Message(
+                content=copy.deepcopy(msg.content),
+                dst_node_id=node,
+                message_type=msg.metadata.message_type,
+                group_id=msg.metadata.group_id,
+            )
             replies.append(client_app(delivered, self.contexts[node]))
         return replies
 
@@ -85,7 +106,13 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
         server = Context(1, 0, {}, RecordDict(), run_config)
         run_secagg(grid, server, strategy, settings)
     else:
-        result = runner.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=num_rounds,
-                              train_config=ConfigRecord({}), timeout=600, evaluate_fn=strategy.evaluate_global)
+        result = runner.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=num_rounds,
+            train_config=ConfigRecord({}),
+            timeout=600,
+            evaluate_fn=strategy.evaluate_global,
+        )
     strategy.drain(120)
     return settings, strategy, result, dispatcher.jobs

@@ -55,30 +55,69 @@ def write_png(path: Path, seed: int = 0, size: int = 8) -> None:
 def attack_row(round_, partition, method="pisme", psnr=20.0, status="ok", image=True, **extra):
     failed = status == "failed"
     row = {name: "" for name in ATTACK_COLUMNS}
-    row.update(round=round_, node_id=1000 + partition, partition_id=partition, client_id=f"c{partition}",
-               method=method, dataset="femnist", local_steps=20, nodes=4, iterations=200, labels="recovered",
-               status=status, attack_seconds=1.5)
+    row.update(
+        round=round_,
+        node_id=1000 + partition,
+        partition_id=partition,
+        client_id=f"c{partition}",
+        method=method,
+        dataset="femnist",
+        local_steps=20,
+        nodes=4,
+        iterations=200,
+        labels="recovered",
+        status=status,
+        attack_seconds=1.5,
+    )
     if failed:
         row["error"] = "RuntimeError: out of memory"
     else:
-        row.update(psnr=psnr, ssim=psnr / 40, fsim=0.5 + psnr / 100, lpips=0.5 - psnr / 100,
-                   lsim_honest=psnr / 50, lsim_calibrated=psnr / 45, label_accuracy=1.0)
+        row.update(
+            psnr=psnr,
+            ssim=psnr / 40,
+            fsim=0.5 + psnr / 100,
+            lpips=0.5 - psnr / 100,
+            lsim_honest=psnr / 50,
+            lsim_calibrated=psnr / 45,
+            label_accuracy=1.0,
+        )
         if image:
             row["image"] = f"images/round-{round_}/{method}/client-{partition}.png"
     row.update(extra)
     return row
 
 
-def make_run(folder: Path, attacks: list[dict] | None, rounds: list[dict] | None = None,
-             run_config: dict | None = None, pngs: bool = True, name: str | None = None) -> Path:
+def make_run(
+    folder: Path,
+    attacks: list[dict] | None,
+    rounds: list[dict] | None = None,
+    run_config: dict | None = None,
+    pngs: bool = True,
+    name: str | None = None,
+) -> Path:
     """Write config.json, rounds.csv (when rounds is not None), attacks.csv (when attacks is not None)."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"dataset": "femnist", "num-server-rounds": 3, "attack-method": "pisme", "attack-iterations": 200,
-              "defense": "none", "local-epochs": 20, "seed": 0}
+    config = {
+        "dataset": "femnist",
+        "num-server-rounds": 3,
+        "attack-method": "pisme",
+        "attack-iterations": 200,
+        "defense": "none",
+        "local-epochs": 20,
+        "seed": 0,
+    }
     config.update(run_config or {})
-    (folder / "config.json").write_text(json.dumps({
-        "run_config": config, "versions": {"fl_attack": "0.1.0", "flwr": "1.42.0", "torch": "2.x"},
-        "seed": config["seed"], "run_name": name or folder.name, "started": "2025-01-01T00:00:00"}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "run_config": config,
+                "versions": {"fl_attack": "0.1.0", "flwr": "1.42.0", "torch": "2.x"},
+                "seed": config["seed"],
+                "run_name": name or folder.name,
+                "started": "2025-01-01T00:00:00",
+            }
+        )
+    )
     if rounds is not None:
         with open(folder / "rounds.csv", "w", newline="") as handle:
             writer = csv.DictWriter(handle, ROUND_COLUMNS)
@@ -97,18 +136,25 @@ def make_run(folder: Path, attacks: list[dict] | None, rounds: list[dict] | None
 
 
 def round_rows(n: int, accuracy0: float = 0.5) -> list[dict]:
-    return [{"round": r, "clients": 3, "train_loss": 2.0 / r, "eval_loss": 2.2 / r,
-             "eval_accuracy": accuracy0 + 0.1 * r} for r in range(1, n + 1)]
+    return [
+        {"round": r, "clients": 3, "train_loss": 2.0 / r, "eval_loss": 2.2 / r, "eval_accuracy": accuracy0 + 0.1 * r}
+        for r in range(1, n + 1)
+    ]
 
 
 @pytest.fixture
 def known_run(tmp_path) -> Path:
     """3 rounds; round 1 pisme psnr [10, 20, 30] + one failure; round 2 pisme [25] and sme [12, 18]."""
-    attacks = [attack_row(1, 0, psnr=10), attack_row(1, 1, psnr=20), attack_row(1, 2, psnr=30),
-               attack_row(1, 3, status="failed"),
-               attack_row(2, 0, psnr=25), attack_row(2, 1, method="sme", psnr=12),
-               attack_row(2, 2, method="sme", psnr=18),
-               attack_row(3, 0, psnr=22, lpips="")]  # lpips missing although ok
+    attacks = [
+        attack_row(1, 0, psnr=10),
+        attack_row(1, 1, psnr=20),
+        attack_row(1, 2, psnr=30),
+        attack_row(1, 3, status="failed"),
+        attack_row(2, 0, psnr=25),
+        attack_row(2, 1, method="sme", psnr=12),
+        attack_row(2, 2, method="sme", psnr=18),
+        attack_row(3, 0, psnr=22, lpips=""),
+    ]  # lpips missing although ok
     return make_run(tmp_path / "known", attacks, round_rows(3))
 
 
@@ -226,11 +272,22 @@ def test_compare_runs_shows_exactly_the_differing_keys(tmp_path):
     rows = [attack_row(1, 0, psnr=20)]
     a = load_run(make_run(tmp_path / "a", rows, round_rows(1), {"defense": "none", "seed": 0}, pngs=False))
     b = load_run(make_run(tmp_path / "b", rows, round_rows(2), {"defense": "dp", "seed": 1}, pngs=False))
-    c = load_run(make_run(tmp_path / "c", rows, round_rows(2), {"defense": "dp", "seed": 0, "clip": 1.0},
-                          pngs=False))
+    c = load_run(make_run(tmp_path / "c", rows, round_rows(2), {"defense": "dp", "seed": 0, "clip": 1.0}, pngs=False))
     table = compare_runs([a, b, c])
-    fixed = ["name", "dataset", "methods", "rounds", "n_attacks", "n_failed", "psnr_mean", "ssim_mean",
-             "lpips_mean", "label_accuracy_mean", "final_accuracy", "accuracy_source"]
+    fixed = [
+        "name",
+        "dataset",
+        "methods",
+        "rounds",
+        "n_attacks",
+        "n_failed",
+        "psnr_mean",
+        "ssim_mean",
+        "lpips_mean",
+        "label_accuracy_mean",
+        "final_accuracy",
+        "accuracy_source",
+    ]
     assert list(table.columns) == fixed + ["defense", "seed", "clip"]
     assert list(table["defense"]) == ["none", "dp", "dp"]
     assert table["clip"].isna().tolist() == [True, True, False]
@@ -243,8 +300,9 @@ def test_compare_runs_shows_exactly_the_differing_keys(tmp_path):
 
 def test_summary_sentences(known_run):
     sentences = summary_sentences(load_run(known_run), threshold=15)
-    assert sentences[0] == ("Overall, pisme exceeded 15 dB in 4 of 6 attacks over 3 rounds; mean PSNR 21.4 dB, "
-                            "best round 2 (mean 25.0 dB).")
+    assert sentences[0] == (
+        "Overall, pisme exceeded 15 dB in 4 of 6 attacks over 3 rounds; mean PSNR 21.4 dB, best round 2 (mean 25.0 dB)."
+    )
     assert sentences[1].startswith("Overall, sme exceeded 15 dB in 1 of 2 attacks")
     # No sentence per round: the numbers are in the summary table.
     assert sentences[2:] == ["Model utility: eval accuracy 80.0% after round 3."]
@@ -324,8 +382,11 @@ def test_not_a_run_folder(tmp_path, capsys):
     folder = tmp_path / "not-a-run"
     folder.mkdir()
     (folder / "notes.txt").write_text("hello")
-    with pytest.raises(NotARunError, match=r"not-a-run is not an fl-attack run folder \(no config.json or "
-                                           r"attacks.csv\)"):
+    with pytest.raises(
+        NotARunError,
+        match=r"not-a-run is not an fl-attack run folder \(no config.json or "
+        r"attacks.csv\)",
+    ):
         load_run(folder)
     with pytest.raises(NotARunError):
         load_run(tmp_path / "does-not-exist")
@@ -336,19 +397,26 @@ def test_not_a_run_folder(tmp_path, capsys):
 
 
 def test_cli_exit_code_2_in_a_subprocess(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "analysis.report", str(tmp_path), "--out", str(tmp_path / "o")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "analysis.report", str(tmp_path), "--out", str(tmp_path / "o")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"error: {tmp_path} is not an fl-attack run folder "
-                                     "(no config.json or attacks.csv)")
+    assert result.stderr.strip() == (
+        f"error: {tmp_path} is not an fl-attack run folder (no config.json or attacks.csv)"
+    )
 
 
 # ---------------------------------------------------------------- the report
 
 
 def test_report_html_is_self_contained_and_numbers_match(known_run, tmp_path, capsys):
-    other = make_run(tmp_path / "other", [attack_row(1, 0, psnr=14), attack_row(1, 1, psnr=16)],
-                     round_rows(1), {"defense": "dp"})
+    other = make_run(
+        tmp_path / "other", [attack_row(1, 0, psnr=14), attack_row(1, 1, psnr=16)], round_rows(1), {"defense": "dp"}
+    )
     out = tmp_path / "report"
     assert main([str(known_run), str(other), "--out", str(out), "--threshold", "15"]) == 0
     path = out / "report.html"
@@ -387,8 +455,9 @@ def test_report_html_is_self_contained_and_numbers_match(known_run, tmp_path, ca
             else:
                 half = math.nan
             bottom, top = METRIC_RANGES[metric]
-            for got, want in zip(cells[4 * i: 4 * i + 4], (mean, median, max(mean - half, bottom),
-                                                            min(mean + half, top))):
+            for got, want in zip(
+                cells[4 * i : 4 * i + 4], (mean, median, max(mean - half, bottom), min(mean + half, top))
+            ):
                 if math.isnan(want):
                     assert math.isnan(got), (round_, method, metric)
                 else:
@@ -398,9 +467,11 @@ def test_report_html_is_self_contained_and_numbers_match(known_run, tmp_path, ca
     assert len(comparison) == 2
     assert "Round 1: pisme recovered" not in text
     summary = parser.table("summary")
-    assert [row[:4] for row in summary] == [[known_run.name, "pisme", "none", "recovered"],
-                                            [known_run.name, "sme", "none", "recovered"],
-                                            ["other", "pisme", "dp", "recovered"]]
+    assert [row[:4] for row in summary] == [
+        [known_run.name, "pisme", "none", "recovered"],
+        [known_run.name, "sme", "none", "recovered"],
+        ["other", "pisme", "dp", "recovered"],
+    ]
     # Exports.
     for name in ("summary", "per_round", "per_client", "comparison"):
         assert (out / f"{name}.csv").is_file()
@@ -413,7 +484,10 @@ def test_report_html_is_self_contained_and_numbers_match(known_run, tmp_path, ca
         assert not (out / "per_round.parquet").exists()
     else:
         assert pd.read_parquet(out / "per_round.parquet").shape == exported.shape
-        assert pd.read_parquet(out / "comparison.parquet").shape == (2, len(pd.read_csv(out / "comparison.csv").columns))
+        assert pd.read_parquet(out / "comparison.parquet").shape == (
+            2,
+            len(pd.read_csv(out / "comparison.csv").columns),
+        )
 
 
 def test_report_embeds_best_and_worst_and_tolerates_missing_images(known_run, tmp_path):
@@ -441,8 +515,11 @@ def test_markdown_report(known_run, tmp_path):
 
 def make_big_run(folder: Path, n_rounds: int = 10, n_clients: int = 10) -> Path:
     rng = np.random.default_rng(0)
-    attacks = [attack_row(r, c, psnr=float(15 + r + rng.normal(0, 3))) for r in range(1, n_rounds + 1)
-               for c in range(n_clients)]
+    attacks = [
+        attack_row(r, c, psnr=float(15 + r + rng.normal(0, 3)))
+        for r in range(1, n_rounds + 1)
+        for c in range(n_clients)
+    ]
     rng.shuffle(attacks)  # appended as attacks finish
     return make_run(folder, attacks, round_rows(n_rounds, 0.0), {"num-server-rounds": n_rounds})
 
@@ -461,13 +538,29 @@ def test_report_renders_in_headless_chromium(tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    other = make_run(tmp_path / "dp", [attack_row(r, c, psnr=10 + r + c) for r in (1, 2) for c in range(3)],
-                     round_rows(2), {"defense": "dp"})
+    other = make_run(
+        tmp_path / "dp",
+        [attack_row(r, c, psnr=10 + r + c) for r in (1, 2) for c in range(3)],
+        round_rows(2),
+        {"defense": "dp"},
+    )
     path = write_report([make_big_run(tmp_path / "big", 4, 5), other], tmp_path / "out")
     shot = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=1280,2000", path.as_uri()],
-                   capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1280,2000",
+            path.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert shot.is_file(), "chromium wrote no screenshot"
     import matplotlib.image
 

@@ -3,6 +3,7 @@ and a job that kills its actor twice is recorded as failed with the cause (strat
 
 One real Ray runtime (2 CPUs, num_cpus=0 actors as inside Flower); the actor kills itself with
 os._exit inside a job, or the test kills it with ray.kill(no_restart=False)."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,7 @@ def _update() -> ObservedUpdate:
 
 
 def _job(job_id: int) -> AttackJob:
-    return AttackJob(job_id, _update(), "sme", AttackConfig(iterations=1, trace_every=1),
-                     AttackTarget(1, (0,)))
+    return AttackJob(job_id, _update(), "sme", AttackConfig(iterations=1, trace_every=1), AttackTarget(1, (0,)))
 
 
 def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs():
@@ -115,8 +115,9 @@ def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtim
                 os._exit(1)
             return super().run(job)
 
-    dispatcher = AttackDispatcher(num_actors=1, threads=1, device="cpu", use_ray=True, max_restarts=0,
-                                  actor_cls=DiesOnce)
+    dispatcher = AttackDispatcher(
+        num_actors=1, threads=1, device="cpu", use_ray=True, max_restarts=0, actor_cls=DiesOnce
+    )
     try:
         dispatcher.submit(_job(7))
         outcomes = dispatcher.drain(timeout=150)

@@ -6,6 +6,7 @@ autograd call per node, dict parameters, Algorithm 1 as written), in value and i
 respect to X_hat, the control point P1 and the calibration d. NL-SME, SME and IG are checked the
 same way against literal loops written here.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,15 @@ from tests.reference import pisme_objective_reference
 
 def _victim(dataset, partition, k, batch_size, local_epochs, lr=0.004):
     split = client_partition(load_pool(dataset), partition, k)
-    result = train_local(build_model(dataset, seed=0), split.train.images, split.train.labels, dataset=dataset,
-                         lr=lr, batch_size=batch_size, local_epochs=local_epochs)
+    result = train_local(
+        build_model(dataset, seed=0),
+        split.train.images,
+        split.train.labels,
+        dataset=dataset,
+        lr=lr,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+    )
     return result.update, split.train.images, split.train.labels
 
 
@@ -70,14 +78,18 @@ def _grad_at(model, w: dict, x, y):
 
 def _nlsme_reference(model, w0, wT, control_point, calibration, position, x, y, config):
     t = position
-    w = {k: (1 - t) ** 2 * w0[k] + 2 * (1 - t) * t * control_point[k] + t ** 2 * wT[k] for k in w0}
+    w = {k: (1 - t) ** 2 * w0[k] + 2 * (1 - t) * t * control_point[k] + t**2 * wT[k] for k in w0}
     g = _grad_at(model, w, x, y)
     delta_w = torch.cat([(w0[k] - wT[k]).reshape(-1) for k in w0])
     d = torch.cat([calibration[k].reshape(-1) for k in w0])
     r_p = sum((control_point[k] - (w0[k] + wT[k]) / 2).pow(2).sum() for k in w0)
     r_d = sum((calibration[k] - 1).pow(2).sum() for k in w0)
-    return (_lsim(d * g, delta_w) + config.tv_weight * _tv(x) + config.control_point_weight * r_p
-            + config.calibration_weight * r_d)
+    return (
+        _lsim(d * g, delta_w)
+        + config.tv_weight * _tv(x)
+        + config.control_point_weight * r_p
+        + config.calibration_weight * r_d
+    )
 
 
 def _sme_reference(model, w0, wT, alpha, x, y, config):
@@ -142,8 +154,9 @@ REFERENCE_CASES = [(victim, m, torch.float64, 1e-9) for victim in ("femnist50", 
 REFERENCE_CASES.append(("femnist50", 7, torch.float32, 1e-4))
 
 
-@pytest.mark.parametrize("victim, m, dtype, rel", REFERENCE_CASES,
-                         ids=[f"{v}-m{m}-{str(d).split('.')[1]}" for v, m, d, _ in REFERENCE_CASES])
+@pytest.mark.parametrize(
+    "victim, m, dtype, rel", REFERENCE_CASES, ids=[f"{v}-m{m}-{str(d).split('.')[1]}" for v, m, d, _ in REFERENCE_CASES]
+)
 def test_pisme_objective_matches_reference(victim, m, dtype, rel, request):
     attack, model, shapes, x, y = _setup(request.getfixturevalue(victim), "pisme", nodes=m, dtype=dtype)
     terms = attack.objective(x, y)
@@ -151,10 +164,20 @@ def test_pisme_objective_matches_reference(victim, m, dtype, rel, request):
 
     x_ref, p_ref, d_ref = _leaf(x), _leaf(attack.control_point), _leaf(attack.calibration)
     c = attack.config
-    ref = pisme_objective_reference(model, unflatten(attack.w0, shapes), unflatten(attack.wT, shapes),
-                                    unflatten(p_ref, shapes), unflatten(d_ref, shapes), x_ref, y, m,
-                                    tv_weight=c.tv_weight, control_point_weight=c.control_point_weight,
-                                    calibration_weight=c.calibration_weight, tv_reduction=c.tv_reduction)
+    ref = pisme_objective_reference(
+        model,
+        unflatten(attack.w0, shapes),
+        unflatten(attack.wT, shapes),
+        unflatten(p_ref, shapes),
+        unflatten(d_ref, shapes),
+        x_ref,
+        y,
+        m,
+        tv_weight=c.tv_weight,
+        control_point_weight=c.control_point_weight,
+        calibration_weight=c.calibration_weight,
+        tv_reduction=c.tv_reduction,
+    )
     r_x, r_p, r_d = torch.autograd.grad(ref, [x_ref, p_ref, d_ref])
     _assert_close(terms["loss"], ref, rel, "loss")
     _assert_close(g_x, r_x, rel, "dL/dX_hat")
@@ -169,10 +192,19 @@ def test_pisme_objective_matches_reference(victim, m, dtype, rel, request):
 @pytest.mark.parametrize("victim", ["femnist50", "cifar10"])
 def test_pisme_honest_lsim_is_the_uncalibrated_reference(victim, request):
     attack, model, shapes, x, y = _setup(request.getfixturevalue(victim), "pisme", nodes=3)
-    honest = pisme_objective_reference(model, unflatten(attack.w0, shapes), unflatten(attack.wT, shapes),
-                                       unflatten(_leaf(attack.control_point), shapes),
-                                       unflatten(torch.ones_like(attack.w0), shapes), x.detach(), y, 3,
-                                       tv_weight=0.0, control_point_weight=0.0, calibration_weight=0.0)
+    honest = pisme_objective_reference(
+        model,
+        unflatten(attack.w0, shapes),
+        unflatten(attack.wT, shapes),
+        unflatten(_leaf(attack.control_point), shapes),
+        unflatten(torch.ones_like(attack.w0), shapes),
+        x.detach(),
+        y,
+        3,
+        tv_weight=0.0,
+        control_point_weight=0.0,
+        calibration_weight=0.0,
+    )
     terms = attack.objective(x, y)
     _assert_close(terms["lsim_honest"], honest, 1e-9, "honest Lsim")
     assert abs(float(terms["lsim_calibrated"]) - float(terms["lsim_honest"])) > 1e-6  # d != 1 matters
@@ -185,8 +217,17 @@ def test_nlsme_objective_matches_literal_loop(victim, request):
     leaves = [x, attack.control_point, attack.calibration, attack.position]
     grads = torch.autograd.grad(terms["loss"], leaves)
     refs = [_leaf(v) for v in leaves]
-    ref = _nlsme_reference(model, unflatten(attack.w0, shapes), unflatten(attack.wT, shapes),
-                           unflatten(refs[1], shapes), unflatten(refs[2], shapes), refs[3], refs[0], y, attack.config)
+    ref = _nlsme_reference(
+        model,
+        unflatten(attack.w0, shapes),
+        unflatten(attack.wT, shapes),
+        unflatten(refs[1], shapes),
+        unflatten(refs[2], shapes),
+        refs[3],
+        refs[0],
+        y,
+        attack.config,
+    )
     ref_grads = torch.autograd.grad(ref, refs)
     _assert_close(terms["loss"], ref, 1e-9, "loss")
     for g, r, name in zip(grads, ref_grads, ["X_hat", "P1", "d", "t"]):
@@ -199,8 +240,9 @@ def test_sme_objective_matches_literal_loop(victim, request):
     terms = attack.objective(x, y)
     g_x, g_a = torch.autograd.grad(terms["loss"], [x, attack.alpha])
     x_ref, a_ref = _leaf(x), _leaf(attack.alpha)
-    ref = _sme_reference(model, unflatten(attack.w0, shapes), unflatten(attack.wT, shapes), a_ref, x_ref, y,
-                         attack.config)
+    ref = _sme_reference(
+        model, unflatten(attack.w0, shapes), unflatten(attack.wT, shapes), a_ref, x_ref, y, attack.config
+    )
     r_x, r_a = torch.autograd.grad(ref, [x_ref, a_ref])
     _assert_close(terms["loss"], ref, 1e-9, "loss")
     _assert_close(g_x, r_x, 1e-9, "dL/dX_hat")
@@ -295,8 +337,12 @@ def test_control_point_sgd_optimizer(femnist_small, monkeypatch):
 
 
 COMMON_KEYS = {"iteration", "loss", "lsim_honest", "lsim_calibrated", "tv", "probe"}
-METHOD_KEYS = {"pisme": {"control_point_shift", "calibration_mean"},
-               "nlsme": {"control_point_shift", "calibration_mean", "position"}, "sme": {"alpha"}, "ig": set()}
+METHOD_KEYS = {
+    "pisme": {"control_point_shift", "calibration_mean"},
+    "nlsme": {"control_point_shift", "calibration_mean", "position"},
+    "sme": {"alpha"},
+    "ig": set(),
+}
 
 
 def test_the_paper_methods_are_registered():
@@ -358,15 +404,18 @@ def test_unknown_override_is_rejected(femnist_small):
         reconstruct(femnist_small[0], "pisme", learning_rate=0.1)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(nodes=0), "quadrature nodes m must be an integer >= 1"),
-    (dict(nodes=2.5), "quadrature nodes m must be an integer >= 1"),
-    (dict(iterations=0), "iterations must be >= 1"),
-    (dict(tv_reduction="max"), "tv_reduction must be 'mean' or 'sum'"),
-    (dict(control_point_optimizer="lbfgs"), "control_point_optimizer must be 'adam' or 'sgd'"),
-    (dict(trace_every=0), "trace_every must be >= 1"),
-    (dict(lr_images=-1.0), "lr_images must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(nodes=0), "quadrature nodes m must be an integer >= 1"),
+        (dict(nodes=2.5), "quadrature nodes m must be an integer >= 1"),
+        (dict(iterations=0), "iterations must be >= 1"),
+        (dict(tv_reduction="max"), "tv_reduction must be 'mean' or 'sum'"),
+        (dict(control_point_optimizer="lbfgs"), "control_point_optimizer must be 'adam' or 'sgd'"),
+        (dict(trace_every=0), "trace_every must be >= 1"),
+        (dict(lr_images=-1.0), "lr_images must be >= 0"),
+    ],
+)
 def test_bad_settings_are_rejected(femnist_small, bad, message):
     with pytest.raises(ValueError, match=message):
         reconstruct(femnist_small[0], "pisme", **bad)

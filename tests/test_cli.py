@@ -1,4 +1,5 @@
 """``fl-attack attack``: a tiny real run, its files, and every bad input rejected before training."""
+
 from __future__ import annotations
 
 import csv
@@ -11,10 +12,42 @@ from PIL import Image
 import fl_attack.evaluation as evaluation  # where the standalone engine calls reconstruct
 from fl_attack.cli import main
 
-COLUMNS = ["dataset", "client", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim", "fsim",
-           "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds"]
-TINY = ["--clients", "1", "--samples", "10", "--batch-size", "5", "--local-epochs", "1", "--iterations", "3",
-        "--nodes", "2", "--trace-every", "1", "--device", "cpu", "--no-progress"]
+COLUMNS = [
+    "dataset",
+    "client",
+    "method",
+    "local_steps",
+    "nodes",
+    "iterations",
+    "labels",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+]
+TINY = [
+    "--clients",
+    "1",
+    "--samples",
+    "10",
+    "--batch-size",
+    "5",
+    "--local-epochs",
+    "1",
+    "--iterations",
+    "3",
+    "--nodes",
+    "2",
+    "--trace-every",
+    "1",
+    "--device",
+    "cpu",
+    "--no-progress",
+]
 
 
 def _read(path):
@@ -65,8 +98,22 @@ def test_tiny_run_writes_traces_grids_and_no_temporaries(tiny_run):
 
 def test_oracle_labels_on_cifar100(tmp_path):
     out = tmp_path / "cifar"
-    rc = main(["attack", *TINY, "--dataset", "cifar100", "--classes", "5", "--methods", "ig", "--labels", "oracle",
-               "--out", str(out)])
+    rc = main(
+        [
+            "attack",
+            *TINY,
+            "--dataset",
+            "cifar100",
+            "--classes",
+            "5",
+            "--methods",
+            "ig",
+            "--labels",
+            "oracle",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     _, rows = _read(out / "results.csv")
     assert rows[0]["dataset"] == "cifar100" and rows[0]["labels"] == "oracle"
@@ -157,13 +204,38 @@ def test_no_command_is_a_usage_error(capsys):
 def test_help_documents_every_flag(capsys):
     assert main(["attack", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for flag in ["--dataset", "--methods", "--clients", "--samples", "--batch-size", "--local-epochs", "--lr",
-                 "--iterations", "--nodes", "--classes", "--labels", "--seed", "--device", "--data-dir",
-                 "--trace-every", "--out"]:
+    for flag in [
+        "--dataset",
+        "--methods",
+        "--clients",
+        "--samples",
+        "--batch-size",
+        "--local-epochs",
+        "--lr",
+        "--iterations",
+        "--nodes",
+        "--classes",
+        "--labels",
+        "--seed",
+        "--device",
+        "--data-dir",
+        "--trace-every",
+        "--out",
+    ]:
         assert flag in text, flag
-    for default in ["femnist", "pisme,nlsme,sme,ig", "(default: 50)", "(default: 10)", "(default: 20)",
-                    "(default: 0.004)", "(default: 1000)", "(default: 7)", "(default: recovered)",
-                    "(default: auto)", "results/attack"]:
+    for default in [
+        "femnist",
+        "pisme,nlsme,sme,ig",
+        "(default: 50)",
+        "(default: 10)",
+        "(default: 20)",
+        "(default: 0.004)",
+        "(default: 1000)",
+        "(default: 7)",
+        "(default: recovered)",
+        "(default: auto)",
+        "results/attack",
+    ]:
         assert default in text, default
     assert "CPU-friendly settings" in text and "results.csv" in text
     assert main(["--help"]) == 0
@@ -195,8 +267,9 @@ def test_every_attack_failing_exits_1_with_the_rows_kept(tmp_path, monkeypatch, 
     _, rows = _read(out / "results.csv")
     assert [r["method"] for r in rows] == ["sme", "ig"] and all(math.isnan(float(r["psnr"])) for r in rows)
     err = capsys.readouterr().err
-    assert "2 attack(s), 2 failed" in err and err.strip().endswith("fl-attack: error: every attack failed; "
-                                                                   "see the messages above")
+    assert "2 attack(s), 2 failed" in err and err.strip().endswith(
+        "fl-attack: error: every attack failed; see the messages above"
+    )
 
 
 @pytest.fixture
@@ -219,7 +292,8 @@ def test_out_on_sysfs_exits_2_before_training(capsys, no_training):
         pytest.skip("no sysfs at /sys")
     assert main(["attack", *TINY, "--out", "/sys/fl-attack-out"]) == 2  # not even root creates folders here
     assert "fl-attack: error: --out /sys/fl-attack-out: cannot write there: " in _one_error_line(
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     assert not os.path.exists("/sys/fl-attack-out")
 
 

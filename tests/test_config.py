@@ -1,6 +1,7 @@
 """One configuration vocabulary (fl_attack.config): the training protocol, the presets, and the
 places that read them — the standalone CLI, the paper experiments' scales, the federation's
 RunSettings and its run-config preset files — checked so that no copy can drift."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,11 @@ def test_the_paper_protocol_is_pismes():
 
 def test_presets_keep_the_sizes_the_code_used():
     sizes = {name: (*dataclasses.astuple(p.protocol), p.iterations, p.nodes) for name, p in PRESETS.items()}
-    assert sizes == {"paper": (50, 10, 20, 0.004, 1000, 7), "cpu": (8, 4, 50, 0.004, 100, 7),
-                     "tiny": (4, 2, 2, 0.004, 3, 3)}
+    assert sizes == {
+        "paper": (50, 10, 20, 0.004, 1000, 7),
+        "cpu": (8, 4, 50, 0.004, 100, 7),
+        "tiny": (4, 2, 2, 0.004, 3, 3),
+    }
     assert PRESETS["cpu"].protocol.local_steps == PAPER.local_steps  # the paper's T=100 at k=8
     assert AttackConfig.from_overrides(**PRESETS["tiny"].attack_overrides()).nodes == 3
 
@@ -69,8 +73,10 @@ def test_the_update_metadata_shares_the_protocols_checks():
         TrainingMetadata("femnist", 0.004, 60, 20, 50)
     with pytest.raises(ValueError, match="^num_samples must be >= 1, got 0$"):
         TrainingMetadata("femnist", 0.004, 1, 20, 0)
-    assert TrainingMetadata("femnist", lr=0.004, batch_size=10, local_epochs=20,
-                            num_samples=50).local_steps == PAPER.local_steps
+    assert (
+        TrainingMetadata("femnist", lr=0.004, batch_size=10, local_epochs=20, num_samples=50).local_steps
+        == PAPER.local_steps
+    )
 
 
 def test_a_preset_needs_iterations_and_nodes():
@@ -89,18 +95,34 @@ def test_the_former_copies_read_the_presets():
     assert (defaults["lr"], defaults["batch_size"], defaults["local_epochs"]) == (0.004, 10, 20)
     for name, scale in SCALES.items():
         preset = PRESETS[name]
-        assert (scale.samples, scale.batch_size, scale.lr) == (preset.protocol.samples, preset.protocol.batch_size,
-                                                               preset.protocol.lr)
+        assert (scale.samples, scale.batch_size, scale.lr) == (
+            preset.protocol.samples,
+            preset.protocol.batch_size,
+            preset.protocol.lr,
+        )
         assert dict(scale.epochs)[100] == preset.protocol.local_epochs
         assert (scale.iterations, scale.nodes) == (preset.iterations, preset.nodes)
-    assert {n: s.epochs for n, s in SCALES.items()} == {"paper": ((100, 20), (250, 50)), "cpu": ((100, 50), (250, 125)),
-                                                        "tiny": ((100, 2), (250, 5))}
+    assert {n: s.epochs for n, s in SCALES.items()} == {
+        "paper": ((100, 20), (250, 50)),
+        "cpu": ((100, 50), (250, 125)),
+        "tiny": ((100, 2), (250, 5)),
+    }
     assert {n: (p["samples"], p["batch_size"], p["epochs"]) for n, p in PROTOCOL.items()} == {
-        "paper": (50, 10, ((100, 20), (250, 50))), "cpu": (50, 10, ((100, 20), (250, 50))),
-        "tiny": (4, 2, ((100, 2), (250, 5)))}
-    assert SCALE == {"samples-per-client": 8, "batch-size": 4, "local-epochs": 5, "lr": 0.004,
-                     "attack-method": "pisme", "attack-clients": "0", "attack-iterations": 100, "attack-nodes": 3,
-                     "seed": 0}
+        "paper": (50, 10, ((100, 20), (250, 50))),
+        "cpu": (50, 10, ((100, 20), (250, 50))),
+        "tiny": (4, 2, ((100, 2), (250, 5))),
+    }
+    assert SCALE == {
+        "samples-per-client": 8,
+        "batch-size": 4,
+        "local-epochs": 5,
+        "lr": 0.004,
+        "attack-method": "pisme",
+        "attack-clients": "0",
+        "attack-iterations": 100,
+        "attack-nodes": 3,
+        "seed": 0,
+    }
 
 
 # --- RunSettings and pyproject.toml ------------------------------------------------------------
@@ -125,9 +147,12 @@ def test_run_settings_defaults_are_pyprojects():
 def test_run_settings_compose_the_protocol_and_the_attack_config():
     settings = RunSettings.from_run_config({**PYPROJECT, **PAPER.run_config(), "attack-nodes": 7})
     assert settings.protocol == PAPER and settings.attack_config().nodes == 7
-    assert RunSettings().protocol == TrainingProtocol(samples=PYPROJECT["samples-per-client"],
-                                                      batch_size=PYPROJECT["batch-size"],
-                                                      local_epochs=PYPROJECT["local-epochs"], lr=PYPROJECT["lr"])
+    assert RunSettings().protocol == TrainingProtocol(
+        samples=PYPROJECT["samples-per-client"],
+        batch_size=PYPROJECT["batch-size"],
+        local_epochs=PYPROJECT["local-epochs"],
+        lr=PYPROJECT["lr"],
+    )
 
 
 # --- the run-config preset files ----------------------------------------------------------------
@@ -155,21 +180,36 @@ def test_the_paper_file_is_the_paper_preset():
 
 
 def test_unknown_preset_file():
-    with pytest.raises(ValueError, match="unknown run-config preset 'papr'; choose from: learning-cifar100, "
-                                         "learning-femnist, paper"):
+    with pytest.raises(
+        ValueError, match="unknown run-config preset 'papr'; choose from: learning-cifar100, learning-femnist, paper"
+    ):
         preset_run_config("papr")
 
 
 def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():
     from analysis.leakage_study import RUNS
 
-    learning = {"num-server-rounds": 15, "samples-per-client": 16, "batch-size": 8, "local-epochs": 5, "lr": 0.05,
-                "attack-method": "pisme", "attack-iterations": 200, "attack-nodes": 3, "server-test-samples": 1000,
-                "seed": 0}
-    former = [("femnist", {**learning, "dataset": "femnist", "attack-clients": "0,1"}, 20),
-              ("cifar100", {**learning, "dataset": "cifar100", "attack-clients": "0"}, 20),
-              ("femnist-topk", {**learning, "dataset": "femnist", "attack-clients": "0", "defense": "topk",
-                                "defense-topk-fraction": 0.1}, 20)]
+    learning = {
+        "num-server-rounds": 15,
+        "samples-per-client": 16,
+        "batch-size": 8,
+        "local-epochs": 5,
+        "lr": 0.05,
+        "attack-method": "pisme",
+        "attack-iterations": 200,
+        "attack-nodes": 3,
+        "server-test-samples": 1000,
+        "seed": 0,
+    }
+    former = [
+        ("femnist", {**learning, "dataset": "femnist", "attack-clients": "0,1"}, 20),
+        ("cifar100", {**learning, "dataset": "cifar100", "attack-clients": "0"}, 20),
+        (
+            "femnist-topk",
+            {**learning, "dataset": "femnist", "attack-clients": "0", "defense": "topk", "defense-topk-fraction": 0.1},
+            20,
+        ),
+    ]
     assert [(n, list(c.items()), s) for n, c, s in RUNS] == [(n, list(c.items()), s) for n, c, s in former]
 
 
@@ -194,8 +234,16 @@ def test_a_preset_sets_protocol_iterations_and_nodes_under_the_flags():
 
 
 def test_option_sets_any_attack_setting():
-    s = _settings("--option", "tv_weight=0.02,lr_control_point=1e-4", "--option", "tv_reduction=sum",
-                  "--option", "nodes=2", "--label-refine", "0.25")
+    s = _settings(
+        "--option",
+        "tv_weight=0.02,lr_control_point=1e-4",
+        "--option",
+        "tv_reduction=sum",
+        "--option",
+        "nodes=2",
+        "--label-refine",
+        "0.25",
+    )
     assert s.overrides == {"tv_weight": 0.02, "lr_control_point": 1e-4, "tv_reduction": "sum", "label_refine": 0.25}
     config = s.attack_config()
     assert (config.tv_weight, config.tv_reduction, config.label_refine, config.nodes) == (0.02, "sum", 0.25, 2)
@@ -208,8 +256,10 @@ BAD_OPTIONS = [
     (["--option", "nodes=2.5"], "--option 'nodes' must be an integer, got '2.5'"),
     (["--option", "tv_reduction=max"], "tv_reduction must be 'mean' or 'sum', got 'max'"),
     (["--option", "iterations=5", "--iterations", "6"], "--option iterations and --iterations both given; give one"),
-    (["--option", "label_refine=0.5", "--label-refine", "0.25"],
-     "--option label_refine and --label-refine both given; give one"),
+    (
+        ["--option", "label_refine=0.5", "--label-refine", "0.25"],
+        "--option label_refine and --label-refine both given; give one",
+    ),
     (["--preset", "huge"], "argument --preset: invalid choice: 'huge' (choose from 'paper', 'cpu', 'tiny')"),
 ]
 
@@ -232,8 +282,25 @@ def test_a_tiny_preset_run_records_its_options(tmp_path):
     from fl_attack.cli import main
 
     out = tmp_path / "run"
-    assert main(["attack", "--preset", "tiny", "--methods", "ig", "--option", "tv_weight=0.02", "--device", "cpu",
-                 "--no-progress", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "attack",
+                "--preset",
+                "tiny",
+                "--methods",
+                "ig",
+                "--option",
+                "tv_weight=0.02",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     recorded = json.loads((out / "settings.json").read_text())
     protocol = (recorded["samples"], recorded["batch_size"], recorded["local_epochs"], recorded["lr"])
     assert protocol == (4, 2, 2, 0.004) and recorded["iterations"] == 3 and recorded["nodes"] == 3

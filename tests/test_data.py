@@ -210,8 +210,14 @@ def test_femnist_partition_deterministic(femnist):
 
 def test_femnist_writer_without_leaf_test_uses_remaining_train(femnist):
     keep = femnist.split == 0  # drop every LEAF-test sample
-    pool = Pool("femnist", femnist.images[keep], femnist.labels[keep], femnist.writers[keep],
-                femnist.writer_names, femnist.split[keep])
+    pool = Pool(
+        "femnist",
+        femnist.images[keep],
+        femnist.labels[keep],
+        femnist.writers[keep],
+        femnist.writer_names,
+        femnist.split[keep],
+    )
     s = client_partition(pool, 0, 50, seed=0)
     w = int(np.flatnonzero(pool.writer_names == s.train.client_id)[0])
     own = pool.images[pool.writers == w]
@@ -281,7 +287,9 @@ def test_cifar_class_restriction(cifar, classes):
 
 
 def test_partition_errors(femnist, cifar):
-    with pytest.raises(ValueError, match="partition 100 out of range: femnist data has 100 writers with >= 50 training samples"):
+    with pytest.raises(
+        ValueError, match="partition 100 out of range: femnist data has 100 writers with >= 50 training samples"
+    ):
         client_partition(femnist, 100, 50)
     with pytest.raises(ValueError, match="partition -1 out of range"):
         client_partition(femnist, -1, 50)

@@ -5,6 +5,7 @@ The in-process tests run the real ClientApp (with its defense mods) and the real
 grid that delivers each message to the ClientApp of its node in this process. The slow tests run
 one real federation per defense through the checked launcher, from --run-config alone.
 """
+
 from __future__ import annotations
 
 import csv
@@ -59,6 +60,7 @@ def _rows(path):
 
 # --- what the strategy observes ------------------------------------------------------------------
 
+
 def test_none_observes_each_full_update(tmp_path):
     settings, _, _, jobs = federate(tmp_path)
     assert sorted(j.target.partition_id for j in jobs) == [0, 1]
@@ -88,8 +90,9 @@ def test_local_dp_clips_to_the_norm_and_adds_noise_of_the_configured_scale(tmp_p
 @pytest.mark.parametrize("side", ["server", "client"])
 def test_central_dp_shows_the_attacker_each_clipped_noise_free_update(tmp_path, side):
     clip, z = 0.005, 1.0
-    settings, _, result, jobs = federate(tmp_path, defense="central-dp", defense_clipping=side,
-                                         defense_clip_norm=clip, defense_noise_multiplier=z)
+    settings, _, result, jobs = federate(
+        tmp_path, defense="central-dp", defense_clipping=side, defense_clip_norm=clip, defense_noise_multiplier=z
+    )
     clipped = {}
     for job in jobs:
         raw = flatten(raw_update(settings, job.target.partition_id))
@@ -146,8 +149,9 @@ def test_secagg_gives_the_strategy_the_same_aggregate_for_every_client(tmp_path,
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_topk_sends_the_stated_fraction_of_non_zeros(tmp_path, adaptive):
     fraction = 0.05
-    settings, _, _, jobs = federate(tmp_path, defense="topk", defense_topk_fraction=fraction,
-                                    defense_adaptive_attack=adaptive)
+    settings, _, _, jobs = federate(
+        tmp_path, defense="topk", defense_topk_fraction=fraction, defense_adaptive_attack=adaptive
+    )
     for job in jobs:
         seen = flatten(observed(job))
         assert int((seen != 0).sum()) == math.ceil(fraction * seen.numel())
@@ -176,7 +180,7 @@ def test_quantize_sends_at_most_two_to_the_bits_levels_per_tensor(tmp_path):
     _, _, _, jobs = federate(tmp_path, partitions=(0,), defense="quantize", defense_bits=bits)
     (job,) = jobs
     for name, u in observed(job).items():
-        step = (u.max() - u.min()) / (2 ** bits - 1)
+        step = (u.max() - u.min()) / (2**bits - 1)
         levels = (u - u.min()) / step
         assert (levels - levels.round()).abs().max() < 1e-2, name
 
@@ -189,6 +193,7 @@ def test_topk_and_local_dp_combine(tmp_path):
 
 
 # --- the transforms and the adaptive attacker -----------------------------------------------------
+
 
 def _pair(seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -226,38 +231,52 @@ def test_the_adaptive_attacker_matches_only_the_observed_coordinates():
     naive = get_attack("ig")(model, flat0, flatT, shapes, AttackConfig())
     g = node_gradients(model, shapes, flat0.unsqueeze(0), torch.ones(1), x, y)
     mask = (flat0 - flatT) != 0
-    assert float(adaptive.objective(x, y)["lsim_honest"]) == pytest.approx(float(lsim(g[mask], (flat0 - flatT)[mask]).detach()),
-                                                                           abs=1e-5)
-    assert float(naive.objective(x, y)["lsim_honest"]) == pytest.approx(float(lsim(g, flat0 - flatT).detach()), abs=1e-5)
+    assert float(adaptive.objective(x, y)["lsim_honest"]) == pytest.approx(
+        float(lsim(g[mask], (flat0 - flatT)[mask]).detach()), abs=1e-5
+    )
+    assert float(naive.objective(x, y)["lsim_honest"]) == pytest.approx(
+        float(lsim(g, flat0 - flatT).detach()), abs=1e-5
+    )
     assert RunSettings.from_run_config({"defense": "topk"}).attack_config().observed_only
-    assert not RunSettings.from_run_config({"defense": "topk", "defense-adaptive-attack": False}).attack_config().observed_only
+    assert (
+        not RunSettings.from_run_config({"defense": "topk", "defense-adaptive-attack": False})
+        .attack_config()
+        .observed_only
+    )
 
 
 # --- bad parameters fail before the run -----------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"defense": "central-dp", "defense-noise-multiplier": -0.5}, "defense-noise-multiplier must be >= 0"),
-    ({"defense": "local-dp", "defense-epsilon": -1.0}, "defense-epsilon must be > 0"),
-    ({"defense": "topk", "defense-topk-fraction": 0.0}, r"defense-topk-fraction must be in \(0, 1\]"),
-    ({"defense": "topk", "defense-topk-fraction": 1.5}, r"defense-topk-fraction must be in \(0, 1\]"),
-    ({"defense": "low-rank", "defense-rank": 10}, "defense-rank=10 is larger than the model's 'conv1.weight'"),
-    ({"defense": "low-rank", "defense-rank": 28, "dataset": "cifar100"}, "a 64x27 matrix has rank at most 27"),
-    ({"defense": "secagg", "secagg-reconstruction-threshold": 3, "secagg-num-shares": 3},
-     "secagg-reconstruction-threshold must be in 2..secagg-num-shares-1"),
-    ({"defense": "dp"}, "unknown defense 'dp'"),
-    ({"defense": "none+topk"}, "'none' cannot be combined"),
-    ({"defense": "secagg+central-dp"}, "central-dp cannot be combined with secagg"),
-    ({"defense-topk": 0.1}, "unknown defense key 'defense-topk'"),
-    ({"defense-adaptive-attack": "maybe"}, "must be true or false"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"defense": "central-dp", "defense-noise-multiplier": -0.5}, "defense-noise-multiplier must be >= 0"),
+        ({"defense": "local-dp", "defense-epsilon": -1.0}, "defense-epsilon must be > 0"),
+        ({"defense": "topk", "defense-topk-fraction": 0.0}, r"defense-topk-fraction must be in \(0, 1\]"),
+        ({"defense": "topk", "defense-topk-fraction": 1.5}, r"defense-topk-fraction must be in \(0, 1\]"),
+        ({"defense": "low-rank", "defense-rank": 10}, "defense-rank=10 is larger than the model's 'conv1.weight'"),
+        ({"defense": "low-rank", "defense-rank": 28, "dataset": "cifar100"}, "a 64x27 matrix has rank at most 27"),
+        (
+            {"defense": "secagg", "secagg-reconstruction-threshold": 3, "secagg-num-shares": 3},
+            "secagg-reconstruction-threshold must be in 2..secagg-num-shares-1",
+        ),
+        ({"defense": "dp"}, "unknown defense 'dp'"),
+        ({"defense": "none+topk"}, "'none' cannot be combined"),
+        ({"defense": "secagg+central-dp"}, "central-dp cannot be combined with secagg"),
+        ({"defense-topk": 0.1}, "unknown defense key 'defense-topk'"),
+        ({"defense-adaptive-attack": "maybe"}, "must be true or false"),
+    ],
+)
 def test_bad_defense_parameters_fail_with_a_clear_message(overrides, message):
     with pytest.raises(ValueError, match=message):
         RunSettings.from_run_config({**BASE, **overrides})
 
 
 def test_secagg_with_fewer_clients_than_its_minimum_fails_before_round_one():
-    settings = RunSettings.from_run_config({**BASE, "defense": "secagg", "secagg-num-shares": 5,
-                                            "secagg-reconstruction-threshold": 3})
+    settings = RunSettings.from_run_config(
+        {**BASE, "defense": "secagg", "secagg-num-shares": 5, "secagg-reconstruction-threshold": 3}
+    )
     with pytest.raises(ValueError, match="secagg needs at least 3 clients per round.*only 2 take part"):
         check_defense(settings, num_nodes=2)
     assert check_defense(settings, num_nodes=3) == 3
@@ -271,20 +290,40 @@ def test_defense_settings_describe_themselves_for_config_json():
     assert info["defense"] == "topk+local-dp" and info["label"] == "topk(0.2)+local-dp(C=0.05,eps=10)"
     assert info["parameters"]["defense-topk-fraction"] == 0.2 and "local-dp-noise-std" in info["parameters"]
     assert "observed coordinates" in info["observed"]
-    assert DefenseSettings().describe() == {"defense": "none", "label": "none", "parameters": {},
-                                            "observed": DefenseSettings().observed()}
+    assert DefenseSettings().describe() == {
+        "defense": "none",
+        "label": "none",
+        "parameters": {},
+        "observed": DefenseSettings().observed(),
+    }
 
 
 # --- real federations from --run-config alone ------------------------------------------------------
 
+
 def launch(tmp_path, run_config: str, supernodes: int = 3):
     results = tmp_path / "results"
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
-    config = (f'num-server-rounds=1 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=5 '
-              f'attack-nodes=2 attack-clients="all" results-dir="{results}" run-name="run" {run_config}')
-    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config", config,
-                           "--federation-config", f"num-supernodes={supernodes} client-resources-num-cpus=1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    config = (
+        f"num-server-rounds=1 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=5 "
+        f'attack-nodes=2 attack-clients="all" results-dir="{results}" run-name="run" {run_config}'
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strategies.launch",
+            "--run-config",
+            config,
+            "--federation-config",
+            f"num-supernodes={supernodes} client-resources-num-cpus=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return proc, results / "run"
 
 
@@ -305,8 +344,20 @@ def test_secagg_federation_from_the_run_config_alone(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("defense", ["none", "local-dp", "central-dp", 'central-dp" defense-clipping="client',
-                                     "topk", "low-rank", "quantize", "topk+local-dp", "local-dp+secagg"])
+@pytest.mark.parametrize(
+    "defense",
+    [
+        "none",
+        "local-dp",
+        "central-dp",
+        'central-dp" defense-clipping="client',
+        "topk",
+        "low-rank",
+        "quantize",
+        "topk+local-dp",
+        "local-dp+secagg",
+    ],
+)
 def test_each_defense_runs_a_real_federation(tmp_path, defense):
     proc, run = launch(tmp_path, f'defense="{defense}"')
     config, rows = _check_run(proc, run, defense.split('"')[0])
@@ -315,8 +366,7 @@ def test_each_defense_runs_a_real_federation(tmp_path, defense):
 
 @pytest.mark.slow
 def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
-    proc, run = launch(tmp_path, 'defense="secagg" secagg-num-shares=5 secagg-reconstruction-threshold=3',
-                       supernodes=2)
+    proc, run = launch(tmp_path, 'defense="secagg" secagg-num-shares=5 secagg-reconstruction-threshold=3', supernodes=2)
     assert proc.returncode != 0
     assert "secagg needs at least 3 clients per round" in proc.stdout + proc.stderr
     assert not (run / "rounds.csv").exists()

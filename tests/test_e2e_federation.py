@@ -1,4 +1,5 @@
 """A tiny federation end to end through the checked entry point (flwr run, Ray, attacks, report)."""
+
 from __future__ import annotations
 
 import csv
@@ -15,24 +16,46 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_tiny_federation_end_to_end(tmp_path):
     results = tmp_path / "results"
-    run_config = (f'num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=15 '
-                  f'attack-nodes=2 attack-clients="all" attack-method="pisme,ig" results-dir="{results}" '
-                  f'run-name="e2e"')
+    run_config = (
+        f"num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=15 "
+        f'attack-nodes=2 attack-clients="all" attack-method="pisme,ig" results-dir="{results}" '
+        f'run-name="e2e"'
+    )
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
     # The launcher passes a TOML run config through unchanged (flwr run's own format).
-    (tmp_path / "overrides.toml").write_text("\n".join(
-        f"{k} = {v}" for k, v in (item.split("=", 1) for item in run_config.split())))
-    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config", str(tmp_path / "overrides.toml"),
-                           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
-                           "--run-dir-file", str(tmp_path / "run-dir")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    (tmp_path / "overrides.toml").write_text(
+        "\n".join(f"{k} = {v}" for k, v in (item.split("=", 1) for item in run_config.split()))
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strategies.launch",
+            "--run-config",
+            str(tmp_path / "overrides.toml"),
+            "--federation-config",
+            "num-supernodes=2 client-resources-num-cpus=1",
+            "--run-dir-file",
+            str(tmp_path / "run-dir"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
     run = results / "e2e"
     assert (tmp_path / "run-dir").read_text().strip() == str(run)
     # The report is analysis' job, after the run (make demo does both).
-    report = subprocess.run([sys.executable, "-m", "analysis.report", str(run), "--out", str(run / "report")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-m", "analysis.report", str(run), "--out", str(run / "report")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr[-4000:]
     config = json.loads((run / "config.json").read_text())
     assert config["run_config"]["attack-method"] == "pisme,ig" and config["seed"] == 0
@@ -43,7 +66,8 @@ def test_tiny_federation_end_to_end(tmp_path):
     with open(run / "attacks.csv") as f:
         attacks = list(csv.DictReader(f))
     assert sorted((r["round"], r["partition_id"], r["method"]) for r in attacks) == sorted(
-        (str(r), str(p), m) for r in (1, 2) for p in (0, 1) for m in ("pisme", "ig"))
+        (str(r), str(p), m) for r in (1, 2) for p in (0, 1) for m in ("pisme", "ig")
+    )
     for row in attacks:
         assert row["status"] == "ok", row["error"]
         for metric in ("psnr", "ssim", "lpips", "lsim_honest"):

@@ -3,6 +3,7 @@
 One module-scoped run of each command writes into a temporary folder; the tests check the files,
 their columns and the ranges of their values (not the numbers: at tiny scale they mean nothing).
 """
+
 from __future__ import annotations
 
 import csv
@@ -21,14 +22,36 @@ from analysis.experiments.table1 import PAPER_PSNR
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = list(EXPERIMENTS)
-SCORE_COLUMNS = ["psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds",
-                 "seconds_per_iteration", "gradient_evaluations"]
+SCORE_COLUMNS = [
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+]
 EXPECTED = {
-    "table1": ["dataset", "paper_T", "local_steps", "client", "seed", "method", "iterations", "paper_psnr"] + SCORE_COLUMNS,
+    "table1": ["dataset", "paper_T", "local_steps", "client", "seed", "method", "iterations", "paper_psnr"]
+    + SCORE_COLUMNS,
     "node-sweep": ["dataset", "local_steps", "client", "seed", "method", "nodes", "iterations"] + SCORE_COLUMNS,
     "class-deficiency": ["paper_classes", "classes", "distinct_labels", "method", "client"] + SCORE_COLUMNS,
-    "path-consistency": ["paper_T", "local_steps", "quantity", "nodes", "tau", "tau_fraction", "lsim", "optimizer",
-                         "steps", "control_point_shift", "paper_lsim"],
+    "path-consistency": [
+        "paper_T",
+        "local_steps",
+        "quantity",
+        "nodes",
+        "tau",
+        "tau_fraction",
+        "lsim",
+        "optimizer",
+        "steps",
+        "control_point_shift",
+        "paper_lsim",
+    ],
     "matched-compute": ["method", "iterations", "multiple"] + SCORE_COLUMNS,
     "adaptive-nodes": ["variant", "method", "node_tolerance", "nodes", "nodes_schedule", "node_error"] + SCORE_COLUMNS,
     "label-recovery": ["round", "client", "estimator", "label_accuracy", "test_accuracy", "pbar_tv_dummy", "seconds"],
@@ -91,8 +114,9 @@ def test_attack_scores_are_in_range(outputs, name):
 def test_table1_covers_the_grid_and_quotes_the_paper(outputs):
     _, rows = read(outputs, "table1")
     cells = {(r["dataset"], int(r["paper_T"]), r["method"]) for r in rows}
-    assert cells == {(d, t, m) for d in ("femnist", "cifar100") for t in (100, 250)
-                     for m in ("ig", "sme", "nlsme", "pisme")}
+    assert cells == {
+        (d, t, m) for d in ("femnist", "cifar100") for t in (100, 250) for m in ("ig", "sme", "nlsme", "pisme")
+    }
     for r in rows:
         assert num(r["paper_psnr"]) == PAPER_PSNR[(r["dataset"], int(r["paper_T"]))][r["method"]]
         assert int(r["iterations"]) == SCALES["tiny"].iterations
@@ -169,11 +193,14 @@ def test_adaptive_nodes_compares_with_fixed_m(outputs):
     assert "m=1" in md and "m=7" in md  # the error-estimate table
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["table1", "--seeds", "0"], "--seeds must be an integer >= 1"),
-    (["table1", "--data-dir", "/no/such/dir"], "data directory not found"),
-    (["table1", "--device", "tpu"], "unknown device"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["table1", "--seeds", "0"], "--seeds must be an integer >= 1"),
+        (["table1", "--data-dir", "/no/such/dir"], "data directory not found"),
+        (["table1", "--device", "tpu"], "unknown device"),
+    ],
+)
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, argv, message):
     assert main(argv + ["--out", str(tmp_path / "x")]) == 2
     assert message in capsys.readouterr().err
@@ -188,8 +215,9 @@ def test_unknown_experiment_and_scale():
 
 
 def test_module_entry_point_help():
-    out = subprocess.run([sys.executable, "-m", "analysis.experiments", "--help"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "analysis.experiments", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0
     for name in NAMES:
         assert name in out.stdout

@@ -1,4 +1,5 @@
 """The honest-but-curious strategy with constructed Flower Messages, outside the Flower runtime."""
+
 from __future__ import annotations
 
 import csv
@@ -19,8 +20,16 @@ from strategies.attacker import AttackDispatcher, AttackJob
 from strategies.settings import RunSettings, usable_cpus
 from strategies.strategy import LeakageFedAvg, observed_update
 
-SETTINGS = dict(dataset="femnist", samples_per_client=10, batch_size=5, local_epochs=1, attack_iterations=2,
-                attack_nodes=2, attack_clients="all", seed=0)
+SETTINGS = dict(
+    dataset="femnist",
+    samples_per_client=10,
+    batch_size=5,
+    local_epochs=1,
+    attack_iterations=2,
+    attack_nodes=2,
+    attack_clients="all",
+    seed=0,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -41,21 +50,39 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
         split = client_partition(pool, p, settings.samples)
         model = build_model(settings.dataset)
         model.load_state_dict(w0.to_torch_state_dict())
-        res = train_local(model, split.train.images, split.train.labels, dataset=settings.dataset,
-                          lr=settings.lr, batch_size=settings.batch_size, local_epochs=settings.local_epochs, seed=p)
+        res = train_local(
+            model,
+            split.train.images,
+            split.train.labels,
+            dataset=settings.dataset,
+            lr=settings.lr,
+            batch_size=settings.batch_size,
+            local_epochs=settings.local_epochs,
+            seed=p,
+        )
         state = model.state_dict()
         if poison == p:
             state["fc2.bias"][0] = float("nan")
-        instruction = Message(content=RecordDict({"arrays": w0, "config": ConfigRecord({"server-round": 1})}),
-                              message_type="train", dst_node_id=100 + p)
+        instruction = Message(
+            content=RecordDict({"arrays": w0, "config": ConfigRecord({"server-round": 1})}),
+            message_type="train",
+            dst_node_id=100 + p,
+        )
         meta = res.update.metadata
-        metrics = {"num-examples": meta.num_samples, "local-steps": meta.local_steps, "lr": meta.lr,
-                   "batch-size": meta.batch_size, "local-epochs": meta.local_epochs, "train-loss": res.train_loss}
+        metrics = {
+            "num-examples": meta.num_samples,
+            "local-steps": meta.local_steps,
+            "lr": meta.lr,
+            "batch-size": meta.batch_size,
+            "local-epochs": meta.local_epochs,
+            "train-loss": res.train_loss,
+        }
         simulation = {"partition-id": p, "client-id": split.train.client_id}
         if timed:
             metrics["train-seconds"], simulation["train-started"] = timed[p]
-        content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics),
-                              "simulation": ConfigRecord(simulation)})
+        content = RecordDict(
+            {"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics), "simulation": ConfigRecord(simulation)}
+        )
         replies.append(Message(content=content, reply_to=instruction))
         truth[p] = split.train
     return w0, replies, truth
@@ -132,8 +159,12 @@ def test_each_attack_is_scored_and_recorded(tmp_path):
     strategy.aggregate_train(1, replies)
     strategy.drain(60)
     rows = _rows(tmp_path / "attacks.csv")
-    assert sorted((r["partition_id"], r["method"]) for r in rows) == [("0", "ig"), ("0", "pisme"),
-                                                                       ("1", "ig"), ("1", "pisme")]
+    assert sorted((r["partition_id"], r["method"]) for r in rows) == [
+        ("0", "ig"),
+        ("0", "pisme"),
+        ("1", "ig"),
+        ("1", "pisme"),
+    ]
     for r in rows:
         assert r["status"] == "ok", r["error"]
         assert math.isfinite(float(r["psnr"])) and -1 <= float(r["ssim"]) <= 1
@@ -164,7 +195,9 @@ def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
     assert rows["1"]["status"] == "ok"
     (round_row,) = _rows(tmp_path / "rounds.csv")
     assert round_row["excluded"] == "0" and round_row["clients"] == "1"
-    assert "excluded 1 non-finite update(s) from the aggregate (partitions [0])" in (tmp_path / "events.log").read_text()
+    assert (
+        "excluded 1 non-finite update(s) from the aggregate (partitions [0])" in (tmp_path / "events.log").read_text()
+    )
     # A round with no valid update keeps the previous global model (Flower keeps it on None).
     _, replies, _ = _round(settings, partitions=(0,), poison=0)
     assert strategy.aggregate_train(2, replies) == (None, None)
@@ -223,6 +256,7 @@ def test_ray_dispatch_does_not_block(tmp_path):
     settings = RunSettings(**SETTINGS)
     w0, replies, _ = _round(settings, partitions=(0,))
     update = observed_update(w0, replies[0], "femnist", {"round": 1})
+
     class CpuHolder:  # defined here so that Ray pickles it by value
         def ping(self):
             return True
@@ -246,16 +280,18 @@ def test_ray_dispatch_does_not_block(tmp_path):
 
 # -- timings and the attacker's thread count --------------------------------------------------------
 
+
 def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
     rule = lambda cpus, per_client, clients, **kw: RunSettings(client_num_cpus=per_client, **kw).attack_thread_count(  # noqa: E731
-        clients_per_round=clients, cpus=cpus)
-    assert rule(8, 1, 4) == 4          # 4 clients on 1 core each leave 4
-    assert rule(8, 2, 2) == 4          # 2 clients on 2 cores each
-    assert rule(8, 2, 10) == 1         # Ray runs 8 // 2 = 4 clients at once: no core left, still 1 thread
-    assert rule(2, 1, 4) == 1          # the demo on 2 cores
-    assert rule(16, 3, 10) == 1        # 5 clients at once on 15 cores
+        clients_per_round=clients, cpus=cpus
+    )
+    assert rule(8, 1, 4) == 4  # 4 clients on 1 core each leave 4
+    assert rule(8, 2, 2) == 4  # 2 clients on 2 cores each
+    assert rule(8, 2, 10) == 1  # Ray runs 8 // 2 = 4 clients at once: no core left, still 1 thread
+    assert rule(2, 1, 4) == 1  # the demo on 2 cores
+    assert rule(16, 3, 10) == 1  # 5 clients at once on 15 cores
     assert rule(16, 3, 3) == 7
-    assert rule(4, 8, 2) == 4          # clients asking more than the machine: Ray runs none at once
+    assert rule(4, 8, 2) == 4  # clients asking more than the machine: Ray runs none at once
     assert rule(8, 2, 2, attack_threads=3) == 3  # an explicit attack-threads wins
     assert RunSettings(client_num_cpus=1).attack_thread_count(cpus=8) == 1  # clients per round unknown: Ray's cap
     assert RunSettings().attack_drain_thread_count(cpus=8) == 8
@@ -274,8 +310,9 @@ def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
 def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_path):
     settings = RunSettings(**{**SETTINGS, "num_server_rounds": 2, "client_num_cpus": 1})
     dispatcher = RecordingDispatcher()
-    strategy = LeakageFedAvg(settings, tmp_path, dispatcher=dispatcher, clients_per_round=2,
-                             min_train_nodes=1, min_available_nodes=1)
+    strategy = LeakageFedAvg(
+        settings, tmp_path, dispatcher=dispatcher, clients_per_round=2, min_train_nodes=1, min_available_nodes=1
+    )
     idle = settings.attack_thread_count(clients_per_round=2)
     assert (strategy.attack_threads, strategy.drain_threads) == (idle, settings.attack_drain_thread_count())
     w0, replies, _ = _round(settings)
@@ -324,8 +361,10 @@ def test_the_strategy_accumulates_the_rounds_timings(tmp_path):
     times = record["rounds"]["1"]
     assert times["fit_started"] == 999.0 and times["configured"] == 990.0  # the earliest client's start
     assert times["fit_started"] < times["trained"] <= times["aggregated"] <= times["evaluating"]
-    assert record["attacker_threads"] == {"while_training": strategy.attack_threads,
-                                          "last_round": strategy.drain_threads}
+    assert record["attacker_threads"] == {
+        "while_training": strategy.attack_threads,
+        "last_round": strategy.drain_threads,
+    }
 
 
 def test_replies_without_timings_still_aggregate(tmp_path):
@@ -345,15 +384,31 @@ def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
     t.add("client_train", 4.0)
     t.add("attack", 30.0)
     t.add("attack", float("nan"))  # an attack that never finished adds nothing
-    for phase, value in [("strategy", 0.5), ("scoring", 2.0), ("images", 0.4), ("writing", 0.1),
-                         ("drain_wait", 12.0)]:
+    for phase, value in [("strategy", 0.5), ("scoring", 2.0), ("images", 0.4), ("writing", 0.1), ("drain_wait", 12.0)]:
         t.add(phase, value)
-    record = {**t.as_dict(), "main_started": 110.0, "rounds_finished": 150.0, "main_finished": 166.0,
-              "rounds": {"1": {"configured": 112.0, "fit_started": 120.0, "trained": 130.0, "aggregated": 131.0,
-                               "evaluating": 133.0},
-                         "2": {"configured": 134.0, "fit_started": 134.5, "trained": 140.0, "aggregated": 141.0,
-                               "evaluating": 142.0}},
-              "launcher": {"launched": 100.0, "flwr_exited": 170.0}}
+    record = {
+        **t.as_dict(),
+        "main_started": 110.0,
+        "rounds_finished": 150.0,
+        "main_finished": 166.0,
+        "rounds": {
+            "1": {
+                "configured": 112.0,
+                "fit_started": 120.0,
+                "trained": 130.0,
+                "aggregated": 131.0,
+                "evaluating": 133.0,
+            },
+            "2": {
+                "configured": 134.0,
+                "fit_started": 134.5,
+                "trained": 140.0,
+                "aggregated": 141.0,
+                "evaluating": 142.0,
+            },
+        },
+        "launcher": {"launched": 100.0, "flwr_exited": 170.0},
+    }
     rows = {label.split(":")[0].split(",")[0]: (value, note) for label, value, note in breakdown(record)}
     assert rows["flwr run"][0] == 70.0
     assert rows["start-up"][0] == 20.0 and "Flower + SuperLink 10.0" in rows["start-up"][1]
@@ -386,11 +441,16 @@ def test_the_launcher_passes_the_run_config_through_with_the_client_cpus(tmp_pat
     assert parsed(["client-num-cpus=1"])["client-num-cpus"] == 1  # the user's value wins
     assert "client-num-cpus" not in parsed([], "num-supernodes=4")  # Flower's default (2) is ours too
     # Several strings, dotted keys and a TOML file are read with Flower's own parser.
-    assert parsed(['seed=3 lr=0.05', 'attack-options="tv_weight=0.02"', 'a.b=true']) == {
-        "seed": 3, "lr": 0.05, "attack-options": "tv_weight=0.02", "a.b": True, "client-num-cpus": 3}
+    assert parsed(["seed=3 lr=0.05", 'attack-options="tv_weight=0.02"', "a.b=true"]) == {
+        "seed": 3,
+        "lr": 0.05,
+        "attack-options": "tv_weight=0.02",
+        "a.b": True,
+        "client-num-cpus": 3,
+    }
     (tmp_path / "mine.toml").write_text('dataset = "cifar100"\n[defense]\nkind = "x"\n')
-    assert parsed([str(tmp_path / "mine.toml")]) == {"dataset": "cifar100", "defense.kind": "x",
-                                                     "client-num-cpus": 3}
+    assert parsed([str(tmp_path / "mine.toml")]) == {"dataset": "cifar100", "defense.kind": "x", "client-num-cpus": 3}
+
 
 def test_a_refused_row_is_kept_and_written_once_the_disk_recovers(tmp_path, monkeypatch):
     """A real failing write (ENOSPC from os.write on attacks.csv, past the writer's retries): the
@@ -423,8 +483,11 @@ def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monk
     settings, strategy, _ = _strategy(tmp_path, attack_clients="0")
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
-    monkeypatch.setattr(strategy.evaluator, "record",
-                        lambda outcome, lag_rounds=None: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.setattr(
+        strategy.evaluator,
+        "record",
+        lambda outcome, lag_rounds=None: (_ for _ in ()).throw(OSError(28, "No space left")),
+    )
     strategy.aggregate_train(1, replies)
     strategy.drain(5)
     strategy.keep_unwritten()  # does not raise
@@ -448,6 +511,8 @@ def test_the_aggregate_does_not_depend_on_the_order_replies_arrive_in(tmp_path):
     assert len(aggregates) == 1
     # Plain FedAvg on the same replies does depend on the order (what the sorting fixes).
     plain = FedAvg(min_train_nodes=1, min_available_nodes=1)
-    plain_results = {b"".join(v.numpy().tobytes() for v in plain.aggregate_train(1, list(order))[0]
-                              .to_torch_state_dict().values()) for order in itertools.permutations(replies)}
+    plain_results = {
+        b"".join(v.numpy().tobytes() for v in plain.aggregate_train(1, list(order))[0].to_torch_state_dict().values())
+        for order in itertools.permutations(replies)
+    }
     assert len(plain_results) > 1 and aggregates <= plain_results

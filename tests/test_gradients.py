@@ -4,6 +4,7 @@ autograd Functions against finite differences, and the benchmark that times it.
 The literal Algorithm-1 comparison of the whole PI-SME objective lives in tests/test_attacks.py;
 here each rewrite is checked on its own, in float64, on a real client update.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,9 @@ def real_update(request):
     dataset = request.param
     split = client_partition(load_pool(dataset), 1, 6)
     model = build_model(dataset, seed=0, width=8)
-    update = train_local(model, split.train.images, split.train.labels, dataset=dataset, batch_size=3,
-                         local_epochs=1).update
+    update = train_local(
+        model, split.train.images, split.train.labels, dataset=dataset, batch_size=3, local_epochs=1
+    ).update
     victim = build_model(dataset, width=8).double()
     for p in victim.parameters():
         p.requires_grad_(False)
@@ -72,7 +74,11 @@ def test_structured_path_equals_generic_path(real_update, path):
         anchors, basis, coeffs = [w0, control_point, wT], bezier_coefficients(t), c
     elif path == "line-learned-alpha":
         alpha = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
-        anchors, basis, coeffs = [w0, wT], torch.stack([1 - alpha, alpha]).reshape(1, 2), torch.ones(1, dtype=torch.float64)
+        anchors, basis, coeffs = (
+            [w0, wT],
+            torch.stack([1 - alpha, alpha]).reshape(1, 2),
+            torch.ones(1, dtype=torch.float64),
+        )
     elif path == "bezier-learned-t":
         t = torch.tensor([0.7], dtype=torch.float64, requires_grad=True)
         anchors, basis, coeffs = [w0, control_point, wT], bezier_coefficients(t), torch.ones(1, dtype=torch.float64)
@@ -97,8 +103,9 @@ def test_structured_path_runs_channels_last_end_to_end(real_update, monkeypatch)
     monkeypatch.setattr(gradients, "_is_nhwc", lambda t: seen.append(original(t)) or seen[-1])
     control_point = ((w0 + wT) / 2).requires_grad_(True)
     t, c = gauss_legendre(3)
-    g = path_gradient(model, shapes, [w0, control_point, wT], bezier_coefficients(t), c,
-                      x.clone().requires_grad_(True), y)
+    g = path_gradient(
+        model, shapes, [w0, control_point, wT], bezier_coefficients(t), c, x.clone().requires_grad_(True), y
+    )
     torch.autograd.grad(g.sum(), [control_point])
     assert seen and all(seen), f"{seen.count(False)} of {len(seen)} poolings saw NCHW"
 
@@ -116,8 +123,16 @@ def test_structured_path_on_cuda_equals_cpu(real_update):
     for device in ("cpu", "cuda"):  # copies: the module's shared fixture stays on the CPU, without grad
         move = lambda v, device=device: v.detach().to(device, copy=True)  # noqa: E731
         anchors = [move(w0), move(control_point).requires_grad_(True), move(wT)]
-        out = _grads(copy.deepcopy(model).to(device), shapes, anchors, move(basis), move(c),
-                     move(x).requires_grad_(True), move(y), move(probe))
+        out = _grads(
+            copy.deepcopy(model).to(device),
+            shapes,
+            anchors,
+            move(basis),
+            move(c),
+            move(x).requires_grad_(True),
+            move(y),
+            move(probe),
+        )
         results.append([o.detach().cpu() for o in out])
     for name, on_cpu, on_gpu in zip(["G", "d/dX", "d/dP1"], *results):
         assert float((on_gpu - on_cpu).abs().max()) <= 1e-10 * float(on_cpu.abs().max()), name
@@ -125,8 +140,9 @@ def test_structured_path_on_cuda_equals_cpu(real_update):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_runs_on_cuda():
-    result = run_bench(datasets=("femnist",), nodes=(2,), samples=(4,), device="cuda", repeats=1,
-                       progress=lambda s: None)
+    result = run_bench(
+        datasets=("femnist",), nodes=(2,), samples=(4,), device="cuda", repeats=1, progress=lambda s: None
+    )
     assert result["device"].startswith("cuda")
     assert all(r["max_grad_diff"] < 1e-9 and r["seconds_per_step"] > 0 for r in result["rows"])
 
@@ -171,7 +187,7 @@ def test_conv2d_second_order_terms_match_torch():
 
     def second_order(conv):  # d/d(a, w, b) of <v, d/dw sum(conv(a, w, b)^2)>: a double backward
         out = conv(a, w, b, (1, 1), (1, 1), (1, 1), 1)
-        (gw,) = torch.autograd.grad((out ** 2).sum(), [w], create_graph=True)
+        (gw,) = torch.autograd.grad((out**2).sum(), [w], create_graph=True)
         return torch.autograd.grad((gw * v).sum(), [a, w, b])
 
     ours = second_order(conv2d)
@@ -181,8 +197,9 @@ def test_conv2d_second_order_terms_match_torch():
 
 
 def test_bench_times_both_implementations_and_they_agree():
-    result = run_bench(datasets=("femnist",), nodes=(1, 2), samples=(4,), device="cpu", repeats=1,
-                       progress=lambda s: None)
+    result = run_bench(
+        datasets=("femnist",), nodes=(1, 2), samples=(4,), device="cpu", repeats=1, progress=lambda s: None
+    )
     rows = result["rows"]
     assert {(r["nodes"], r["impl"]) for r in rows} == {(1, "fast"), (1, "reference"), (2, "fast"), (2, "reference")}
     for r in rows:
@@ -250,8 +267,14 @@ def test_path_gradient_under_no_grad_and_input_checks(real_update):
 def test_bench_rejects_bad_arguments_before_timing(capsys):
     from benchmarks.attack_step import main
 
-    for argv in (["--nodes", "0"], ["--widths", "4,0"], ["--threads", "-1"], ["--samples", "x"],
-                 ["--datasets", "femnist", "--samples", "4,100000"], ["--datasets", "mnist"]):
+    for argv in (
+        ["--nodes", "0"],
+        ["--widths", "4,0"],
+        ["--threads", "-1"],
+        ["--samples", "x"],
+        ["--datasets", "femnist", "--samples", "4,100000"],
+        ["--datasets", "mnist"],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err

@@ -1,4 +1,5 @@
 """The comparison grid every run writes (fl_attack/images.py): layout, pixels, bad input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,9 +29,9 @@ def test_every_pair_in_bands_with_exact_pixels(tmp_path, cifar_images):
         y, x = 2 + band * 2 * cell, 2 + col * cell
         for row, source in enumerate((truth, recon)):
             expected = (source[j].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-            assert np.array_equal(grid[y + row * cell:y + row * cell + 32, x:x + 32], expected)
+            assert np.array_equal(grid[y + row * cell : y + row * cell + 32, x : x + 32], expected)
     # the last band's 4 empty cells are grey, like the gaps
-    empty = grid[2 + 2 * 2 * cell:2 + 2 * 2 * cell + 32, 2 + 4 * cell:2 + 4 * cell + 32]
+    empty = grid[2 + 2 * 2 * cell : 2 + 2 * 2 * cell + 32, 2 + 4 * cell : 2 + 4 * cell + 32]
     assert (empty == 128).all()
     assert [p.name for p in path.parent.iterdir()] == ["grid.png"]  # no temporary left
 

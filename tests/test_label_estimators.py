@@ -4,6 +4,7 @@ Real FEMNIST writers, fixed seeds: a small plain-Python FedAvg federation (the p
 label-recovery experiment: k=16, B=8, E=5, lr 0.05) gives updates at an untrained w0 (round 1) and
 after a few rounds of learning.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -49,8 +50,16 @@ def federation():
         updates = []
         for p, split in enumerate(splits):
             model.load_state_dict(global_w)
-            result = train_local(model, split.train.images, split.train.labels, dataset="femnist", lr=LR,
-                                 batch_size=B, local_epochs=E, seed=1000 * rnd + p)
+            result = train_local(
+                model,
+                split.train.images,
+                split.train.labels,
+                dataset="femnist",
+                lr=LR,
+                batch_size=B,
+                local_epochs=E,
+                seed=1000 * rnd + p,
+            )
             updates.append((result.update, split.train.labels))
         if rnd in (1, ROUNDS):
             out[rnd] = updates[:TRACKED]
@@ -59,10 +68,19 @@ def federation():
     writers, _ = _femnist_eligible(pool, K)
     outside = ~np.isin(pool.writers, writers[:FEDERATION])
     rng = np.random.default_rng(0)
-    idx = np.sort(np.concatenate([rng.choice(m, size=min(30, m.size), replace=False) for m in
-                                  (np.flatnonzero(outside & (pool.labels == c)) for c in range(62)) if m.size]))
-    aux = AuxiliaryData(torch.from_numpy(pool.images[idx][:, None].astype(np.float32) / 255),
-                        torch.from_numpy(pool.labels[idx].astype(np.int64)))
+    idx = np.sort(
+        np.concatenate(
+            [
+                rng.choice(m, size=min(30, m.size), replace=False)
+                for m in (np.flatnonzero(outside & (pool.labels == c)) for c in range(62))
+                if m.size
+            ]
+        )
+    )
+    aux = AuxiliaryData(
+        torch.from_numpy(pool.images[idx][:, None].astype(np.float32) / 255),
+        torch.from_numpy(pool.labels[idx].astype(np.int64)),
+    )
     return out, aux
 
 
@@ -80,8 +98,17 @@ def test_absent_rows_only_decrease_at_every_step():
     """Slow reference for class_support: step by step, the output-weight rows of the absent classes
     never increase (h >= 0 after the ReLU), and every present class's row rises somewhere."""
     split = client_partition(load_pool("femnist"), 3, K)
-    result = train_local(build_model("femnist", seed=1), split.train.images, split.train.labels, dataset="femnist",
-                         lr=LR, batch_size=B, local_epochs=2, seed=0, record_states=True)
+    result = train_local(
+        build_model("femnist", seed=1),
+        split.train.images,
+        split.train.labels,
+        dataset="femnist",
+        lr=LR,
+        batch_size=B,
+        local_epochs=2,
+        seed=0,
+        record_states=True,
+    )
     present = np.bincount(split.train.labels.numpy(), minlength=62) > 0
     for before, after in zip(result.states[:-1], result.states[1:]):
         step = (after["fc2.weight"] - before["fc2.weight"]).numpy()
@@ -93,8 +120,11 @@ def test_absent_rows_only_decrease_at_every_step():
 def accuracies(federation):
     """{(round, estimator): [label-count accuracy per tracked client]}."""
     updates, aux = federation
-    return {(rnd, e): [_accuracy(recover_counts(u, e, aux=aux), y) for u, y in updates[rnd]]
-            for rnd in (1, ROUNDS) for e in ("paper", "support", "aux")}
+    return {
+        (rnd, e): [_accuracy(recover_counts(u, e, aux=aux), y) for u, y in updates[rnd]]
+        for rnd in (1, ROUNDS)
+        for e in ("paper", "support", "aux")
+    }
 
 
 def test_new_estimators_beat_the_paper_after_learning(accuracies):
@@ -185,15 +215,24 @@ def test_bad_estimator_and_missing_aux_raise_clear_errors(federation):
         AttackConfig(label_estimator="rlu")
     with pytest.raises(ValueError, match=re.escape("unknown label estimator 'rlu'; choose from: paper, support, aux")):
         recover_counts(update, "rlu")
-    with pytest.raises(ValueError, match=re.escape("label estimator 'aux' needs public auxiliary data (AuxiliaryData)")):
+    with pytest.raises(
+        ValueError, match=re.escape("label estimator 'aux' needs public auxiliary data (AuxiliaryData)")
+    ):
         recover_counts(update, "aux")
     from fl_attack.api import reconstruct
 
-    with pytest.raises(ValueError, match=re.escape("label_estimator 'aux' needs public auxiliary data: pass "
-                                                   "label_aux=fl_attack.labels.AuxiliaryData(images, labels)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "label_estimator 'aux' needs public auxiliary data: pass "
+            "label_aux=fl_attack.labels.AuxiliaryData(images, labels)"
+        ),
+    ):
         reconstruct(update, "ig", iterations=1, label_estimator="aux")
-    with pytest.raises(ValueError, match=re.escape("auxiliary data needs images (N,C,H,W) and labels (N,), "
-                                                   "got (3, 1, 28, 28) and (2,)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("auxiliary data needs images (N,C,H,W) and labels (N,), got (3, 1, 28, 28) and (2,)"),
+    ):
         AuxiliaryData(torch.zeros(3, 1, 28, 28), torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match=re.escape("auxiliary images must be floats in [0,1] (not normalised)")):
         AuxiliaryData(torch.full((2, 1, 28, 28), -6.0), torch.zeros(2, dtype=torch.int64))

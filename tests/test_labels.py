@@ -1,4 +1,5 @@
 """Label recovery from the output-bias update (PISME.md "Label recovery"; the core of RLU)."""
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,16 @@ NUM_CLASSES = {"femnist": 62, "cifar100": 100}
 @functools.lru_cache(maxsize=4)  # shared by the parametrised tests; nothing mutates it
 def _victim(dataset, partition, k=50, batch_size=10, local_epochs=20):
     split = client_partition(load_pool(dataset), partition, k)
-    result = train_local(build_model(dataset, seed=partition), split.train.images, split.train.labels,
-                         dataset=dataset, lr=0.004, batch_size=batch_size, local_epochs=local_epochs, seed=partition)
+    result = train_local(
+        build_model(dataset, seed=partition),
+        split.train.images,
+        split.train.labels,
+        dataset=dataset,
+        lr=0.004,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+        seed=partition,
+    )
     return result.update, split.train.labels
 
 

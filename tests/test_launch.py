@@ -1,5 +1,6 @@
 """The launcher abandons a run that goes silent (strategies/launch.py), without a real federation:
 the flwr command is replaced by a small Python script."""
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,10 @@ def test_a_silent_run_is_abandoned_and_its_process_group_killed(fake_flwr, capsy
     elapsed = time.monotonic() - start
     out, err = capsys.readouterr()
     assert rc == 1 and elapsed < 15, elapsed
-    assert "fl-attack: error: run abandoned: no output for 2 s (--silence-timeout); the flwr process group was killed" \
+    assert (
+        "fl-attack: error: run abandoned: no output for 2 s (--silence-timeout); the flwr process group was killed"
         in err
+    )
     child = int(re.search(r"child (\d+)", out).group(1))
     deadline = time.monotonic() + 5
     while _alive(child) and time.monotonic() < deadline:
@@ -68,8 +71,9 @@ def test_a_run_that_ends_by_itself_is_not_abandoned(fake_flwr, capsys):
     assert "no federation here" in out and "abandoned" not in err and "did not complete (status: not started)" in err
 
 
-@pytest.mark.parametrize("flag, value", [("--silence-timeout", "0"), ("--silence-timeout", "inf"),
-                                         ("--timeout", "-1"), ("--timeout", "nan")])
+@pytest.mark.parametrize(
+    "flag, value", [("--silence-timeout", "0"), ("--silence-timeout", "inf"), ("--timeout", "-1"), ("--timeout", "nan")]
+)
 def test_timeouts_must_be_finite_and_positive(flag, value, capsys):
     assert launch.main([flag, value]) == 2
     assert f"fl-attack: error: {flag} must be a finite number of seconds > 0, got " in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 Read from the source with ast, so an import hidden inside a function counts too.
 """
+
 from __future__ import annotations
 
 import ast

@@ -3,6 +3,7 @@
 References: scikit-image for PSNR and SSIM, a brute-force assignment for the Hungarian matching,
 and a from-the-paper LPIPS-alex forward pass (Zhang et al. 2018) for the LPIPS wrapper.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -284,7 +285,9 @@ def test_lpips_distinguishes_real_images(cifar, lpips_metric):
 
 def test_missing_lpips_weights_give_nan_and_a_warning(tmp_path, cifar):
     missing = tmp_path / "nowhere.pth"
-    with pytest.warns(UserWarning, match=r"LPIPS weights not found \(.*nowhere\.pth.*lpips will be reported as missing \(NaN\)"):
+    with pytest.warns(
+        UserWarning, match=r"LPIPS weights not found \(.*nowhere\.pth.*lpips will be reported as missing \(NaN\)"
+    ):
         metric = M.LPIPS(weights=missing)
     assert not metric.available
     assert torch.isnan(metric(cifar[:4], cifar[:4])).all()
@@ -386,7 +389,12 @@ _INF = _GOOD.clone()
 _INF[1, 0, 0, 0] = float("inf")
 
 INPUT_ERRORS = [
-    (_GOOD, torch.rand(5, 1, 28, 28), ValueError, "recon and truth must have the same shape, got (4,1,28,28) and (5,1,28,28)"),
+    (
+        _GOOD,
+        torch.rand(5, 1, 28, 28),
+        ValueError,
+        "recon and truth must have the same shape, got (4,1,28,28) and (5,1,28,28)",
+    ),
     (_GOOD[0], _GOOD[0], ValueError, "images must be 4-D (N,C,H,W), got shape (1,28,28)"),
     (_GOOD[None], _GOOD[None], ValueError, "images must be 4-D (N,C,H,W), got shape (1,4,1,28,28)"),
     (torch.rand(4, 2, 28, 28), torch.rand(4, 2, 28, 28), ValueError, "images must have 1 or 3 channels, got 2"),

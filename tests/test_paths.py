@@ -1,5 +1,6 @@
 """Where results go under plain `flwr run .`: Flower runs a packaged copy of the app under
 $FLWR_HOME/apps (.py/.toml/.md files only), and results must still land in the checkout."""
+
 from __future__ import annotations
 
 from pathlib import Path

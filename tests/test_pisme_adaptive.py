@@ -1,4 +1,5 @@
 """pisme-adaptive: the quadrature-error estimate on a real client's batch, the choice of m, the attack."""
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,14 @@ def one_thread():
 def real_batch(one_thread):
     """A real FEMNIST writer's 8 images after T=10 local SGD steps: (model, shapes, w0, P1, wT, x, y, update)."""
     split = client_partition(load_bundled("femnist"), 0, 8)
-    result = train_local(build_model("femnist", seed=0), split.train.images, split.train.labels, dataset="femnist",
-                         batch_size=4, local_epochs=5)
+    result = train_local(
+        build_model("femnist", seed=0),
+        split.train.images,
+        split.train.labels,
+        dataset="femnist",
+        batch_size=4,
+        local_epochs=5,
+    )
     model = build_model("femnist")
     for p in model.parameters():
         p.requires_grad_(False)
@@ -83,8 +90,7 @@ def test_choose_nodes_takes_the_smallest_m_within_tolerance(real_batch):
 
 def test_adaptive_attack_runs_and_reports_its_nodes(real_batch):
     update = real_batch[-1]
-    rec = reconstruct(update, "pisme-adaptive", iterations=8, nodes=5, node_tolerance=0.05, trace_every=1,
-                      device="cpu")
+    rec = reconstruct(update, "pisme-adaptive", iterations=8, nodes=5, node_tolerance=0.05, trace_every=1, device="cpu")
     assert rec.images.shape == (8, 1, 28, 28) and math.isfinite(rec.lsim_honest)
     nodes = [row["nodes"] for row in rec.trace]
     assert all(1 <= m <= 5 for m in nodes)
@@ -104,10 +110,13 @@ def test_adaptive_attack_checks_every_n_iterations(real_batch):
     assert [it for it, _, _ in attack.checks] == [0, 4, 8]
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(node_tolerance=0.0), "node_tolerance must be > 0"),
-    (dict(node_check_every=-1), "node_check_every must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(node_tolerance=0.0), "node_tolerance must be > 0"),
+        (dict(node_check_every=-1), "node_check_every must be >= 0"),
+    ],
+)
 def test_bad_adaptive_settings_raise(bad, message):
     with pytest.raises(ValueError, match=message):
         AttackConfig(**bad)

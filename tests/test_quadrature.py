@@ -1,4 +1,5 @@
 """Gauss-Legendre quadrature on [0,1] and the Bezier surrogate path (PI-SME eqs. 4-8)."""
+
 from __future__ import annotations
 
 import math

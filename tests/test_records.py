@@ -1,4 +1,5 @@
 """The crash-safe writers every result file goes through (fl_attack/records.py)."""
+
 from __future__ import annotations
 
 import csv
@@ -34,15 +35,19 @@ def test_atomic_text_and_json_replace_whole_files_and_leave_no_temporaries(tmp_p
 
 def test_analysis_and_records_import_without_torch():
     """The report path is light: fl_attack's public names load lazily, so analysis never starts torch."""
-    code = ("import sys, fl_attack.records, analysis.report, analysis.defenses; "
-            "assert 'torch' not in sys.modules, 'torch was imported'; "
-            "from fl_attack import reconstruct, ObservedUpdate; assert 'torch' in sys.modules")
+    code = (
+        "import sys, fl_attack.records, analysis.report, analysis.defenses; "
+        "assert 'torch' not in sys.modules, 'torch was imported'; "
+        "from fl_attack import reconstruct, ObservedUpdate; assert 'torch' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_csv_cells_round_trip_and_mark_missing_values():
-    rows = [{"psnr": 21.25, "label": None, "ssim": float("nan"), "n": 3, "np": np.float64(0.5)},
-            {"psnr": 1 / 3, "extra": "ignored"}]
+    rows = [
+        {"psnr": 21.25, "label": None, "ssim": float("nan"), "n": 3, "np": np.float64(0.5)},
+        {"psnr": 1 / 3, "extra": "ignored"},
+    ]
     text = csv_text(rows, ["psnr", "label", "ssim", "n", "np"])
     back = list(csv.DictReader(text.splitlines()))
     assert text.splitlines()[0] == "psnr,label,ssim,n,np"
@@ -140,14 +145,14 @@ def test_a_full_disk_for_a_moment_is_retried_and_the_row_is_kept_once(tmp_path, 
     assert f"write to {path} failed (No space left on device); retrying" in caplog.text
 
 
-def test_a_write_that_always_fails_raises_naming_the_file_and_keeps_the_old_contents(tmp_path, monkeypatch,
-                                                                                      no_backoff):
+def test_a_write_that_always_fails_raises_naming_the_file_and_keeps_the_old_contents(tmp_path, monkeypatch, no_backoff):
     path = tmp_path / "attacks.csv"
     append_csv_row(path, {"round": 1}, ["round"])
     write_text_atomic(tmp_path / "summary.json", "old")
     _failing_writes(monkeypatch, failures=None)
-    with pytest.raises(OSError, match=f"could not write {path} \\(4 tries, 0 of 2 bytes written\\): "
-                                      "No space left on device") as info:
+    with pytest.raises(
+        OSError, match=f"could not write {path} \\(4 tries, 0 of 2 bytes written\\): No space left on device"
+    ) as info:
         append_csv_row(path, {"round": 2}, ["round"])
     assert info.value.errno == errno.ENOSPC
     with pytest.raises(OSError, match=f"could not write {tmp_path / 'summary.json'}"):
@@ -191,8 +196,7 @@ def test_a_partial_line_left_by_a_crash_is_truncated_before_the_next_row(tmp_pat
 def test_files_and_their_folder_are_fsynced(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
-                                                  real_fsync(fd)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
     append_csv_row(tmp_path / "attacks.csv", {"a": 1}, ["a"])
     assert synced == [str(tmp_path / "attacks.csv"), str(tmp_path)]
     synced.clear()

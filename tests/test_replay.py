@@ -3,6 +3,7 @@
 One module-scoped run (2 rounds, partition 0 attacked with PI-SME, 20 iterations, 1 torch thread)
 is copied for the tests that change it.
 """
+
 from __future__ import annotations
 
 import csv
@@ -57,8 +58,20 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
     key = lambda r: (r["round"], r["partition_id"], r["method"])  # noqa: E731
     for mine, theirs in zip(sorted(rows, key=key), sorted(original, key=key)):
         assert mine["status"] == theirs["status"] == "ok"
-        for column in ("round", "node_id", "partition_id", "client_id", "dataset", "defense", "local_steps", "nodes",
-                       "iterations", "labels", "image", *SCORES):
+        for column in (
+            "round",
+            "node_id",
+            "partition_id",
+            "client_id",
+            "dataset",
+            "defense",
+            "local_steps",
+            "nodes",
+            "iterations",
+            "labels",
+            "image",
+            *SCORES,
+        ):
             assert mine[column] == theirs[column], column  # the same text: the same float
         assert (out / mine["image"]).is_file()
     # a run folder of its own, that the analysis reads and compares with the run
@@ -78,19 +91,56 @@ def test_the_report_compares_a_run_with_its_replay(run_dir, tmp_path, capsys):
 
 
 def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path):
-    assert main(["replay", str(run_dir), "--labels", "oracle", "--methods", "ig", "--iterations", "5",
-                 "--options", "tv_weight=0.02", "--rounds", "2", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                str(run_dir),
+                "--labels",
+                "oracle",
+                "--methods",
+                "ig",
+                "--iterations",
+                "5",
+                "--options",
+                "tv_weight=0.02",
+                "--rounds",
+                "2",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = run_dir / "replays" / "ig-oracle-K5-tv_weight0.02-rounds2"
     _, rows = read_csv(out / "attacks.csv")
-    assert [(r["round"], r["method"], r["labels"], r["nodes"], r["iterations"]) for r in rows] == \
-        [("2", "ig", "oracle", "1", "5")]
+    assert [(r["round"], r["method"], r["labels"], r["nodes"], r["iterations"]) for r in rows] == [
+        ("2", "ig", "oracle", "1", "5")
+    ]
     assert float(rows[0]["label_accuracy"]) == 1.0
     config = load_run(out).config
     assert config["run_config"]["attack-labels"] == "oracle" and config["run_config"]["attack-rounds"] == "2"
     assert config["run_config"]["attack-options"] == "tv_weight=0.02" and config["attack_config"]["tv_weight"] == 0.02
     # the same replay again would mix two records in one folder
-    assert main(["replay", str(run_dir), "--labels", "oracle", "--methods", "ig", "--iterations", "5",
-                 "--options", "tv_weight=0.02", "--rounds", "2"]) == 2
+    assert (
+        main(
+            [
+                "replay",
+                str(run_dir),
+                "--labels",
+                "oracle",
+                "--methods",
+                "ig",
+                "--iterations",
+                "5",
+                "--options",
+                "tv_weight=0.02",
+                "--rounds",
+                "2",
+            ]
+        )
+        == 2
+    )
 
 
 def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys):
@@ -102,8 +152,8 @@ def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys
         writer.writerows(kept)
     assert main(["replay", str(copy_of), "--missing", "--threads", "1"]) == 0
     _, after = read_csv(copy_of / "attacks.csv")
-    assert after[:len(kept)] == kept
-    restored = after[len(kept):]
+    assert after[: len(kept)] == kept
+    restored = after[len(kept) :]
     assert [r["round"] for r in restored] == ["2"]
     lost = [r for r in rows if r["round"] == "2"][0]
     for column in ("partition_id", "method", "labels", "image", *SCORES):

@@ -32,25 +32,60 @@ def write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
 
 
 def attack(round_, partition, method="pisme", labels="recovered", **metrics) -> dict:
-    row = {"round": round_, "node_id": 100 + partition, "partition_id": partition, "client_id": f"c{partition}",
-           "method": method, "dataset": "femnist", "defense": "none", "labels": labels, "status": "ok",
-           "label_estimator": "bias", "lag_rounds": 0, "psnr": 20.0, "ssim": 0.5, "fsim": 0.7, "lpips": 0.3,
-           "lsim_honest": 0.2, "lsim_calibrated": 0.1, "label_accuracy": 1.0}
+    row = {
+        "round": round_,
+        "node_id": 100 + partition,
+        "partition_id": partition,
+        "client_id": f"c{partition}",
+        "method": method,
+        "dataset": "femnist",
+        "defense": "none",
+        "labels": labels,
+        "status": "ok",
+        "label_estimator": "bias",
+        "lag_rounds": 0,
+        "psnr": 20.0,
+        "ssim": 0.5,
+        "fsim": 0.7,
+        "lpips": 0.3,
+        "lsim_honest": 0.2,
+        "lsim_calibrated": 0.1,
+        "label_accuracy": 1.0,
+    }
     row.update(metrics)
     return row
 
 
 def rounds(n: int) -> list[dict]:
-    return [{"round": r, "clients": 4, "train_loss": 1 / r, "eval_loss": 1 / r, "eval_accuracy": 0.1 * r,
-             "attacks_in_flight": 0, "seconds": 2.0, "global_loss": 1 / r, "global_accuracy": 0.05 * r,
-             "attack_lag_rounds": 0} for r in range(1, n + 1)]
+    return [
+        {
+            "round": r,
+            "clients": 4,
+            "train_loss": 1 / r,
+            "eval_loss": 1 / r,
+            "eval_accuracy": 0.1 * r,
+            "attacks_in_flight": 0,
+            "seconds": 2.0,
+            "global_loss": 1 / r,
+            "global_accuracy": 0.05 * r,
+            "attack_lag_rounds": 0,
+        }
+        for r in range(1, n + 1)
+    ]
 
 
-def make_folder(folder: Path, attacks: list[dict], round_rows: list[dict], attack_columns=ATTACK_COLUMNS,
-                round_columns=ROUND_COLUMNS, config: dict | None = None) -> Path:
+def make_folder(
+    folder: Path,
+    attacks: list[dict],
+    round_rows: list[dict],
+    attack_columns=ATTACK_COLUMNS,
+    round_columns=ROUND_COLUMNS,
+    config: dict | None = None,
+) -> Path:
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"run_name": folder.name,
-                                                    "run_config": {"num-server-rounds": 15, **(config or {})}}))
+    (folder / "config.json").write_text(
+        json.dumps({"run_name": folder.name, "run_config": {"num-server-rounds": 15, **(config or {})}})
+    )
     write_csv(folder / "attacks.csv", attack_columns, attacks)
     write_csv(folder / "rounds.csv", round_columns, round_rows)
     return folder
@@ -59,10 +94,22 @@ def make_folder(folder: Path, attacks: list[dict], round_rows: list[dict], attac
 def random_run(folder: Path, n_rounds: int = 15, seed: int = 0) -> Path:
     """pisme and sme, recovered and oracle labels, 4 clients a round, PSNR rising with the rounds."""
     rng = np.random.default_rng(seed)
-    rows = [attack(r, c, method, labels, psnr=12 + r + rng.normal(0, 2), ssim=rng.uniform(0.2, 1.0),
-                   lpips=rng.uniform(0.0, 0.5), label_accuracy=rng.choice([0.75, 1.0]))
-            for r in range(1, n_rounds + 1) for c in range(4) for method in ("pisme", "sme")
-            for labels in ("recovered", "oracle")]
+    rows = [
+        attack(
+            r,
+            c,
+            method,
+            labels,
+            psnr=12 + r + rng.normal(0, 2),
+            ssim=rng.uniform(0.2, 1.0),
+            lpips=rng.uniform(0.0, 0.5),
+            label_accuracy=rng.choice([0.75, 1.0]),
+        )
+        for r in range(1, n_rounds + 1)
+        for c in range(4)
+        for method in ("pisme", "sme")
+        for labels in ("recovered", "oracle")
+    ]
     return make_folder(folder, rows, rounds(n_rounds))
 
 
@@ -78,8 +125,9 @@ def test_intervals_stay_inside_the_metric_range_near_its_bounds(tmp_path, metric
     near_top = [top, top - 1e-3, top - 0.4 * (top - bottom)]
     spread = list(rng.uniform(bottom, top, size=5))
     groups = [near_bottom, near_top, spread, [bottom, top, bottom, top]]
-    rows = [attack(r, c, **{metric: value}) for r, values in enumerate(groups, start=1)
-            for c, value in enumerate(values)]
+    rows = [
+        attack(r, c, **{metric: value}) for r, values in enumerate(groups, start=1) for c, value in enumerate(values)
+    ]
     table = per_round(load_run(make_folder(tmp_path / "run", rows, rounds(len(groups)))).attacks)
     low, high = table[f"{metric}_ci95_low"], table[f"{metric}_ci95_high"]
     assert low.notna().all() and high.notna().all()
@@ -91,8 +139,16 @@ def test_intervals_stay_inside_the_metric_range_near_its_bounds(tmp_path, metric
 
 def test_no_interval_below_three_values(tmp_path):
     assert all(math.isnan(v) for v in mean_ci95([0.4, 0.6], "ssim")[1:])
-    rows = [attack(1, 0, psnr=10), attack(1, 1, psnr=30), attack(2, 0, psnr=10), attack(2, 1, psnr=20),
-            attack(2, 2, psnr=30), attack(3, 0, status="failed", psnr=""), attack(3, 1), attack(3, 2)]
+    rows = [
+        attack(1, 0, psnr=10),
+        attack(1, 1, psnr=30),
+        attack(2, 0, psnr=10),
+        attack(2, 1, psnr=20),
+        attack(2, 2, psnr=30),
+        attack(3, 0, status="failed", psnr=""),
+        attack(3, 1),
+        attack(3, 2),
+    ]
     folder = make_folder(tmp_path / "run", rows, rounds(3))
     table = per_round(load_run(folder).attacks).set_index("round")
     for metric in METRICS:
@@ -115,8 +171,12 @@ def test_no_interval_below_three_values(tmp_path):
 def test_summary_table_has_one_row_per_group_and_few_sentences(tmp_path):
     run = load_run(random_run(tmp_path / "run"))
     table = summary_table(run)
-    assert list(zip(table["method"], table["labels"])) == [("pisme", "oracle"), ("pisme", "recovered"),
-                                                            ("sme", "oracle"), ("sme", "recovered")]
+    assert list(zip(table["method"], table["labels"])) == [
+        ("pisme", "oracle"),
+        ("pisme", "recovered"),
+        ("sme", "oracle"),
+        ("sme", "recovered"),
+    ]
     assert (table["defense"] == "none").all()
     assert (table["rounds_attacked"] == 15).all() and (table["n_ok"] == 60).all() and (table["n_failed"] == 0).all()
     assert (table["psnr_first"] < table["psnr_last"]).all()
@@ -132,8 +192,9 @@ def test_accuracy_is_global_when_present_else_eval(tmp_path):
     table = per_round(new.attacks, new.rounds)
     assert table["accuracy"].tolist() == pytest.approx([0.05, 0.1])
     assert set(table["accuracy_source"]) == {"global_accuracy"}
-    old = load_run(make_folder(tmp_path / "old", [attack(r, 0) for r in (1, 2)], rounds(2),
-                               OLD_ATTACK_COLUMNS, OLD_ROUND_COLUMNS))
+    old = load_run(
+        make_folder(tmp_path / "old", [attack(r, 0) for r in (1, 2)], rounds(2), OLD_ATTACK_COLUMNS, OLD_ROUND_COLUMNS)
+    )
     table = per_round(old.attacks, old.rounds)
     assert table["accuracy"].tolist() == pytest.approx([0.1, 0.2])
     assert set(table["accuracy_source"]) == {"eval_accuracy"}
@@ -144,9 +205,19 @@ def test_accuracy_is_global_when_present_else_eval(tmp_path):
 
 
 def test_leakage_vs_accuracy_figure_is_written(tmp_path):
-    runs = [load_run(random_run(tmp_path / "a", n_rounds=4)),
-            load_run(make_folder(tmp_path / "old", [attack(r, c) for r in (1, 2) for c in (0, 1, 2)], rounds(2),
-                                 OLD_ATTACK_COLUMNS, OLD_ROUND_COLUMNS, {"defense": "topk"}))]
+    runs = [
+        load_run(random_run(tmp_path / "a", n_rounds=4)),
+        load_run(
+            make_folder(
+                tmp_path / "old",
+                [attack(r, c) for r in (1, 2) for c in (0, 1, 2)],
+                rounds(2),
+                OLD_ATTACK_COLUMNS,
+                OLD_ROUND_COLUMNS,
+                {"defense": "topk"},
+            )
+        ),
+    ]
     path = save_figure(plot_leakage(runs, x="accuracy"), tmp_path / "fig.png")
     assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 10_000
     out = tmp_path / "report"
@@ -171,11 +242,18 @@ def test_old_new_and_unknown_columns_load(tmp_path):
     old = load_run(make_folder(tmp_path / "old", [attack(1, 0)], rounds(1), OLD_ATTACK_COLUMNS, OLD_ROUND_COLUMNS))
     new = load_run(make_folder(tmp_path / "new", [attack(1, 0)], rounds(1)))
     extra_rows = [{**attack(1, 0), "future": "x"}], [{**rounds(1)[0], "gpu_seconds": 3}]
-    extra = load_run(make_folder(tmp_path / "extra", extra_rows[0], extra_rows[1], ATTACK_COLUMNS + ["future"],
-                                 ROUND_COLUMNS + ["gpu_seconds"]))
+    extra = load_run(
+        make_folder(
+            tmp_path / "extra",
+            extra_rows[0],
+            extra_rows[1],
+            ATTACK_COLUMNS + ["future"],
+            ROUND_COLUMNS + ["gpu_seconds"],
+        )
+    )
     for run in (old, new, extra):
-        assert list(run.attacks.columns[:len(ATTACK_COLUMNS)]) == ATTACK_COLUMNS
-        assert list(run.rounds.columns[:len(ROUND_COLUMNS)]) == ROUND_COLUMNS
+        assert list(run.attacks.columns[: len(ATTACK_COLUMNS)]) == ATTACK_COLUMNS
+        assert list(run.rounds.columns[: len(ROUND_COLUMNS)]) == ROUND_COLUMNS
         assert run.attacks.loc[0, "psnr"] == 20.0 and run.attacks.loc[0, "defense"] == "none"
     assert math.isnan(old.rounds.loc[0, "global_accuracy"]) and old.attacks.loc[0, "label_estimator"] is None
     assert new.rounds.loc[0, "attack_lag_rounds"] == 0 and new.attacks.loc[0, "label_estimator"] == "bias"
@@ -186,8 +264,11 @@ def test_old_new_and_unknown_columns_load(tmp_path):
 def test_a_folder_mixing_two_runs_is_refused(tmp_path, capsys):
     rows = [attack(1, 0), attack(1, 1), attack(2, 0)]
     twice = make_folder(tmp_path / "twice", rows + rows[:1], rounds(2))
-    with pytest.raises(MixedRunsError, match=r"attacks.csv mixes rows of several runs \(2 rows repeat an attack, "
-                                             r"e.g. round 1, partition 0, pisme, labels recovered\)"):
+    with pytest.raises(
+        MixedRunsError,
+        match=r"attacks.csv mixes rows of several runs \(2 rows repeat an attack, "
+        r"e.g. round 1, partition 0, pisme, labels recovered\)",
+    ):
         load_run(twice)
     assert main([str(twice), "--out", str(tmp_path / "out")]) == 2
     assert "mixes rows of several runs" in capsys.readouterr().err

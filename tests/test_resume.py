@@ -1,5 +1,6 @@
 """Resume on the real path: a federation launched with flwr run, killed after round 2, resumed from
 its checkpoint, gives the same rounds.csv as an uninterrupted run with the same seed."""
+
 from __future__ import annotations
 
 import csv
@@ -10,18 +11,32 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ('num-server-rounds=3 samples-per-client=10 batch-size=5 local-epochs=1 lr=0.05 attack-clients="0" '
-          'attack-method="ig" attack-iterations=5 server-test-samples=300')
+CONFIG = (
+    'num-server-rounds=3 samples-per-client=10 batch-size=5 local-epochs=1 lr=0.05 attack-clients="0" '
+    'attack-method="ig" attack-iterations=5 server-test-samples=300'
+)
 # Timings and the attacker's progress differ from run to run; everything else must not.
 TIMING = {"seconds", "attacks_in_flight", "attack_lag_rounds"}
 
 
 def launch(tmp_path, run_config: str, env_extra=None):
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config",
-                           f'{CONFIG} results-dir="{tmp_path / "results"}" {run_config}',
-                           "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strategies.launch",
+            "--run-config",
+            f'{CONFIG} results-dir="{tmp_path / "results"}" {run_config}',
+            "--federation-config",
+            "num-supernodes=3 client-resources-num-cpus=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def rows(path: Path) -> list[dict]:

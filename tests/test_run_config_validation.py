@@ -1,5 +1,6 @@
 """Every run-config value is checked against its real range before round 1, and the error names the
 key (strategies/settings.py, strategies/defense_settings.py, fl_attack/config.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,7 @@ from strategies.settings import RunSettings
 INT_KEYS = [f.name.replace("_", "-") for f in dataclasses.fields(RunSettings) if type(f.default) is int]
 FLOAT_KEYS = [f.name.replace("_", "-") for f in dataclasses.fields(RunSettings) if type(f.default) is float]
 DEFENSE_INT_KEYS = [_field_to_key(f.name) for f in dataclasses.fields(DefenseSettings) if type(f.default) is int]
-DEFENSE_FLOAT_KEYS = [_field_to_key(f.name) for f in dataclasses.fields(DefenseSettings)
-                      if type(f.default) is float]
+DEFENSE_FLOAT_KEYS = [_field_to_key(f.name) for f in dataclasses.fields(DefenseSettings) if type(f.default) is float]
 
 
 def test_the_key_lists_cover_the_settings():
@@ -93,10 +93,16 @@ def test_attack_device_cuda_needs_cuda():
         RunSettings.from_run_config({"attack-device": "cuda"})
 
 
-@pytest.mark.parametrize("field, value, key", [
-    ("attack_timeout", math.inf, "attack-timeout"), ("lr", math.nan, "lr"), ("seed", 1.5, "seed"),
-    ("num_server_rounds", True, "num-server-rounds"), ("attack_method", None, "attack-method"),
-])
+@pytest.mark.parametrize(
+    "field, value, key",
+    [
+        ("attack_timeout", math.inf, "attack-timeout"),
+        ("lr", math.nan, "lr"),
+        ("seed", 1.5, "seed"),
+        ("num_server_rounds", True, "num-server-rounds"),
+        ("attack_method", None, "attack-method"),
+    ],
+)
 def test_settings_built_directly_are_checked_too(field, value, key):
     with pytest.raises(ValueError, match=f"invalid run config: {key} must be "):
         RunSettings(**{field: value}).validate()
@@ -112,8 +118,11 @@ def test_defense_settings_built_directly_are_checked_too():
 def test_attack_clients_are_checked_against_the_federations_nodes():
     settings = RunSettings.from_run_config({"attack-clients": "0,3"})
     settings.check_nodes(4)
-    with pytest.raises(ValueError, match=r"attack-clients lists partition id 3, but the federation has 3 node\(s\) "
-                                         r"\(partition ids 0..2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"attack-clients lists partition id 3, but the federation has 3 node\(s\) "
+        r"\(partition ids 0..2\)",
+    ):
         settings.check_nodes(3)
     for spec in ("all", "none", "fraction:0.5"):
         RunSettings.from_run_config({"attack-clients": spec}).check_nodes(1)

@@ -1,5 +1,6 @@
 """Attack scheduling, centralised evaluation, checkpoints and recorded updates, on an in-process
 federation of real FEMNIST writers (the real ClientApp and server side, several rounds)."""
+
 from __future__ import annotations
 
 import csv
@@ -41,8 +42,15 @@ def test_every_n_rounds_on_a_fixed_panel(tmp_path):
 
 
 def test_listed_rounds_under_a_budget(tmp_path):
-    _, _, _, jobs = federate(tmp_path, num_rounds=3, attack_rounds="1,3", attack_clients="all", attack_budget=3,
-                             attack_method="pisme,ig", **FAST)
+    _, _, _, jobs = federate(
+        tmp_path,
+        num_rounds=3,
+        attack_rounds="1,3",
+        attack_clients="all",
+        attack_budget=3,
+        attack_method="pisme,ig",
+        **FAST,
+    )
     # 4 clients x 2 methods = 8 attacks per round; a budget of 3 keeps one whole client (2 attacks).
     assert _attacked(jobs) == {(r, 0, m) for r in (1, 3) for m in ("pisme", "ig")}
     rounds = _rows(tmp_path / "rounds.csv")
@@ -53,9 +61,12 @@ def test_first_rounds_and_a_full_backlog_skips(tmp_path):
     settings, strategy, _, jobs = federate(tmp_path, num_rounds=3, attack_rounds="first:2", **FAST)
     assert {j.target.round for j in jobs} == {1, 2} and len(jobs) == 8
     # With attack-max-backlog, a round is skipped while that many attacks are still in flight.
-    strategy.settings = SimpleNamespace(**{**vars(settings), "attack_max_backlog": 4, "attack_rounds": "all"},
-                                        attacks_round=lambda r: True, methods=settings.methods,
-                                        select_clients=settings.select_clients)
+    strategy.settings = SimpleNamespace(
+        **{**vars(settings), "attack_max_backlog": 4, "attack_rounds": "all"},
+        attacks_round=lambda r: True,
+        methods=settings.methods,
+        select_clients=settings.select_clients,
+    )
     strategy.dispatcher = SimpleNamespace(in_flight=4)
     assert strategy._plan(4, [0, 1, 2, 3]) == []
     assert strategy._round[4]["skipped"] == 4
@@ -87,8 +98,9 @@ def test_the_server_test_set_is_disjoint_from_every_clients_training_data():
         for p in range(min(20, num_partitions(pool, k, held_out=300))):
             train = client_partition(pool, p, k, seed=0, held_out=300).train
             assert not held & {bytes(x.numpy()) for x in (train.images * 255).round().to(torch.uint8)}, (dataset, p)
-        restricted = client_partition(pool, 0, k, classes=5, seed=0, held_out=300).train if dataset == "cifar100" \
-            else None
+        restricted = (
+            client_partition(pool, 0, k, classes=5, seed=0, held_out=300).train if dataset == "cifar100" else None
+        )
         if restricted is not None:
             assert not held & {bytes(x.numpy()) for x in (restricted.images * 255).round().to(torch.uint8)}
 
@@ -102,8 +114,10 @@ def test_every_attacked_update_is_recorded_with_a_checksum(tmp_path):
         update, target = load_update(tmp_path / "updates", row)
         job = by_target[(target.round, target.partition_id)]
         assert target == job.target and update.metadata == job.update.metadata
-        assert all(torch.equal(update.wT[k], job.update.wT[k]) and torch.equal(update.w0[k], job.update.w0[k])
-                   for k in update.w0)
+        assert all(
+            torch.equal(update.wT[k], job.update.wT[k]) and torch.equal(update.w0[k], job.update.w0[k])
+            for k in update.w0
+        )
     # A record that was altered is refused.
     path = tmp_path / "updates" / index[0]["file"]
     data = bytearray(path.read_bytes())

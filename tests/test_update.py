@@ -1,4 +1,5 @@
 """The observed-update boundary: ObservedUpdate and TrainingMetadata (what the server sees)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,12 +46,18 @@ def test_metadata_rejects_batch_larger_than_k():
         _meta(batch_size=60)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("batch_size", 0, "batch_size must be >= 1"), ("local_epochs", 0, "local_epochs must be >= 1"),
-    ("num_samples", 0, "num_samples must be >= 1"), ("lr", 0.0, "lr must be a positive finite"),
-    ("lr", float("nan"), "lr must be a positive finite"), ("lr", float("inf"), "lr must be a positive finite"),
-    ("local_steps", 0, "local_steps must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("batch_size", 0, "batch_size must be >= 1"),
+        ("local_epochs", 0, "local_epochs must be >= 1"),
+        ("num_samples", 0, "num_samples must be >= 1"),
+        ("lr", 0.0, "lr must be a positive finite"),
+        ("lr", float("nan"), "lr must be a positive finite"),
+        ("lr", float("inf"), "lr must be a positive finite"),
+        ("local_steps", 0, "local_steps must be >= 1"),
+    ],
+)
 def test_metadata_rejects_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
         _meta(**{field: value})
@@ -130,7 +137,13 @@ def test_no_field_can_hold_images():
     """The attacker is handed an ObservedUpdate: it has no slot for private images or labels."""
     assert {f.name for f in dataclasses.fields(ObservedUpdate)} == {"w0", "wT", "metadata", "client"}
     assert {f.name for f in dataclasses.fields(TrainingMetadata)} == {
-        "dataset", "lr", "batch_size", "local_epochs", "num_samples", "local_steps"}
+        "dataset",
+        "lr",
+        "batch_size",
+        "local_epochs",
+        "num_samples",
+        "local_steps",
+    }
     update = ObservedUpdate(_state(0), _state(1), _meta())
     with pytest.raises(dataclasses.FrozenInstanceError):
         update.images = torch.zeros(1)  # frozen: nothing can be attached afterwards
@@ -149,8 +162,9 @@ def test_delta_w_is_lr_times_gradient_for_one_step(femnist_batch):
     assert update.metadata.local_steps == 1
     x = get_spec("femnist").normalize(images)
     loss = F.cross_entropy(reference(x), labels)
-    grads = dict(zip((n for n, _ in reference.named_parameters()),
-                     torch.autograd.grad(loss, list(reference.parameters()))))
+    grads = dict(
+        zip((n for n, _ in reference.named_parameters()), torch.autograd.grad(loss, list(reference.parameters())))
+    )
     for key, delta in update.delta_w.items():
         torch.testing.assert_close(delta, lr * grads[key], rtol=1e-4, atol=1e-7)
     # the sign: the output bias of a present class goes UP, so its delta_w is negative
@@ -162,13 +176,15 @@ def test_from_arrays_round_trip():
     w0, wT = _state(0), _state(1)
     keys = list(w0)
     meta = _meta()
-    update = ObservedUpdate.from_arrays(keys, [w0[k].numpy() for k in keys], [wT[k].numpy() for k in keys], meta,
-                                        {"round": 1})
+    update = ObservedUpdate.from_arrays(
+        keys, [w0[k].numpy() for k in keys], [wT[k].numpy() for k in keys], meta, {"round": 1}
+    )
     assert list(update.w0) == keys and update.metadata == meta and update.client == {"round": 1}
     for k in keys:
         assert torch.equal(update.w0[k], w0[k]) and torch.equal(update.wT[k], wT[k])
-    again = ObservedUpdate.from_arrays(keys, [update.w0[k].numpy() for k in keys],
-                                       [update.wT[k].numpy() for k in keys], meta)
+    again = ObservedUpdate.from_arrays(
+        keys, [update.w0[k].numpy() for k in keys], [update.wT[k].numpy() for k in keys], meta
+    )
     assert all(torch.equal(again.delta_w[k], update.delta_w[k]) for k in keys)
 
 
@@ -193,8 +209,11 @@ def test_flatten_unflatten_round_trip():
 
 @pytest.mark.parametrize("key", ["private_images", "labels", "num_samples"])
 def test_a_client_key_that_is_not_a_public_identifier_is_rejected(key):
-    with pytest.raises(ValueError, match=rf"client\['{key}'\] is not a public identifier; client may only hold "
-                                         "client_id, node_id, participants, partition_id, round"):
+    with pytest.raises(
+        ValueError,
+        match=rf"client\['{key}'\] is not a public identifier; client may only hold "
+        "client_id, node_id, participants, partition_id, round",
+    ):
         ObservedUpdate(_state(0), _state(1), _meta(), {"round": 1, key: 3})
 
 
@@ -227,8 +246,11 @@ def test_a_missing_tensor_or_another_shape_is_rejected():
     with pytest.raises(ValueError, match="the update lacks the model's tensor 'fc2.bias'"):
         ObservedUpdate(w0, wT, _meta()).check_against(build_model("femnist"))
     cifar = build_model("cifar100", seed=0).state_dict()
-    with pytest.raises(ValueError, match=r"the update's 'conv1.weight' has shape \(64, 3, 3, 3\), the model's "
-                                         r"\(32, 1, 3, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the update's 'conv1.weight' has shape \(64, 3, 3, 3\), the model's "
+        r"\(32, 1, 3, 3\)",
+    ):
         ObservedUpdate(cifar, cifar, _meta()).check_against(build_model("femnist"))
 
 

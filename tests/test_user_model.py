@@ -2,6 +2,7 @@
 not ship) through the resolver, the gradient engine, ``reconstruct``, ``fl-attack attack``, the
 run config, an in-process federation with its replay, and a real federation through the launcher.
 """
+
 from __future__ import annotations
 
 import csv
@@ -55,24 +56,38 @@ def test_a_factory_gets_the_dataset_and_the_seed_fixes_its_weights():
 
 BAD_SPECS = [
     ("tests.user_models", "model spec 'tests.user_models' is neither 'paper' nor 'package.module:factory'"),
-    ("tests/user_models.py:lenet",
-     "model spec 'tests/user_models.py:lenet' is neither 'paper' nor 'package.module:factory'"),
-    ("no_such_package.models:net",
-     "model spec 'no_such_package.models:net': cannot import 'no_such_package.models' (ModuleNotFoundError: No "
-     "module named 'no_such_package'); the module must be importable (installed, or on PYTHONPATH)"),
-    ("tests.user_models:resnet50", "model spec 'tests.user_models:resnet50': 'tests.user_models' has no attribute "
-                                   "'resnet50'"),
-    ("tests.user_models:not_a_module",
-     "model spec 'tests.user_models:not_a_module': the factory returned int, not a torch.nn.Module"),
-    ("tests.user_models:broken",
-     "model spec 'tests.user_models:broken': the factory raised RuntimeError: no weights file"),
-    ("tests.user_models:wrong_classes",
-     "model spec 'tests.user_models:wrong_classes': on a (2, 1, 28, 28) femnist batch the model returned (2, 10); "
-     "it must return logits of shape (2, 62)"),
-    ("tests.user_models:with_batch_norm",
-     "model spec 'tests.user_models:with_batch_norm': state-dict entry '1.num_batches_tracked' is torch.int64; "
-     "every entry must be floating point (e.g. no batch-norm counters: use track_running_stats=False or no batch "
-     "norm)"),
+    (
+        "tests/user_models.py:lenet",
+        "model spec 'tests/user_models.py:lenet' is neither 'paper' nor 'package.module:factory'",
+    ),
+    (
+        "no_such_package.models:net",
+        "model spec 'no_such_package.models:net': cannot import 'no_such_package.models' (ModuleNotFoundError: No "
+        "module named 'no_such_package'); the module must be importable (installed, or on PYTHONPATH)",
+    ),
+    (
+        "tests.user_models:resnet50",
+        "model spec 'tests.user_models:resnet50': 'tests.user_models' has no attribute 'resnet50'",
+    ),
+    (
+        "tests.user_models:not_a_module",
+        "model spec 'tests.user_models:not_a_module': the factory returned int, not a torch.nn.Module",
+    ),
+    (
+        "tests.user_models:broken",
+        "model spec 'tests.user_models:broken': the factory raised RuntimeError: no weights file",
+    ),
+    (
+        "tests.user_models:wrong_classes",
+        "model spec 'tests.user_models:wrong_classes': on a (2, 1, 28, 28) femnist batch the model returned (2, 10); "
+        "it must return logits of shape (2, 62)",
+    ),
+    (
+        "tests.user_models:with_batch_norm",
+        "model spec 'tests.user_models:with_batch_norm': state-dict entry '1.num_batches_tracked' is torch.int64; "
+        "every entry must be floating point (e.g. no batch-norm counters: use track_running_stats=False or no batch "
+        "norm)",
+    ),
 ]
 
 
@@ -84,8 +99,11 @@ def test_bad_specs_give_clear_errors(spec, message):
 
 
 def test_a_cifar_model_on_femnist_fails_the_forward_check():
-    with pytest.raises(ValueError, match=r"^the model: the forward pass on a \(2, 1, 28, 28\) femnist batch raised "
-                                         r"RuntimeError: "):
+    with pytest.raises(
+        ValueError,
+        match=r"^the model: the forward pass on a \(2, 1, 28, 28\) femnist batch raised "
+        r"RuntimeError: ",
+    ):
         check_model(lenet("cifar100"), "femnist")
 
 
@@ -94,8 +112,11 @@ def test_label_recovery_finds_a_user_models_output_bias():
     assert output_bias_key(lenet("femnist").state_dict(), 62) == "classifier.4.bias"
     assert output_bias_key(TinyResNet().state_dict(), 62) == "head.bias"
     no_bias = resolve_model("tests.user_models:no_output_bias", "femnist").state_dict()
-    with pytest.raises(KeyError, match="label recovery needs the output-layer bias 'fc2.bias' \\(in another model: "
-                                       "a 1-D entry of size 62\\) in the update; there is none"):
+    with pytest.raises(
+        KeyError,
+        match="label recovery needs the output-layer bias 'fc2.bias' \\(in another model: "
+        "a 1-D entry of size 62\\) in the update; there is none",
+    ):
         output_bias_key(no_bias, 62)
 
 
@@ -129,12 +150,17 @@ def test_a_user_model_takes_the_generic_path_and_matches_a_literal_autograd_loop
         w_i = sum(basis[i, j] * anchors[j] for j in range(3))
         w = {k: p.view(shape) for (k, shape), p in zip(shapes, torch.split(w_i, sizes))}
         h = torch.relu(F.conv2d(x, w["stem.weight"], w["stem.bias"], padding=1))
-        r = F.conv2d(torch.relu(F.conv2d(h, w["block.0.weight"], w["block.0.bias"], padding=1)),
-                     w["block.2.weight"], w["block.2.bias"], padding=1)
+        r = F.conv2d(
+            torch.relu(F.conv2d(h, w["block.0.weight"], w["block.0.bias"], padding=1)),
+            w["block.2.weight"],
+            w["block.2.bias"],
+            padding=1,
+        )
         logits = F.linear(torch.relu(h + r).mean((2, 3)), w["head.weight"], w["head.bias"])
         loss = coeffs[i] * F.cross_entropy(logits, y)
-        literal = literal + torch.cat([t.reshape(-1) for t in torch.autograd.grad(
-            loss, list(w.values()), create_graph=True)])
+        literal = literal + torch.cat(
+            [t.reshape(-1) for t in torch.autograd.grad(loss, list(w.values()), create_graph=True)]
+        )
     ldx, lda = torch.autograd.grad((literal * probe).sum(), [x, anchors[1]])
     assert torch.allclose(g, literal, rtol=1e-10, atol=1e-12)
     assert torch.allclose(dx, ldx, rtol=1e-9, atol=1e-12)
@@ -172,16 +198,42 @@ def test_reconstruct_attacks_a_user_model(lenet_victim):
 
 
 def test_reconstruct_needs_the_model_the_update_is_of(lenet_victim):
-    with pytest.raises(ValueError, match="the update has tensor 'features.0.weight', which is not one of the "
-                                         "model's parameters"):
+    with pytest.raises(
+        ValueError, match="the update has tensor 'features.0.weight', which is not one of the model's parameters"
+    ):
         reconstruct(lenet_victim.update, "ig", iterations=1)
 
 
 def test_fl_attack_attack_with_a_user_model(tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["attack", "--model", LENET, "--dataset", "femnist", "--clients", "1", "--samples", "8",
-               "--batch-size", "4", "--local-epochs", "1", "--iterations", "20", "--nodes", "2", "--methods", "pisme",
-               "--device", "cpu", "--no-progress", "--out", str(out)])
+    rc = main(
+        [
+            "attack",
+            "--model",
+            LENET,
+            "--dataset",
+            "femnist",
+            "--clients",
+            "1",
+            "--samples",
+            "8",
+            "--batch-size",
+            "4",
+            "--local-epochs",
+            "1",
+            "--iterations",
+            "20",
+            "--nodes",
+            "2",
+            "--methods",
+            "pisme",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -193,8 +245,10 @@ def test_fl_attack_attack_with_a_bad_model_exits_2_before_training(tmp_path, cap
     out = tmp_path / "out"
     assert main(["attack", "--model", "tests.user_models:wrong_classes", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["fl-attack: error: model spec 'tests.user_models:wrong_classes': on a (2, 1, 28, 28) femnist "
-                   "batch the model returned (2, 10); it must return logits of shape (2, 62)"]
+    assert err == [
+        "fl-attack: error: model spec 'tests.user_models:wrong_classes': on a (2, 1, 28, 28) femnist "
+        "batch the model returned (2, 10); it must return logits of shape (2, 62)"
+    ]
     assert not out.exists()
 
 
@@ -207,8 +261,10 @@ def test_the_run_config_model_is_resolved_in_validation():
     assert isinstance(RunSettings.from_run_config({}).new_model(), type(build_model("femnist")))
     with pytest.raises(ValueError) as info:
         RunSettings.from_run_config({"model": "tests.user_models:not_a_module"})
-    assert str(info.value) == ("invalid run config: model: model spec 'tests.user_models:not_a_module': the factory "
-                               "returned int, not a torch.nn.Module")
+    assert str(info.value) == (
+        "invalid run config: model: model spec 'tests.user_models:not_a_module': the factory "
+        "returned int, not a torch.nn.Module"
+    )
     with pytest.raises(ValueError, match="^invalid run config: model: label recovery needs the output-layer bias"):
         RunSettings.from_run_config({"model": "tests.user_models:no_output_bias"})
     # with oracle labels, no output bias is needed
@@ -222,8 +278,15 @@ def test_an_in_process_federation_and_its_replay_with_a_user_model(tmp_path):
     from strategies.server_app import write_run_config
     from tests.inprocess import federate, flower_run_config
 
-    run = dict(num_rounds=1, attack_clients="0", attack_iterations=10, attack_method="pisme", attack_threads=1,
-               model=LENET, server_test_samples=100)
+    run = dict(
+        num_rounds=1,
+        attack_clients="0",
+        attack_iterations=10,
+        attack_method="pisme",
+        attack_threads=1,
+        model=LENET,
+        server_test_samples=100,
+    )
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -249,15 +312,30 @@ def test_an_in_process_federation_and_its_replay_with_a_user_model(tmp_path):
 
 def test_a_real_federation_attacks_a_user_model(tmp_path):
     results = tmp_path / "results"
-    run_config = (f'model="{LENET}" num-server-rounds=1 samples-per-client=8 batch-size=4 local-epochs=1 '
-                  f'attack-iterations=5 attack-clients="0" results-dir="{results}" run-name="user"')
+    run_config = (
+        f'model="{LENET}" num-server-rounds=1 samples-per-client=8 batch-size=4 local-epochs=1 '
+        f'attack-iterations=5 attack-clients="0" results-dir="{results}" run-name="user"'
+    )
     # The apps run from Flower's packaged copy of the project, which holds tests/user_models.py (every
     # .py file but test_*.py): no PYTHONPATH is needed for a model module inside the project.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["FLWR_HOME"] = str(tmp_path / "flwr-home")
-    proc = subprocess.run([sys.executable, "-m", "strategies.launch", "--run-config", run_config,
-                           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strategies.launch",
+            "--run-config",
+            run_config,
+            "--federation-config",
+            "num-supernodes=2 client-resources-num-cpus=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run = results / "user"
     assert json.loads((run / "config.json").read_text())["run_config"]["model"] == LENET

@@ -5,6 +5,7 @@ Both follow the contract of fl_attack.models.resolve_model: normalised (N,C,H,W)
 dataset's shape, (N, num_classes) logits, floating-point state only, no batch norm. Neither names its
 output bias ``fc2.bias``: label recovery finds it as the last 1-D entry of size num_classes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,11 +21,17 @@ class LeNet(nn.Module):
     def __init__(self, channels: int = 1, size: int = 28, num_classes: int = 62):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 6, 5, padding=2), nn.Tanh(), nn.AvgPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.Tanh(), nn.AvgPool2d(2))
+            nn.Conv2d(channels, 6, 5, padding=2),
+            nn.Tanh(),
+            nn.AvgPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.Tanh(),
+            nn.AvgPool2d(2),
+        )
         side = (size // 2 - 4) // 2
         self.classifier = nn.Sequential(
-            nn.Linear(16 * side * side, 120), nn.Tanh(), nn.Linear(120, 84), nn.Tanh(), nn.Linear(84, num_classes))
+            nn.Linear(16 * side * side, 120), nn.Tanh(), nn.Linear(120, 84), nn.Tanh(), nn.Linear(84, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
@@ -44,8 +51,9 @@ class TinyResNet(nn.Module):
     def __init__(self, width: int = 8, num_classes: int = 62):
         super().__init__()
         self.stem = nn.Conv2d(1, width, 3, padding=1)
-        self.block = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
-                                   nn.Conv2d(width, width, 3, padding=1))
+        self.block = nn.Sequential(
+            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, width, 3, padding=1)
+        )
         self.head = nn.Linear(width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

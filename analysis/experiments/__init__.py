@@ -10,6 +10,7 @@ and DIR/NAME.md (a table whose caption states the scale, the command and its wal
 Scales (analysis.experiments.common.SCALES, built on fl_attack.config.PRESETS): ``paper`` is the
 paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,36 +26,43 @@ __all__ = ["EXPERIMENTS", "main", "run_experiment"]
 
 def _table1(ctx):
     from .table1 import run
+
     return run(ctx)
 
 
 def _node_sweep(ctx):
     from .node_sweep import run
+
     return run(ctx)
 
 
 def _class_deficiency(ctx):
     from .class_deficiency import run
+
     return run(ctx)
 
 
 def _path_consistency(ctx):
     from .path_consistency import run
+
     return run(ctx)
 
 
 def _matched_compute(ctx):
     from .matched_compute import run
+
     return run(ctx)
 
 
 def _adaptive_nodes(ctx):
     from .adaptive_nodes import run
+
     return run(ctx)
 
 
 def _label_recovery(ctx):
     from .label_recovery import run
+
     return run(ctx)
 
 
@@ -69,9 +77,17 @@ EXPERIMENTS = {
 }
 
 
-def run_experiment(name: str, scale: str = "cpu", out: str | Path = "results/experiments", device: str = "auto",
-                   seeds: int | None = None, clients: int | None = None, iterations: int | None = None,
-                   data_dir: str | None = None, command: str = "") -> Path:
+def run_experiment(
+    name: str,
+    scale: str = "cpu",
+    out: str | Path = "results/experiments",
+    device: str = "auto",
+    seeds: int | None = None,
+    clients: int | None = None,
+    iterations: int | None = None,
+    data_dir: str | None = None,
+    command: str = "",
+) -> Path:
     """Run one experiment; returns the output folder. ValueError for bad options, before any work.
 
     command: the command line to quote in NAME.md (default: the equivalent of the arguments).
@@ -91,20 +107,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m analysis.experiments",
         description="Reproduce one experiment of the PI-SME paper on real data: writes OUT/NAME.csv, .png, .md.",
         epilog="experiments:\n" + "\n".join(f"  {k:17s} {v[1]}" for k, v in EXPERIMENTS.items()),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="the experiment (see below)")
-    parser.add_argument("--scale", choices=list(SCALES), default="cpu",
-                        help="paper: the paper's protocol (GPU); cpu: a few CPU minutes; tiny: a smoke test")
+    parser.add_argument(
+        "--scale",
+        choices=list(SCALES),
+        default="cpu",
+        help="paper: the paper's protocol (GPU); cpu: a few CPU minutes; tiny: a smoke test",
+    )
     parser.add_argument("--out", default="results/experiments", help="output folder (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda for the attacks (default: auto)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per client (default: the scale's)")
     parser.add_argument("--clients", type=int, default=None, help="clients per cell (default: the scale's)")
     parser.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the scale's)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: on a shared machine more threads oversubscribe the "
-                             "cores and ran 10-20x slower here; 0 = torch's default)")
-    parser.add_argument("--data-dir", default=None,
-                        help="a LEAF FEMNIST dir, a cifar-100-python dir or an .npz (default: the bundled sample)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: on a shared machine more threads oversubscribe the "
+        "cores and ran 10-20x slower here; 0 = torch's default)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="a LEAF FEMNIST dir, a cifar-100-python dir or an .npz (default: the bundled sample)",
+    )
     return parser
 
 
@@ -117,9 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        run_experiment(args.name, args.scale, args.out, args.device, args.seeds, args.clients, args.iterations,
-                       args.data_dir, command="python -m analysis.experiments " + " ".join(
-                           sys.argv[1:] if argv is None else argv))
+        run_experiment(
+            args.name,
+            args.scale,
+            args.out,
+            args.device,
+            args.seeds,
+            args.clients,
+            args.iterations,
+            args.data_dir,
+            command="python -m analysis.experiments " + " ".join(sys.argv[1:] if argv is None else argv),
+        )
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m analysis.experiments: error: {exc}", file=sys.stderr)
         return 2

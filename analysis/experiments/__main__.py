@@ -1,4 +1,5 @@
 """python -m analysis.experiments NAME ...: see analysis.experiments."""
+
 import sys
 
 from . import main

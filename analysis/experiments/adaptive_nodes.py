@@ -1,8 +1,8 @@
 """Beyond the paper: choose PI-SME's number of nodes m from a quadrature-error tolerance.
 
 ``pisme-adaptive`` (fl_attack.attacks.pisme_adaptive) estimates the error of the m-node rule at the
-current X_hat and P1 as the distance between the unit vectors of G_m and G_(2m+1) and, at each phase of the learning-rate
-schedule, uses the smallest m <= 7 within the tolerance. This experiment attacks the same victims
+current X_hat and P1 as the distance between the unit vectors of G_m and G_(2m+1) and, at each phase
+of the learning-rate schedule, uses the smallest m <= 7 within the tolerance. This experiment attacks the same victims
 with fixed m=7 (the paper's choice), fixed m=2 (a cheap reference) and the adaptive rule at a loose
 and a tight tolerance, and compares quality with cost: node-gradient evaluations (the checks'
 included) and seconds.
@@ -10,6 +10,7 @@ included) and seconds.
 A second table records the error estimate itself against m on each victim's TRUE batch with P1 at
 the midpoint, the quantity the rule thresholds (it should shrink with m).
 """
+
 from __future__ import annotations
 
 from fl_attack.attacks.pisme_adaptive import quadrature_error
@@ -38,9 +39,30 @@ DATASET = "femnist"
 FIXED = (7, 2)
 TOLERANCES = (0.1, 0.03)
 ESTIMATE_ORDERS = (1, 2, 3, 4, 5, 6, 7)
-COLUMNS = ["dataset", "paper_T", "local_steps", "client", "seed", "method", "variant", "node_tolerance", "nodes",
-           "nodes_schedule", "node_error", "iterations", "psnr", "ssim", "fsim", "lpips", "lsim_honest",
-           "lsim_calibrated", "label_accuracy", "seconds", "seconds_per_iteration", "gradient_evaluations"]
+COLUMNS = [
+    "dataset",
+    "paper_T",
+    "local_steps",
+    "client",
+    "seed",
+    "method",
+    "variant",
+    "node_tolerance",
+    "nodes",
+    "nodes_schedule",
+    "node_error",
+    "iterations",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+]
 
 
 def true_batch_errors(victim, orders=ESTIMATE_ORDERS) -> dict:
@@ -51,8 +73,10 @@ def true_batch_errors(victim, orders=ESTIMATE_ORDERS) -> dict:
     w0, wT = flatten(victim.update.w0), flatten(victim.update.wT)
     x = get_spec(victim.dataset).normalize(victim.images)
     cache: dict = {}
-    return {m: quadrature_error(model, layout(victim.update.w0), w0, midpoint(w0, wT), wT, x, victim.labels, m, cache)
-            for m in orders}
+    return {
+        m: quadrature_error(model, layout(victim.update.w0), w0, midpoint(w0, wT), wT, x, victim.labels, m, cache)
+        for m in orders
+    }
 
 
 def run(ctx: Context) -> None:
@@ -66,8 +90,10 @@ def run(ctx: Context) -> None:
                 victim = train_victim(ctx, DATASET, client, seed, epochs)
                 errors = true_batch_errors(victim)
                 estimates.append((victim.local_steps, errors))
-                ctx.log(f"T={victim.local_steps} client {client}: error estimate on the true batch "
-                        + ", ".join(f"m={m}: {e:.4f}" for m, e in errors.items()))
+                ctx.log(
+                    f"T={victim.local_steps} client {client}: error estimate on the true batch "
+                    + ", ".join(f"m={m}: {e:.4f}" for m, e in errors.items())
+                )
                 for m in FIXED:
                     row = attack_and_score(ctx, victim, "pisme", nodes=m)
                     recorder.add({**row, "variant": f"fixed m={m}", "paper_T": paper_T})
@@ -79,27 +105,52 @@ def run(ctx: Context) -> None:
 
 def _report(ctx: Context, rows: list[dict], estimates) -> None:
     sc = ctx.scale
-    header = ["T", "variant", "mean m", "m over the run (iteration:m)", "node-gradient evals", "seconds",
-              "PSNR (mean ± var)", "SSIM", "honest Lsim", "n"]
+    header = [
+        "T",
+        "variant",
+        "mean m",
+        "m over the run (iteration:m)",
+        "node-gradient evals",
+        "seconds",
+        "PSNR (mean ± var)",
+        "SSIM",
+        "honest Lsim",
+        "n",
+    ]
     lines = []
     for (T, variant), cell in group(rows, "local_steps", "variant").items():
-        lines.append([T, variant, fmt(mean_var(column(cell, "nodes"))[0], 2),
-                      "; ".join(str(r.get("nodes_schedule") or "-") for r in cell),
-                      fmt(mean_var(column(cell, "gradient_evaluations"))[0], 0),
-                      fmt(mean_var(column(cell, "seconds"))[0], 0), pm(column(cell, "psnr")),
-                      fmt(mean_var(column(cell, "ssim"))[0], 3), fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
-                      len(cell)])
+        lines.append(
+            [
+                T,
+                variant,
+                fmt(mean_var(column(cell, "nodes"))[0], 2),
+                "; ".join(str(r.get("nodes_schedule") or "-") for r in cell),
+                fmt(mean_var(column(cell, "gradient_evaluations"))[0], 0),
+                fmt(mean_var(column(cell, "seconds"))[0], 0),
+                pm(column(cell, "psnr")),
+                fmt(mean_var(column(cell, "ssim"))[0], 3),
+                fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
+                len(cell),
+            ]
+        )
     est_header = ["T", *[f"m={m}" for m in ESTIMATE_ORDERS]]
     est_lines = [[T, *[fmt(e[m], 4) for m in ESTIMATE_ORDERS]] for T, e in estimates]
     caption = "Adaptive m (beyond the paper). " + sc.caption(
-        "FEMNIST", clients=f"{sc.clients_for(DATASET)} client(s)", nodes="7 fixed, 2 fixed, adaptive <= 7",
+        "FEMNIST",
+        clients=f"{sc.clients_for(DATASET)} client(s)",
+        nodes="7 fixed, 2 fixed, adaptive <= 7",
         extra="error estimate || G_m/|G_m| - G_(2m+1)/|G_(2m+1)| || checked at iteration 0 and at the schedule's "
-              "drops (3/8, 5/8, 7/8)")
-    body = (markdown_table(header, lines) + "\n\nThe error estimate on each victim's true batch, P1 at the midpoint "
-            "(one row per victim):\n\n" + markdown_table(est_header, est_lines))
-    notes = ["node-gradient evals count every gradient of the loss at one node: m per iteration (with a "
-             "double-backward pass) plus, for the adaptive rule, the first-order gradients of its checks.",
-             "seconds are wall time on a shared machine: compare within the table only."]
+        "drops (3/8, 5/8, 7/8)",
+    )
+    body = (
+        markdown_table(header, lines) + "\n\nThe error estimate on each victim's true batch, P1 at the midpoint "
+        "(one row per victim):\n\n" + markdown_table(est_header, est_lines)
+    )
+    notes = [
+        "node-gradient evals count every gradient of the loss at one node: m per iteration (with a "
+        "double-backward pass) plus, for the adaptive rule, the first-order gradients of its checks.",
+        "seconds are wall time on a shared machine: compare within the table only.",
+    ]
     write_markdown(ctx, "Adaptive number of nodes", caption, body, notes)
 
     from matplotlib.figure import Figure
@@ -114,8 +165,12 @@ def _report(ctx: Context, rows: list[dict], estimates) -> None:
     ax2.legend(fontsize=7)
     for (T,), cell in group(rows, "local_steps").items():
         for (variant,), c in group(cell, "variant").items():
-            ax.scatter(mean_var(column(c, "gradient_evaluations"))[0], mean_var(column(c, "psnr"))[0],
-                       label=f"T={T} {variant}", marker="o" if variant.startswith("fixed") else "^")
+            ax.scatter(
+                mean_var(column(c, "gradient_evaluations"))[0],
+                mean_var(column(c, "psnr"))[0],
+                label=f"T={T} {variant}",
+                marker="o" if variant.startswith("fixed") else "^",
+            )
     ax.set_xlabel("node-gradient evaluations")
     ax.set_ylabel("PSNR (dB)")
     ax.legend(fontsize=6)

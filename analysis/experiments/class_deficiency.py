@@ -6,6 +6,7 @@ k=50; what matters is how many images share a label, so at a smaller k the class
 C * k / 50 (rounded, at least 1) and the table shows both. The paper: PI-SME's margin over NL-SME
 grows from about 0.8 dB (C=100) to about 4.2 dB (C=10).
 """
+
 from __future__ import annotations
 
 from .common import (
@@ -31,9 +32,29 @@ CLASSES = (10, 20, 30, 60, 100)
 PAPER_K = 50
 METHODS = ("sme", "nlsme", "pisme")
 PAPER_MARGIN = {100: 0.8, 10: 4.2}  # PI-SME - NL-SME (dB), read from the paper's text
-COLUMNS = ["dataset", "paper_classes", "classes", "distinct_labels", "paper_T", "local_steps", "client", "seed",
-           "method", "nodes", "iterations", "psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated",
-           "label_accuracy", "seconds", "seconds_per_iteration", "gradient_evaluations"]
+COLUMNS = [
+    "dataset",
+    "paper_classes",
+    "classes",
+    "distinct_labels",
+    "paper_T",
+    "local_steps",
+    "client",
+    "seed",
+    "method",
+    "nodes",
+    "iterations",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+]
 
 
 def classes_used(paper_classes: int, samples: int) -> int:
@@ -55,35 +76,60 @@ def run(ctx: Context) -> None:
                 distinct = int(victim.labels.unique().numel())
                 for method in METHODS:
                     row = attack_and_score(ctx, victim, method)
-                    recorder.add({**row, "paper_classes": C, "classes": used, "distinct_labels": distinct,
-                                  "paper_T": PAPER_T})
+                    recorder.add(
+                        {**row, "paper_classes": C, "classes": used, "distinct_labels": distinct, "paper_T": PAPER_T}
+                    )
     _report(ctx, recorder.rows)
 
 
 def _report(ctx: Context, rows: list[dict]) -> None:
     sc = ctx.scale
-    header = ["C (paper, k=50)", f"C used (k={sc.samples})", "distinct labels", *[f"{LABELS[m]} PSNR" for m in METHODS],
-              "PI-SME - NL-SME (dB)", "paper margin", "PI-SME honest Lsim", "n"]
+    header = [
+        "C (paper, k=50)",
+        f"C used (k={sc.samples})",
+        "distinct labels",
+        *[f"{LABELS[m]} PSNR" for m in METHODS],
+        "PI-SME - NL-SME (dB)",
+        "paper margin",
+        "PI-SME honest Lsim",
+        "n",
+    ]
     lines, margins = [], {}
     for (C,), cell in group(rows, "paper_classes").items():
         by = {m: column(r, "psnr") for (m,), r in group(cell, "method").items()}
         margin = mean_var(by.get("pisme", []))[0] - mean_var(by.get("nlsme", []))[0]
         margins[C] = margin
-        lines.append([C, cell[0]["classes"], fmt(mean_var(column(cell, "distinct_labels"))[0], 1),
-                      *[pm(by.get(m, [])) for m in METHODS], fmt(margin),
-                      fmt(PAPER_MARGIN[C]) if C in PAPER_MARGIN else "-",
-                      fmt(mean_var(column([r for r in cell if r["method"] == "pisme"], "lsim_honest"))[0], 4),
-                      len(cell) // len(METHODS)])
+        lines.append(
+            [
+                C,
+                cell[0]["classes"],
+                fmt(mean_var(column(cell, "distinct_labels"))[0], 1),
+                *[pm(by.get(m, [])) for m in METHODS],
+                fmt(margin),
+                fmt(PAPER_MARGIN[C]) if C in PAPER_MARGIN else "-",
+                fmt(mean_var(column([r for r in cell if r["method"] == "pisme"], "lsim_honest"))[0], 4),
+                len(cell) // len(METHODS),
+            ]
+        )
     T = rows[0]["local_steps"] if rows else "-"
     caption = "Fig. 2 (class deficiency). " + sc.caption(
-        f"CIFAR-100, T={T}", clients=f"{sc.clients_for(DATASET)} client(s) per C",
+        f"CIFAR-100, T={T}",
+        clients=f"{sc.clients_for(DATASET)} client(s) per C",
         epochs=[(PAPER_T, sc.local_epochs(PAPER_T))],
-        extra=f"C scaled by k/{PAPER_K} below k={PAPER_K}; PSNR in dB, mean ± variance over (client, seed)")
-    notes = ["The paper gives the margin only at its ends (about 0.8 dB at C=100, 4.2 dB at C=10).",
-             "Clients in class-restricted mode are drawn independently per C, so rows differ in their images "
-             "as well as in C."]
-    write_markdown(ctx, "Class deficiency: PSNR against the number of classes per client", caption,
-                   markdown_table(header, lines), notes)
+        extra=f"C scaled by k/{PAPER_K} below k={PAPER_K}; PSNR in dB, mean ± variance over (client, seed)",
+    )
+    notes = [
+        "The paper gives the margin only at its ends (about 0.8 dB at C=100, 4.2 dB at C=10).",
+        "Clients in class-restricted mode are drawn independently per C, so rows differ in their images "
+        "as well as in C.",
+    ]
+    write_markdown(
+        ctx,
+        "Class deficiency: PSNR against the number of classes per client",
+        caption,
+        markdown_table(header, lines),
+        notes,
+    )
 
     from matplotlib.figure import Figure
 

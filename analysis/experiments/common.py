@@ -8,6 +8,7 @@ Seeds: client ``p`` is always partition ``p`` of the bundled sample drawn with d
 ``s`` sets the victim's initial model w0 = build_model(dataset, s), its batch shuffling and the
 attack's X_hat initialisation. "Over clients and seeds" therefore means over (partition, s) pairs.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,15 +71,27 @@ class Scale:
     def local_epochs(self, paper_T: int) -> int:
         return dict(self.epochs)[paper_T]
 
-    def caption(self, datasets: str = "", iterations: int | None = None, nodes: str | None = None,
-                extra: str = "", clients: str | None = None, epochs=None) -> str:
+    def caption(
+        self,
+        datasets: str = "",
+        iterations: int | None = None,
+        nodes: str | None = None,
+        extra: str = "",
+        clients: str | None = None,
+        epochs=None,
+    ) -> str:
         """The scale as one sentence, for every table caption."""
         it = self.iterations if iterations is None else iterations
         Ts = ", ".join(f"E={e} -> T={self.local_steps(t)}" for t, e in (epochs or self.epochs))
         clients = clients or f"{self.clients} client(s)"
-        parts = [f"Scale `{self.name}`", datasets, f"{clients} x {self.seeds} seed(s)",
-                 f"{it} attack iterations", f"k={self.samples}, B={self.batch_size}, lr={self.lr:g}, {Ts}",
-                 f"m={self.nodes if nodes is None else nodes}"]
+        parts = [
+            f"Scale `{self.name}`",
+            datasets,
+            f"{clients} x {self.seeds} seed(s)",
+            f"{it} attack iterations",
+            f"k={self.samples}, B={self.batch_size}, lr={self.lr:g}, {Ts}",
+            f"m={self.nodes if nodes is None else nodes}",
+        ]
         return "; ".join(p for p in parts if p) + (f". {extra}" if extra else ".")
 
 
@@ -86,22 +99,47 @@ def _scale(preset: str, long_epochs: int, **sizes) -> Scale:
     """The Scale of ``fl_attack.config.PRESETS[preset]``: its protocol (its E for the paper's T=100,
     ``long_epochs`` for T=250), iterations and nodes, with the experiment's own ``sizes``."""
     p = PRESETS[preset]
-    return Scale(preset, samples=p.protocol.samples, batch_size=p.protocol.batch_size, lr=p.protocol.lr,
-                 epochs=((100, p.protocol.local_epochs), (250, long_epochs)), iterations=p.iterations, nodes=p.nodes,
-                 **sizes)
+    return Scale(
+        preset,
+        samples=p.protocol.samples,
+        batch_size=p.protocol.batch_size,
+        lr=p.protocol.lr,
+        epochs=((100, p.protocol.local_epochs), (250, long_epochs)),
+        iterations=p.iterations,
+        nodes=p.nodes,
+        **sizes,
+    )
 
 
 SCALES = {
-    "paper": _scale("paper", 50, clients=5, seeds=5, trace_every=50,
-                    note="the paper's protocol (PISME.md); meant for a GPU. 5 clients is our choice, the paper "
-                         "does not state its number of clients per cell."),
-    "cpu": _scale("cpu", 125, clients=2, seeds=1, trace_every=10, cifar_clients=1,
-                  note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
-                       "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
-                       "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one)."),
-    "tiny": _scale("tiny", 5, clients=1, seeds=1, trace_every=1,
-                   note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers "
-                        "mean nothing."),
+    "paper": _scale(
+        "paper",
+        50,
+        clients=5,
+        seeds=5,
+        trace_every=50,
+        note="the paper's protocol (PISME.md); meant for a GPU. 5 clients is our choice, the paper "
+        "does not state its number of clients per cell.",
+    ),
+    "cpu": _scale(
+        "cpu",
+        125,
+        clients=2,
+        seeds=1,
+        trace_every=10,
+        cifar_clients=1,
+        note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
+        "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
+        "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one).",
+    ),
+    "tiny": _scale(
+        "tiny",
+        5,
+        clients=1,
+        seeds=1,
+        trace_every=1,
+        note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers mean nothing.",
+    ),
 }
 
 
@@ -128,14 +166,24 @@ class Context:
 
     def environment(self) -> str:
         threads = torch.get_num_threads()
-        dev = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else \
-            f"CPU ({usable_cpus()} cores, {threads} torch thread(s))"
+        dev = (
+            torch.cuda.get_device_name(self.device)
+            if self.device.type == "cuda"
+            else f"CPU ({usable_cpus()} cores, {threads} torch thread(s))"
+        )
         return f"{dev}, torch {torch.__version__}, Python {platform.python_version()}"
 
 
-def make_context(name: str, scale: str = "cpu", out: str | Path = "results/experiments", device: str = "auto",
-                 seeds: int | None = None, clients: int | None = None, iterations: int | None = None,
-                 data_dir: str | None = None) -> Context:
+def make_context(
+    name: str,
+    scale: str = "cpu",
+    out: str | Path = "results/experiments",
+    device: str = "auto",
+    seeds: int | None = None,
+    clients: int | None = None,
+    iterations: int | None = None,
+    data_dir: str | None = None,
+) -> Context:
     """Validate the command's options (ValueError before any work) and build its Context."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(SCALES)}")
@@ -143,14 +191,21 @@ def make_context(name: str, scale: str = "cpu", out: str | Path = "results/exper
     for label, value in (("seeds", seeds), ("clients", clients), ("iterations", iterations)):
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"--{label} must be an integer >= 1, got {value}")
-    sc = replace(sc, seeds=seeds or sc.seeds, clients=clients or sc.clients, iterations=iterations or sc.iterations,
-                 cifar_clients=None if clients else sc.cifar_clients)
+    sc = replace(
+        sc,
+        seeds=seeds or sc.seeds,
+        clients=clients or sc.clients,
+        iterations=iterations or sc.iterations,
+        cifar_clients=None if clients else sc.cifar_clients,
+    )
     if data_dir is not None and not Path(data_dir).expanduser().exists():
         raise FileNotFoundError(f"data directory not found: {data_dir}")
-    explicit = frozenset(k for k, v in (("seeds", seeds), ("clients", clients), ("iterations", iterations))
-                         if v is not None)
-    return Context(name=name, scale=sc, out=Path(out), device=resolve_device(device), data_dir=data_dir,
-                   explicit=explicit)
+    explicit = frozenset(
+        k for k, v in (("seeds", seeds), ("clients", clients), ("iterations", iterations)) if v is not None
+    )
+    return Context(
+        name=name, scale=sc, out=Path(out), device=resolve_device(device), data_dir=data_dir, explicit=explicit
+    )
 
 
 # ---------------------------------------------------------------------------------- victims
@@ -164,16 +219,34 @@ def check_clients(ctx: Context, dataset: str, clients: int, samples: int, classe
         raise ValueError(f"{clients} {dataset} clients of k={samples} asked for, the data has {available}")
 
 
-def train_victim(ctx: Context, dataset: str, partition: int, seed: int, local_epochs: int, *,
-                 samples: int | None = None, batch_size: int | None = None, classes: int | None = None,
-                 record_states: bool = False) -> Victim:
+def train_victim(
+    ctx: Context,
+    dataset: str,
+    partition: int,
+    seed: int,
+    local_epochs: int,
+    *,
+    samples: int | None = None,
+    batch_size: int | None = None,
+    classes: int | None = None,
+    record_states: bool = False,
+) -> Victim:
     """Train client ``partition`` (data seed DATA_SEED) for E local epochs from w0 =
     build_model(dataset, seed), on the CPU, with the scale's k, B and lr unless given."""
     sc = ctx.scale
-    return evaluation.train_victim(dataset, partition, samples=samples or sc.samples,
-                                   batch_size=batch_size or sc.batch_size, local_epochs=local_epochs, lr=sc.lr,
-                                   seed=seed, data_seed=DATA_SEED, classes=classes, data_dir=ctx.data_dir,
-                                   record_states=record_states)
+    return evaluation.train_victim(
+        dataset,
+        partition,
+        samples=samples or sc.samples,
+        batch_size=batch_size or sc.batch_size,
+        local_epochs=local_epochs,
+        lr=sc.lr,
+        seed=seed,
+        data_seed=DATA_SEED,
+        classes=classes,
+        data_dir=ctx.data_dir,
+        record_states=record_states,
+    )
 
 
 def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> dict:
@@ -190,15 +263,24 @@ def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> 
     scored = evaluation.attack_victim(victim, method, config, device=ctx.device)
     rec, ev = scored.reconstruction, scored.scores
     nodes = scored.row["nodes"]
-    row = {**results_row(scored.row), "seed": victim.seed, "classes": victim.classes,
-           "seconds_per_iteration": rec.seconds / settings["iterations"],
-           "gradient_evaluations": _gradient_evaluations(method, rec, settings["iterations"])}
+    row = {
+        **results_row(scored.row),
+        "seed": victim.seed,
+        "classes": victim.classes,
+        "seconds_per_iteration": rec.seconds / settings["iterations"],
+        "gradient_evaluations": _gradient_evaluations(method, rec, settings["iterations"]),
+    }
     if method == "pisme-adaptive":
-        row.update(node_tolerance=rec.config["node_tolerance"], nodes_schedule=_nodes_schedule(rec),
-                   node_error=float(rec.trace[-1].get("node_error", math.nan)))
-    ctx.log(f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
-            f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']}: PSNR {ev['psnr']:.2f} dB, "
-            f"honest Lsim {rec.lsim_honest:.4f} ({rec.seconds:.1f} s)")
+        row.update(
+            node_tolerance=rec.config["node_tolerance"],
+            nodes_schedule=_nodes_schedule(rec),
+            node_error=float(rec.trace[-1].get("node_error", math.nan)),
+        )
+    ctx.log(
+        f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
+        f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']}: PSNR {ev['psnr']:.2f} dB, "
+        f"honest Lsim {rec.lsim_honest:.4f} ({rec.seconds:.1f} s)"
+    )
     return row
 
 
@@ -293,8 +375,9 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(ctx: Context, title: str, caption: str, body: str, notes: list[str] | None = None,
-                   scale_note: str | None = None) -> Path:
+def write_markdown(
+    ctx: Context, title: str, caption: str, body: str, notes: list[str] | None = None, scale_note: str | None = None
+) -> Path:
     """NAME.md: title, the caption (scale), the table(s), notes, the command and its wall time."""
     command = ctx.command or f"python -m analysis.experiments {ctx.name} --scale {ctx.scale.name}"
     text = [f"# {title}", "", f"*{caption}*", "", body, ""]
@@ -302,8 +385,13 @@ def write_markdown(ctx: Context, title: str, caption: str, body: str, notes: lis
         text.append(f"- {note}")
     if notes:
         text.append("")
-    text += [f"Scale note: {ctx.scale.note if scale_note is None else scale_note}", "",
-             f"Command: `{command}`  ", f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}.", ""]
+    text += [
+        f"Scale note: {ctx.scale.note if scale_note is None else scale_note}",
+        "",
+        f"Command: `{command}`  ",
+        f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}.",
+        "",
+    ]
     path = ctx.out / f"{ctx.name}.md"
     write_text_atomic(path, "\n".join(text))
     return path

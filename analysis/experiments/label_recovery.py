@@ -22,6 +22,7 @@ counts), and the victim's mean softmax on its own labels along its trajectory.
 Resumable: rows already in NAME.csv are kept and their (round, client, estimator) skipped (the
 federation itself is retrained up to the last round: it is deterministic and cheap).
 """
+
 from __future__ import annotations
 
 import csv
@@ -61,15 +62,26 @@ REFINE = "paper+refine"
 REFINE_CLIENTS = 3
 AUX_PER_CLASS = 50
 # The federation of issue 12 per scale (tiny: a smoke test with the tiny scale's k and B).
-ISSUE_12 = dict(federation=20, rounds=15, tracked=20, refine_iterations=200, samples=16, batch_size=8, epochs=5,
-                lr=0.05)
+ISSUE_12 = dict(
+    federation=20, rounds=15, tracked=20, refine_iterations=200, samples=16, batch_size=8, epochs=5, lr=0.05
+)
 PROTOCOL = {
     "paper": ISSUE_12,
     "cpu": ISSUE_12,
     "tiny": dict(ISSUE_12, federation=4, rounds=2, tracked=3, refine_iterations=3, samples=4, batch_size=2),
 }
-COLUMNS = ["round", "client", "estimator", "label_accuracy", "test_accuracy", "support_size", "pbar_tv_dummy",
-           "pbar_tv_aux", "self_confidence", "seconds"]
+COLUMNS = [
+    "round",
+    "client",
+    "estimator",
+    "label_accuracy",
+    "test_accuracy",
+    "support_size",
+    "pbar_tv_dummy",
+    "pbar_tv_aux",
+    "self_confidence",
+    "seconds",
+]
 
 
 def _aux_pool(pool, federation: int, samples: int, seed: int = 0) -> AuxiliaryData:
@@ -90,8 +102,9 @@ def _true_pbar(model, result, images) -> torch.Tensor:
     """(C,) the victim's softmax on its real batches at the weights before each step, averaged."""
     x = get_spec(DATASET).normalize(images)
     with torch.no_grad():
-        probs = [torch.softmax(functional_call(model, w, (x[b],)), dim=1)
-                 for w, b in zip(result.states[:-1], result.batches)]
+        probs = [
+            torch.softmax(functional_call(model, w, (x[b],)), dim=1) for w, b in zip(result.states[:-1], result.batches)
+        ]
     return torch.cat(probs).double().mean(0)
 
 
@@ -113,8 +126,9 @@ def _load_rows(path) -> list[dict]:
 
 def run(ctx: Context) -> None:
     proto = PROTOCOL[ctx.scale.name]
-    federation, rounds, k, batch, epochs, lr = (proto[key] for key in ("federation", "rounds", "samples", "batch_size",
-                                                                       "epochs", "lr"))
+    federation, rounds, k, batch, epochs, lr = (
+        proto[key] for key in ("federation", "rounds", "samples", "batch_size", "epochs", "lr")
+    )
     tracked = min(ctx.scale.clients, federation) if "clients" in ctx.explicit else proto["tracked"]
     iterations = ctx.scale.iterations if "iterations" in ctx.explicit else proto["refine_iterations"]
     pool = load_pool(DATASET, ctx.data_dir)
@@ -133,8 +147,10 @@ def run(ctx: Context) -> None:
     test_y = torch.cat([s.test.labels for s in splits])
     model = build_model(DATASET, seed=0)
     global_w = OrderedDict((k, v.detach().clone()) for k, v in model.state_dict().items())
-    ctx.log(f"{federation} clients, {rounds} rounds, k={k}, B={batch}, E={epochs}, lr={lr}; "
-            f"{tracked} tracked; aux pool {len(aux.labels)} images of writers outside the federation")
+    ctx.log(
+        f"{federation} clients, {rounds} rounds, k={k}, B={batch}, E={epochs}, lr={lr}; "
+        f"{tracked} tracked; aux pool {len(aux.labels)} images of writers outside the federation"
+    )
     for rnd in range(1, rounds + 1):
         with torch.no_grad():
             test_acc = float((functional_call(model, global_w, (test_x,)).argmax(1) == test_y).float().mean())
@@ -142,17 +158,30 @@ def run(ctx: Context) -> None:
         for p, split in enumerate(splits):
             model.load_state_dict(global_w)
             record = p < tracked
-            result = train_local(model, split.train.images, split.train.labels, dataset=DATASET, lr=lr,
-                                 batch_size=batch, local_epochs=epochs, seed=1000 * rnd + p, record_states=record,
-                                 client={"partition_id": p})
+            result = train_local(
+                model,
+                split.train.images,
+                split.train.labels,
+                dataset=DATASET,
+                lr=lr,
+                batch_size=batch,
+                local_epochs=epochs,
+                seed=1000 * rnd + p,
+                record_states=record,
+                client={"partition_id": p},
+            )
             client_w.append(result.update.wT)
             if record:
                 _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, iterations)
         global_w = OrderedDict((k, torch.stack([w[k] for w in client_w]).mean(0)) for k in global_w)
         rows = [r for r in recorder.rows if int(r["round"]) == rnd]
-        ctx.log(f"round {rnd}: test accuracy {test_acc:.3f}; label accuracy "
-                + ", ".join(f"{e} {np.mean([float(r['label_accuracy']) for r in rs]):.3f}"
-                            for (e,), rs in group(rows, "estimator").items()))
+        ctx.log(
+            f"round {rnd}: test accuracy {test_acc:.3f}; label accuracy "
+            + ", ".join(
+                f"{e} {np.mean([float(r['label_accuracy']) for r in rs]):.3f}"
+                for (e,), rs in group(rows, "estimator").items()
+            )
+        )
     _report(ctx, recorder.rows, proto, tracked, iterations)
 
 
@@ -171,12 +200,16 @@ def _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, ite
     n_true = np.bincount(truth.numpy(), minlength=len(residual)).astype(np.float64)
     p_dummy = (estimate_class_counts(update, model) - residual) / k
     p_aux = endpoint_confusion(update, aux, model) @ n_true / k
-    diag = dict(pbar_tv_dummy=0.5 * float(np.abs(p_dummy - p_true.numpy()).sum()),
-                pbar_tv_aux=0.5 * float(np.abs(p_aux - p_true.numpy()).sum()))
+    diag = dict(
+        pbar_tv_dummy=0.5 * float(np.abs(p_dummy - p_true.numpy()).sum()),
+        pbar_tv_aux=0.5 * float(np.abs(p_aux - p_true.numpy()).sum()),
+    )
     x = get_spec(DATASET).normalize(split.train.images)
     with torch.no_grad():
-        own = [torch.softmax(functional_call(model, w, (x[b],)), 1)[torch.arange(len(b)), truth[b]]
-               for w, b in zip(result.states[:-1], result.batches)]
+        own = [
+            torch.softmax(functional_call(model, w, (x[b],)), 1)[torch.arange(len(b)), truth[b]]
+            for w, b in zip(result.states[:-1], result.batches)
+        ]
     diag["self_confidence"] = float(torch.cat(own).mean())
     for estimator in todo:
         start = time.perf_counter()
@@ -187,8 +220,15 @@ def _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, ite
             counts = np.bincount(rec.labels.numpy(), minlength=len(residual))
         else:
             counts = recover_counts(update, estimator, aux=aux)
-        recorder.add({**base, **diag, "estimator": estimator, "label_accuracy": _accuracy(counts, truth),
-                      "seconds": time.perf_counter() - start})
+        recorder.add(
+            {
+                **base,
+                **diag,
+                "estimator": estimator,
+                "label_accuracy": _accuracy(counts, truth),
+                "seconds": time.perf_counter() - start,
+            }
+        )
 
 
 def _report(ctx, rows, proto, tracked, iterations) -> None:
@@ -204,26 +244,59 @@ def _report(ctx, rows, proto, tracked, iterations) -> None:
             cells.append(f"{fmt(np.mean(vals) if vals else None)} ({len(vals)})")
         first = by.get((rnd, names[0]), [{}])[0]
         diag = by.get((rnd, "paper"), [])
-        tv = lambda key: fmt(np.mean([float(r[key]) for r in diag])) if diag else "-"  # noqa: E731
-        table.append([rnd, fmt(float(first.get("test_accuracy", math.nan))), *cells, tv("pbar_tv_dummy"),
-                      tv("pbar_tv_aux"), tv("self_confidence")])
-    table.append(["mean 1-15" if rounds == 15 else f"mean 1-{rounds}", "",
-                  *[fmt(float(np.nanmean(curves[e]))) for e in names], "", "", ""])
-    header = ["round", "test acc.", *[f"{e} (n)" for e in names], "TV(p_bar dummy, true)",
-              "TV(M n/k aux, true)", "own-label softmax"]
+        tv = lambda key, diag=diag: fmt(np.mean([float(r[key]) for r in diag])) if diag else "-"  # noqa: E731
+        table.append(
+            [
+                rnd,
+                fmt(float(first.get("test_accuracy", math.nan))),
+                *cells,
+                tv("pbar_tv_dummy"),
+                tv("pbar_tv_aux"),
+                tv("self_confidence"),
+            ]
+        )
+    table.append(
+        [
+            "mean 1-15" if rounds == 15 else f"mean 1-{rounds}",
+            "",
+            *[fmt(float(np.nanmean(curves[e]))) for e in names],
+            "",
+            "",
+            "",
+        ]
+    )
+    header = [
+        "round",
+        "test acc.",
+        *[f"{e} (n)" for e in names],
+        "TV(p_bar dummy, true)",
+        "TV(M n/k aux, true)",
+        "own-label softmax",
+    ]
     body = markdown_table(header, table)
     k, batch, epochs = proto["samples"], proto["batch_size"], proto["epochs"]
-    caption = (f"Scale `{ctx.scale.name}`; FedAvg over {federation} FEMNIST writers (plain Python, no Flower), "
-               f"k={k}, B={batch}, E={epochs}, lr={proto['lr']} (T={epochs * math.ceil(k / batch)}), {rounds} rounds, "
-               f"1 seed(s); label-count accuracy per estimator, mean over {tracked} tracked client(s) (n in brackets; "
-               f"{REFINE}: {min(REFINE_CLIENTS, tracked)} clients, SME {iterations} iterations)")
-    notes = ["test acc.: the global model sent in that round (w0), on the clients' held-out samples.",
-             "TV columns: total-variation distance to the true p_bar (the victim's softmax on its real batches "
-             "along its real trajectory), of the paper's p_bar on dummy inputs and of aux's endpoint model M n/k "
-             "with the true counts; own-label softmax: the victim's mean p(y_i) along that trajectory."]
-    write_markdown(ctx, "Label recovery in a learning federation", caption, body, notes,
-                   scale_note="the federation of issue 12 at every scale but tiny (4 clients, 2 rounds).")
+    caption = (
+        f"Scale `{ctx.scale.name}`; FedAvg over {federation} FEMNIST writers (plain Python, no Flower), "
+        f"k={k}, B={batch}, E={epochs}, lr={proto['lr']} (T={epochs * math.ceil(k / batch)}), {rounds} rounds, "
+        f"1 seed(s); label-count accuracy per estimator, mean over {tracked} tracked client(s) (n in brackets; "
+        f"{REFINE}: {min(REFINE_CLIENTS, tracked)} clients, SME {iterations} iterations)"
+    )
+    notes = [
+        "test acc.: the global model sent in that round (w0), on the clients' held-out samples.",
+        "TV columns: total-variation distance to the true p_bar (the victim's softmax on its real batches "
+        "along its real trajectory), of the paper's p_bar on dummy inputs and of aux's endpoint model M n/k "
+        "with the true counts; own-label softmax: the victim's mean p(y_i) along that trajectory.",
+    ]
+    write_markdown(
+        ctx,
+        "Label recovery in a learning federation",
+        caption,
+        body,
+        notes,
+        scale_note="the federation of issue 12 at every scale but tiny (4 clients, 2 rounds).",
+    )
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

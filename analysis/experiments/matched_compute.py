@@ -6,6 +6,7 @@ scale's iterations), on the same victims. Both the honest Lsim(G, delta_w) and t
 Lsim(d * G, delta_w) are reported: calibration can lower the loss without better alignment.
 Dataset: FEMNIST (cpu, tiny) for speed, CIFAR-100 at the paper's scale.
 """
+
 from __future__ import annotations
 
 from .common import (
@@ -27,9 +28,27 @@ from .table1 import LABELS
 
 PAPER_T = 100
 MULTIPLES = (1, 5, 7)
-COLUMNS = ["dataset", "paper_T", "local_steps", "client", "seed", "method", "nodes", "iterations", "multiple",
-           "psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds",
-           "seconds_per_iteration", "gradient_evaluations"]
+COLUMNS = [
+    "dataset",
+    "paper_T",
+    "local_steps",
+    "client",
+    "seed",
+    "method",
+    "nodes",
+    "iterations",
+    "multiple",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+]
 
 
 def dataset_for(scale_name: str) -> str:
@@ -53,26 +72,57 @@ def run(ctx: Context) -> None:
 
 def _report(ctx: Context, rows: list[dict], dataset: str) -> None:
     sc = ctx.scale
-    header = ["method", "iterations", "gradient evals", "PSNR (mean ± var)", "SSIM", "honest Lsim",
-              "calibrated Lsim", "honest - calibrated", "seconds", "n"]
+    header = [
+        "method",
+        "iterations",
+        "gradient evals",
+        "PSNR (mean ± var)",
+        "SSIM",
+        "honest Lsim",
+        "calibrated Lsim",
+        "honest - calibrated",
+        "seconds",
+        "n",
+    ]
     lines = []
     for (method, iterations), cell in group(rows, "method", "iterations").items():
         honest, calibrated = mean_var(column(cell, "lsim_honest"))[0], mean_var(column(cell, "lsim_calibrated"))[0]
-        lines.append([LABELS[method] + (f" (m={cell[0]['nodes']})" if method == "pisme" else ""), iterations,
-                      fmt(mean_var(column(cell, "gradient_evaluations"))[0], 0), pm(column(cell, "psnr")),
-                      fmt(mean_var(column(cell, "ssim"))[0], 3), fmt(honest, 4), fmt(calibrated, 4),
-                      fmt(honest - calibrated, 4), fmt(mean_var(column(cell, "seconds"))[0], 0), len(cell)])
+        lines.append(
+            [
+                LABELS[method] + (f" (m={cell[0]['nodes']})" if method == "pisme" else ""),
+                iterations,
+                fmt(mean_var(column(cell, "gradient_evaluations"))[0], 0),
+                pm(column(cell, "psnr")),
+                fmt(mean_var(column(cell, "ssim"))[0], 3),
+                fmt(honest, 4),
+                fmt(calibrated, 4),
+                fmt(honest - calibrated, 4),
+                fmt(mean_var(column(cell, "seconds"))[0], 0),
+                len(cell),
+            ]
+        )
     T = rows[0]["local_steps"] if rows else "-"
     caption = "Matched compute (section 4.2). " + sc.caption(
-        f"{dataset}, T={T}", clients=f"{sc.clients_for(dataset)} client(s)",
-        iterations=None, epochs=[(PAPER_T, sc.local_epochs(PAPER_T))],
-        extra=f"PI-SME at {sc.iterations} iterations; NL-SME at " + "/".join(str(k * sc.iterations) for k in MULTIPLES)
-              + " (the paper: PI-SME 1000, NL-SME 1000/5000/7000)")
-    notes = ["The learning-rate schedule (x0.1 at 3/8, 5/8, 7/8) stretches with the iterations, as in SME's code.",
-             "The paper's claim: NL-SME with 7x the iterations still trails PI-SME, and its calibrated loss falls "
-             "below its honest one without better alignment."]
-    write_markdown(ctx, "Matched compute: NL-SME with more iterations against PI-SME", caption,
-                   markdown_table(header, lines), notes)
+        f"{dataset}, T={T}",
+        clients=f"{sc.clients_for(dataset)} client(s)",
+        iterations=None,
+        epochs=[(PAPER_T, sc.local_epochs(PAPER_T))],
+        extra=f"PI-SME at {sc.iterations} iterations; NL-SME at "
+        + "/".join(str(k * sc.iterations) for k in MULTIPLES)
+        + " (the paper: PI-SME 1000, NL-SME 1000/5000/7000)",
+    )
+    notes = [
+        "The learning-rate schedule (x0.1 at 3/8, 5/8, 7/8) stretches with the iterations, as in SME's code.",
+        "The paper's claim: NL-SME with 7x the iterations still trails PI-SME, and its calibrated loss falls "
+        "below its honest one without better alignment.",
+    ]
+    write_markdown(
+        ctx,
+        "Matched compute: NL-SME with more iterations against PI-SME",
+        caption,
+        markdown_table(header, lines),
+        notes,
+    )
 
     from matplotlib.figure import Figure
 
@@ -82,9 +132,15 @@ def _report(ctx: Context, rows: list[dict], dataset: str) -> None:
         cells = group(cell, "gradient_evaluations")
         x = [g for (g,) in cells]
         ax.plot(x, [mean_var(column(c, "psnr"))[0] for c in cells.values()], "o-", label=LABELS[method])
-        ax2.plot(x, [mean_var(column(c, "lsim_honest"))[0] for c in cells.values()], "o-", label=f"{LABELS[method]} honest")
-        ax2.plot(x, [mean_var(column(c, "lsim_calibrated"))[0] for c in cells.values()], "x--",
-                 label=f"{LABELS[method]} calibrated")
+        ax2.plot(
+            x, [mean_var(column(c, "lsim_honest"))[0] for c in cells.values()], "o-", label=f"{LABELS[method]} honest"
+        )
+        ax2.plot(
+            x,
+            [mean_var(column(c, "lsim_calibrated"))[0] for c in cells.values()],
+            "x--",
+            label=f"{LABELS[method]} calibrated",
+        )
     ax.set_xlabel("node-gradient evaluations")
     ax.set_ylabel("PSNR (dB)")
     ax.legend(fontsize=8)

@@ -4,6 +4,7 @@ The same victims (FEMNIST, T=100) are attacked once per m; besides the quality m
 reports the measured seconds per attack iteration, which grows about linearly in m (one
 double-backward pass per node). The paper finds PSNR flat within about 0.4 dB over this range.
 """
+
 from __future__ import annotations
 
 from .common import (
@@ -26,9 +27,26 @@ DATASET = "femnist"
 PAPER_T = 100
 NODES = (3, 4, 5, 7, 10, 12)
 PAPER_SPREAD_DB = 0.4
-COLUMNS = ["dataset", "paper_T", "local_steps", "client", "seed", "method", "nodes", "iterations", "psnr", "ssim",
-           "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds", "seconds_per_iteration",
-           "gradient_evaluations"]
+COLUMNS = [
+    "dataset",
+    "paper_T",
+    "local_steps",
+    "client",
+    "seed",
+    "method",
+    "nodes",
+    "iterations",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+]
 
 
 def run(ctx: Context) -> None:
@@ -50,18 +68,36 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     lines = []
     for (m,), cell in cells.items():
         spi = mean_var(column(cell, "seconds_per_iteration"))[0]
-        lines.append([m, pm(column(cell, "psnr")), fmt(mean_var(column(cell, "ssim"))[0], 3),
-                      fmt(mean_var(column(cell, "lpips"))[0], 3), fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
-                      fmt(mean_var(column(cell, "lsim_calibrated"))[0], 4), fmt(spi, 3), fmt(spi / m, 3), len(cell)])
+        lines.append(
+            [
+                m,
+                pm(column(cell, "psnr")),
+                fmt(mean_var(column(cell, "ssim"))[0], 3),
+                fmt(mean_var(column(cell, "lpips"))[0], 3),
+                fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
+                fmt(mean_var(column(cell, "lsim_calibrated"))[0], 4),
+                fmt(spi, 3),
+                fmt(spi / m, 3),
+                len(cell),
+            ]
+        )
     psnrs = [mean_var(column(c, "psnr"))[0] for c in cells.values()]
     spread = max(psnrs) - min(psnrs)
     T = rows[0]["local_steps"] if rows else "-"
-    caption = "Table 2 (node sweep). " + sc.caption(f"FEMNIST, T={T}", clients=f"{sc.clients_for(DATASET)} client(s)",
-                                                    nodes="3, 4, 5, 7, 10, 12", epochs=[(PAPER_T, sc.local_epochs(PAPER_T))])
-    notes = [f"PSNR spread over m: {spread:.2f} dB (max - min of the per-m means); the paper reports the sweep flat "
-             f"within about {PAPER_SPREAD_DB} dB at 1000 iterations, k=50.",
-             "s/iter is wall time on a shared machine (other jobs ran alongside): read ratios, not absolutes."]
-    write_markdown(ctx, "Node sweep: PI-SME at m in {3, 4, 5, 7, 10, 12}", caption, markdown_table(header, lines), notes)
+    caption = "Table 2 (node sweep). " + sc.caption(
+        f"FEMNIST, T={T}",
+        clients=f"{sc.clients_for(DATASET)} client(s)",
+        nodes="3, 4, 5, 7, 10, 12",
+        epochs=[(PAPER_T, sc.local_epochs(PAPER_T))],
+    )
+    notes = [
+        f"PSNR spread over m: {spread:.2f} dB (max - min of the per-m means); the paper reports the sweep flat "
+        f"within about {PAPER_SPREAD_DB} dB at 1000 iterations, k=50.",
+        "s/iter is wall time on a shared machine (other jobs ran alongside): read ratios, not absolutes.",
+    ]
+    write_markdown(
+        ctx, "Node sweep: PI-SME at m in {3, 4, 5, 7, 10, 12}", caption, markdown_table(header, lines), notes
+    )
 
     from matplotlib.figure import Figure
 

@@ -27,6 +27,7 @@ All cosine similarities are accumulated in float64 (float32 sums over 1.7M coord
 about 2e-4, the size of the differences being measured). Gradients run on ``--device``; the
 recorded states stay on the CPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,15 +67,30 @@ PROTOCOL = {
 }
 SCALE_NOTES = {
     "paper": "the paper's victim protocol on one client (the experiment needs no dummy-data optimisation, so it "
-             "runs at this scale on a CPU in about half an hour); P1 fitted for up to 40 steps.",
+    "runs at this scale on a CPU in about half an hour); P1 fitted for up to 40 steps.",
     "cpu": "the paper's victim protocol (k=50, B=10, E=20/50) on one client, with a shorter control-point fit "
-           "(at most 10 steps; 5 Adam steps) than --scale paper (40; 30).",
+    "(at most 10 steps; 5 Adam steps) than --scale paper (40; 30).",
     "tiny": "a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers mean nothing.",
 }
 INITIAL_STEP = 0.05  # first normalised step, as a fraction of ||delta_w||
 MIN_STEP = 1e-4  # the fit stops when no step of at least MIN_STEP * ||delta_w|| lowers the loss
-COLUMNS = ["dataset", "client", "seed", "paper_T", "local_steps", "quantity", "nodes", "tau", "tau_fraction",
-           "lsim", "optimizer", "steps", "control_point_shift", "seconds", "paper_lsim"]
+COLUMNS = [
+    "dataset",
+    "client",
+    "seed",
+    "paper_T",
+    "local_steps",
+    "quantity",
+    "nodes",
+    "tau",
+    "tau_fraction",
+    "lsim",
+    "optimizer",
+    "steps",
+    "control_point_shift",
+    "seconds",
+    "paper_lsim",
+]
 
 
 def lsim64(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,8 +102,16 @@ def lsim64(a: torch.Tensor, b: torch.Tensor) -> float:
 class PathProbe:
     """Gradients of the true batch's loss at given weights, and the quadrature surrogate G(X, P1)."""
 
-    def __init__(self, dataset: str, w0: torch.Tensor, wT: torch.Tensor, shapes, x: torch.Tensor, y: torch.Tensor,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        dataset: str,
+        w0: torch.Tensor,
+        wT: torch.Tensor,
+        shapes,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        device: torch.device | str = "cpu",
+    ):
         self.model = build_model(dataset).to(device)
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -106,8 +130,9 @@ class PathProbe:
         """G(X, P1) of eq. 8, differentiable in P1 when P1 requires grad."""
         t, c = gauss_legendre(m)
         basis = bezier_coefficients(t).to(self.w0)
-        return path_gradient(self.model, self.shapes, [self.w0, control_point, self.wT], basis, c.to(self.w0),
-                             self.x, self.y)
+        return path_gradient(
+            self.model, self.shapes, [self.w0, control_point, self.wT], basis, c.to(self.w0), self.x, self.y
+        )
 
     def quad_lsim(self, control_point: torch.Tensor, m: int) -> float:
         return lsim64(self.surrogate(control_point.detach(), m).detach(), self.delta_w)
@@ -121,8 +146,9 @@ class PathProbe:
         return float(loss.detach()), grad
 
 
-def fit_control_point(probe: PathProbe, m: int, steps: int, optimizer: str = "normalized",
-                      lr: float = 1e-3) -> tuple[torch.Tensor, list[float]]:
+def fit_control_point(
+    probe: PathProbe, m: int, steps: int, optimizer: str = "normalized", lr: float = 1e-3
+) -> tuple[torch.Tensor, list[float]]:
     """Fit P1 from the midpoint to minimise Lsim(G(X, P1), delta_w); returns (P1*, honest-loss history).
 
     optimizer "normalized": P1 <- P1 - s ||delta_w|| grad/||grad|| with backtracking on s (module doc);
@@ -182,20 +208,41 @@ def run(ctx: Context) -> None:
     for paper_T, epochs in proto["epochs"]:
         for client in range(clients):
             for seed in range(seeds):
-                victim = train_victim(ctx, DATASET, client, seed, epochs, samples=proto["samples"],
-                                      batch_size=proto["batch_size"], record_states=True)
+                victim = train_victim(
+                    ctx,
+                    DATASET,
+                    client,
+                    seed,
+                    epochs,
+                    samples=proto["samples"],
+                    batch_size=proto["batch_size"],
+                    record_states=True,
+                )
                 T = victim.local_steps
                 ctx.log(f"victim client {client} seed {seed}: T={T} trained in {victim.seconds:.1f} s")
                 states = [flatten(s) for s in victim.states]
-                probe = PathProbe(DATASET, states[0], states[-1], layout(victim.states[0]),
-                                  spec.normalize(victim.images), victim.labels, ctx.device)
+                probe = PathProbe(
+                    DATASET,
+                    states[0],
+                    states[-1],
+                    layout(victim.states[0]),
+                    spec.normalize(victim.images),
+                    victim.labels,
+                    ctx.device,
+                )
                 base = dict(dataset=DATASET, client=client, seed=seed, paper_T=paper_T, local_steps=T)
                 ref = PAPER[paper_T]
 
                 start = time.perf_counter()
                 exact = sum(probe.gradient(states[tau], idx) for tau, idx in enumerate(victim.batches))
-                recorder.add({**base, "quantity": "minibatch-exact", "lsim": lsim64(exact, probe.delta_w),
-                              "seconds": time.perf_counter() - start})
+                recorder.add(
+                    {
+                        **base,
+                        "quantity": "minibatch-exact",
+                        "lsim": lsim64(exact, probe.delta_w),
+                        "seconds": time.perf_counter() - start,
+                    }
+                )
 
                 start = time.perf_counter()
                 grads_lsim, mean_grad = [], torch.zeros_like(probe.w0)
@@ -204,12 +251,27 @@ def run(ctx: Context) -> None:
                     if tau < T:
                         mean_grad += g
                     grads_lsim.append(lsim64(g, probe.delta_w))
-                    recorder.add({**base, "quantity": "single-curve", "tau": tau, "tau_fraction": tau / T,
-                                  "lsim": grads_lsim[-1]})
+                    recorder.add(
+                        {
+                            **base,
+                            "quantity": "single-curve",
+                            "tau": tau,
+                            "tau_fraction": tau / T,
+                            "lsim": grads_lsim[-1],
+                        }
+                    )
                 best = int(np.argmin(grads_lsim))
-                recorder.add({**base, "quantity": "single", "tau": best, "tau_fraction": best / T,
-                              "lsim": grads_lsim[best], "seconds": time.perf_counter() - start,
-                              "paper_lsim": ref["single"]})
+                recorder.add(
+                    {
+                        **base,
+                        "quantity": "single",
+                        "tau": best,
+                        "tau_fraction": best / T,
+                        "lsim": grads_lsim[best],
+                        "seconds": time.perf_counter() - start,
+                        "paper_lsim": ref["single"],
+                    }
+                )
                 recorder.add({**base, "quantity": "true-path-mean", "lsim": lsim64(mean_grad, probe.delta_w)})
                 recorder.add({**base, "quantity": "ig-w0", "tau": 0, "tau_fraction": 0.0, "lsim": grads_lsim[0]})
                 curves[(paper_T, client, seed)] = (T, grads_lsim)
@@ -217,40 +279,75 @@ def run(ctx: Context) -> None:
 
                 alphas = np.linspace(0, 1, proto["sme_alphas"])
                 sme = [lsim64(probe.gradient(states[0] + a * (states[-1] - states[0])), probe.delta_w) for a in alphas]
-                recorder.add({**base, "quantity": "sme-best-alpha", "tau_fraction": float(alphas[int(np.argmin(sme))]),
-                              "lsim": float(min(sme))})
+                recorder.add(
+                    {
+                        **base,
+                        "quantity": "sme-best-alpha",
+                        "tau_fraction": float(alphas[int(np.argmin(sme))]),
+                        "lsim": float(min(sme)),
+                    }
+                )
 
                 midpoint = (probe.w0 + probe.wT) / 2
                 true_p1 = true_path_control_point(states).to(probe.device)
                 shift_true = float((true_p1 - midpoint).norm() / probe.delta_w.norm())
                 for m in NODES:
-                    recorder.add({**base, "quantity": "quad-midpoint", "nodes": m, "lsim": probe.quad_lsim(midpoint, m)})
-                    recorder.add({**base, "quantity": "quad-true-path-p1", "nodes": m,
-                                  "lsim": probe.quad_lsim(true_p1, m), "control_point_shift": shift_true})
+                    recorder.add(
+                        {**base, "quantity": "quad-midpoint", "nodes": m, "lsim": probe.quad_lsim(midpoint, m)}
+                    )
+                    recorder.add(
+                        {
+                            **base,
+                            "quantity": "quad-true-path-p1",
+                            "nodes": m,
+                            "lsim": probe.quad_lsim(true_p1, m),
+                            "control_point_shift": shift_true,
+                        }
+                    )
                     start = time.perf_counter()
                     p1, history = fit_control_point(probe, m, proto["fit_steps"])
-                    recorder.add({**base, "quantity": "quad-fit", "nodes": m, "lsim": history[-1],
-                                  "optimizer": f"normalized-backtracking(s0={INITIAL_STEP})",
-                                  "steps": len(history) - 1, "seconds": time.perf_counter() - start,
-                                  "control_point_shift": float((p1 - midpoint).norm() / probe.delta_w.norm()),
-                                  "paper_lsim": ref[m]})
-                    ctx.log(f"T={T} m={m}: delta_quad midpoint {history[0]:.4f} -> fitted {history[-1]:.4f} "
-                            f"({len(history) - 1} steps, {time.perf_counter() - start:.0f} s)")
+                    recorder.add(
+                        {
+                            **base,
+                            "quantity": "quad-fit",
+                            "nodes": m,
+                            "lsim": history[-1],
+                            "optimizer": f"normalized-backtracking(s0={INITIAL_STEP})",
+                            "steps": len(history) - 1,
+                            "seconds": time.perf_counter() - start,
+                            "control_point_shift": float((p1 - midpoint).norm() / probe.delta_w.norm()),
+                            "paper_lsim": ref[m],
+                        }
+                    )
+                    ctx.log(
+                        f"T={T} m={m}: delta_quad midpoint {history[0]:.4f} -> fitted {history[-1]:.4f} "
+                        f"({len(history) - 1} steps, {time.perf_counter() - start:.0f} s)"
+                    )
                 for lr in (1e-3, 1e-5):  # the paper's Adam setting and a small one, m = 2 only
                     start = time.perf_counter()
                     p1, history = fit_control_point(probe, 2, proto["adam_steps"], "adam", lr)
-                    recorder.add({**base, "quantity": f"quad-fit-adam-{lr:g}", "nodes": 2, "lsim": history[-1],
-                                  "optimizer": f"adam(lr={lr:g})", "steps": len(history) - 1,
-                                  "seconds": time.perf_counter() - start,
-                                  "control_point_shift": float((p1 - midpoint).norm() / probe.delta_w.norm())})
-                    ctx.log(f"T={T} m=2 adam lr {lr:g}: {history[0]:.4f} -> {history[-1]:.4f} "
-                            f"(max {max(history):.4f})")
+                    recorder.add(
+                        {
+                            **base,
+                            "quantity": f"quad-fit-adam-{lr:g}",
+                            "nodes": 2,
+                            "lsim": history[-1],
+                            "optimizer": f"adam(lr={lr:g})",
+                            "steps": len(history) - 1,
+                            "seconds": time.perf_counter() - start,
+                            "control_point_shift": float((p1 - midpoint).norm() / probe.delta_w.norm()),
+                        }
+                    )
+                    ctx.log(f"T={T} m=2 adam lr {lr:g}: {history[0]:.4f} -> {history[-1]:.4f} (max {max(history):.4f})")
     _report(ctx, recorder.rows, curves, proto, clients, seeds)
 
 
 def _cell(rows, paper_T, quantity, nodes=None, key="lsim"):
-    values = [r[key] for r in rows if r["paper_T"] == paper_T and r["quantity"] == quantity
-              and (nodes is None or r.get("nodes") == nodes)]
+    values = [
+        r[key]
+        for r in rows
+        if r["paper_T"] == paper_T and r["quantity"] == quantity and (nodes is None or r.get("nodes") == nodes)
+    ]
     return float(np.mean(values)) if values else math.nan
 
 
@@ -290,19 +387,31 @@ def _report(ctx: Context, rows, curves, proto, clients, seeds) -> None:
     verdict = []
     for t in Ts:
         single, quad2 = _cell(rows, t, "single"), _cell(rows, t, "quad-fit", 2)
-        verdict.append(f"T={actual[t]}: delta_quad(2) = {quad2:.4f} {'<' if quad2 < single else '>='} "
-                       f"delta_single = {single:.4f} -> {'holds' if quad2 < single else 'DOES NOT hold'}")
-    notes = ["Acceptance (delta_quad(2) < delta_single): " + "; ".join(verdict) + ".",
-             f"P1 fit: normalised gradient descent, step s*||delta_w|| with backtracking (s0={INITIAL_STEP}), "
-             f"up to {proto['fit_steps']} steps, loss = honest Lsim(G(X,P1), delta_w) with the true X, Y; no "
-             "regulariser.",
-             f"Averaged over {clients} client(s) x {seeds} seed(s) of the bundled CIFAR-100 sample."]
-    caption = (f"Path consistency (Table 3), scale `{ctx.scale.name}`: CIFAR-100, {clients} client(s) x {seeds} "
-               f"seed(s), k={proto['samples']}, B={proto['batch_size']}, lr={ctx.scale.lr:g}, "
-               + ", ".join(f"E={e} -> T={actual[t]}" for t, e in proto["epochs"])
-               + ", m in {2, 3, 5}; no dummy-data optimisation (attack iterations: none)")
-    write_markdown(ctx, "Path consistency (PI-SME Table 3)", caption, markdown_table(header, lines), notes,
-                   scale_note=SCALE_NOTES[ctx.scale.name])
+        verdict.append(
+            f"T={actual[t]}: delta_quad(2) = {quad2:.4f} {'<' if quad2 < single else '>='} "
+            f"delta_single = {single:.4f} -> {'holds' if quad2 < single else 'DOES NOT hold'}"
+        )
+    notes = [
+        "Acceptance (delta_quad(2) < delta_single): " + "; ".join(verdict) + ".",
+        f"P1 fit: normalised gradient descent, step s*||delta_w|| with backtracking (s0={INITIAL_STEP}), "
+        f"up to {proto['fit_steps']} steps, loss = honest Lsim(G(X,P1), delta_w) with the true X, Y; no "
+        "regulariser.",
+        f"Averaged over {clients} client(s) x {seeds} seed(s) of the bundled CIFAR-100 sample.",
+    ]
+    caption = (
+        f"Path consistency (Table 3), scale `{ctx.scale.name}`: CIFAR-100, {clients} client(s) x {seeds} "
+        f"seed(s), k={proto['samples']}, B={proto['batch_size']}, lr={ctx.scale.lr:g}, "
+        + ", ".join(f"E={e} -> T={actual[t]}" for t, e in proto["epochs"])
+        + ", m in {2, 3, 5}; no dummy-data optimisation (attack iterations: none)"
+    )
+    write_markdown(
+        ctx,
+        "Path consistency (PI-SME Table 3)",
+        caption,
+        markdown_table(header, lines),
+        notes,
+        scale_note=SCALE_NOTES[ctx.scale.name],
+    )
     _plot(ctx, rows, curves, Ts)
 
 
@@ -314,7 +423,13 @@ def _plot(ctx: Context, rows, curves, Ts) -> None:
         ax = fig.add_subplot(1, len(Ts), i + 1)
         for (pt, client, seed), (T, values) in curves.items():
             if pt == t:
-                ax.plot(np.arange(T + 1) / T, values, color="0.3", lw=1, label="grad at true w_tau" if client == seed == 0 else None)
+                ax.plot(
+                    np.arange(T + 1) / T,
+                    values,
+                    color="0.3",
+                    lw=1,
+                    label="grad at true w_tau" if client == seed == 0 else None,
+                )
         for m, color in zip(NODES, ("tab:red", "tab:orange", "tab:purple")):
             ax.axhline(_cell(rows, t, "quad-fit", m), color=color, ls="-", lw=1.2, label=f"quad m={m}, P1 fitted")
         ax.axhline(_cell(rows, t, "quad-midpoint", 2), color="tab:blue", ls="--", lw=1, label="quad m=2, midpoint")

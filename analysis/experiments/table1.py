@@ -5,6 +5,7 @@ and runs the scale's iterations (paper: 1000, m=7). Scores are on Hungarian-matc
 table gives PSNR as mean ± sample variance over (client, seed) attacks, the means of SSIM, FSIM,
 LPIPS and the honest Lsim(G, delta_w), and the paper's number beside ours.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,27 @@ PAPER_PSNR = {  # Table 1 of the paper (dB), 1000 iterations on a GPU
     ("femnist", 250): {"ig": 13.64, "sme": 21.35, "nlsme": 23.14, "pisme": 24.37},
 }
 PAPER_OTHER = {("cifar100", 100, "pisme"): {"ssim": 0.868, "lpips": 0.149}}
-COLUMNS = ["dataset", "paper_T", "local_steps", "client", "seed", "method", "nodes", "iterations", "psnr", "ssim",
-           "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds", "seconds_per_iteration",
-           "gradient_evaluations", "paper_psnr"]
+COLUMNS = [
+    "dataset",
+    "paper_T",
+    "local_steps",
+    "client",
+    "seed",
+    "method",
+    "nodes",
+    "iterations",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+    "paper_psnr",
+]
 
 
 def run(ctx: Context) -> None:
@@ -54,39 +73,66 @@ def run(ctx: Context) -> None:
                     victim = train_victim(ctx, dataset, client, seed, epochs)
                     for method in METHODS:
                         row = attack_and_score(ctx, victim, method)
-                        recorder.add({**row, "paper_T": paper_T,
-                                      "paper_psnr": PAPER_PSNR[(dataset, paper_T)][method]})
+                        recorder.add({**row, "paper_T": paper_T, "paper_psnr": PAPER_PSNR[(dataset, paper_T)][method]})
     _report(ctx, recorder.rows)
 
 
 def _report(ctx: Context, rows: list[dict]) -> None:
     sc = ctx.scale
-    header = ["dataset", "T", "method", "PSNR ours (mean ± var)", "PSNR paper", "SSIM", "FSIM", "LPIPS",
-              "honest Lsim", "label acc.", "n", "s/iter"]
+    header = [
+        "dataset",
+        "T",
+        "method",
+        "PSNR ours (mean ± var)",
+        "PSNR paper",
+        "SSIM",
+        "FSIM",
+        "LPIPS",
+        "honest Lsim",
+        "label acc.",
+        "n",
+        "s/iter",
+    ]
     lines, margins = [], []
     for (dataset, paper_T, T, method), cell in group(rows, "dataset", "paper_T", "local_steps", "method").items():
         other = PAPER_OTHER.get((dataset, paper_T, method), {})
         ssim = fmt(mean_var(column(cell, "ssim"))[0], 3) + (f" (paper {other['ssim']})" if "ssim" in other else "")
         lpips = fmt(mean_var(column(cell, "lpips"))[0], 3) + (f" (paper {other['lpips']})" if "lpips" in other else "")
-        lines.append([dataset, T, LABELS[method], pm(column(cell, "psnr")), fmt(PAPER_PSNR[(dataset, paper_T)][method]),
-                      ssim, fmt(mean_var(column(cell, "fsim"))[0], 3), lpips,
-                      fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
-                      fmt(mean_var(column(cell, "label_accuracy"))[0], 2), len(cell),
-                      fmt(mean_var(column(cell, "seconds_per_iteration"))[0], 3)])
+        lines.append(
+            [
+                dataset,
+                T,
+                LABELS[method],
+                pm(column(cell, "psnr")),
+                fmt(PAPER_PSNR[(dataset, paper_T)][method]),
+                ssim,
+                fmt(mean_var(column(cell, "fsim"))[0], 3),
+                lpips,
+                fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
+                fmt(mean_var(column(cell, "label_accuracy"))[0], 2),
+                len(cell),
+                fmt(mean_var(column(cell, "seconds_per_iteration"))[0], 3),
+            ]
+        )
     for (dataset, paper_T, T), cell in group(rows, "dataset", "paper_T", "local_steps").items():
         by = {m: mean_var(column(r, "psnr"))[0] for (m,), r in group(cell, "method").items()}
         paper = PAPER_PSNR[(dataset, paper_T)]
         if {"pisme", "nlsme", "ig"} <= set(by):
             ours = sorted(by, key=lambda m: -by[m])
-            margins.append(f"{dataset} T={T}: PI-SME - NL-SME = {by['pisme'] - by['nlsme']:+.2f} dB "
-                           f"(paper {paper['pisme'] - paper['nlsme']:+.2f}), PI-SME - IG = "
-                           f"{by['pisme'] - by['ig']:+.2f} dB (paper {paper['pisme'] - paper['ig']:+.2f}); "
-                           f"our order: {' > '.join(LABELS[m] for m in ours)}")
+            margins.append(
+                f"{dataset} T={T}: PI-SME - NL-SME = {by['pisme'] - by['nlsme']:+.2f} dB "
+                f"(paper {paper['pisme'] - paper['nlsme']:+.2f}), PI-SME - IG = "
+                f"{by['pisme'] - by['ig']:+.2f} dB (paper {paper['pisme'] - paper['ig']:+.2f}); "
+                f"our order: {' > '.join(LABELS[m] for m in ours)}"
+            )
     clients = ", ".join(f"{sc.clients_for(d)} {d} client(s)" for d in DATASETS)
-    caption = "Table 1. " + sc.caption("FEMNIST and CIFAR-100 (bundled real samples)", clients=clients,
-                                       extra="PSNR in dB on Hungarian-matched pairs; labels recovered from the "
-                                             "update; variance over (client, seed) attacks; paper: 1000 iterations, "
-                                             "k=50")
+    caption = "Table 1. " + sc.caption(
+        "FEMNIST and CIFAR-100 (bundled real samples)",
+        clients=clients,
+        extra="PSNR in dB on Hungarian-matched pairs; labels recovered from the "
+        "update; variance over (client, seed) attacks; paper: 1000 iterations, "
+        "k=50",
+    )
     notes = ["Margins: " + m for m in margins]
     write_markdown(ctx, "Table 1: IG, SME, NL-SME and PI-SME", caption, markdown_table(header, lines), notes)
     _plot(ctx, rows)
@@ -105,8 +151,15 @@ def _plot(ctx: Context, rows: list[dict]) -> None:
         means = [mean_var(column(by[(m,)], "psnr"))[0] for m in methods]
         spread = [math.sqrt(v) if math.isfinite(v := mean_var(column(by[(m,)], "psnr"))[1]) else 0 for m in methods]
         ax.bar(x, means, yerr=spread, color="tab:blue", alpha=0.7, label="ours")
-        ax.scatter(x, [PAPER_PSNR[(dataset, paper_T)][m] for m in methods], color="tab:red", marker="_", s=300,
-                   zorder=3, label="paper")
+        ax.scatter(
+            x,
+            [PAPER_PSNR[(dataset, paper_T)][m] for m in methods],
+            color="tab:red",
+            marker="_",
+            s=300,
+            zorder=3,
+            label="paper",
+        )
         ax.set_xticks(x, [LABELS[m] for m in methods], fontsize=8)
         ax.set_title(f"{dataset}, T={T}", fontsize=9)
         ax.set_ylabel("PSNR (dB)")

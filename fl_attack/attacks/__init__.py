@@ -1,4 +1,5 @@
 """Attack registry: importing this package registers ig, sme, nlsme, pisme and pisme-adaptive."""
+
 from . import ig, nlsme, pisme, pisme_adaptive, sme  # noqa: F401  (registration side effect)
 from .base import ATTACKS, Attack, AttackConfig, get_attack, lsim, register, total_variation
 

@@ -5,6 +5,7 @@ which extra variables it learns. The one optimisation loop that drives every att
 X_hat and those variables, the box clamp, the learning-rate schedule and the trace; the paper's
 "Optimisation" section) lives in ``fl_attack.api.reconstruct``.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,14 +89,17 @@ class AttackConfig:
         if not self.node_tolerance > 0:
             raise ValueError(f"node_tolerance must be > 0, got {self.node_tolerance}")
         if int(self.node_check_every) < 0:
-            raise ValueError(f"node_check_every must be >= 0 (0: at the schedule's phases), got {self.node_check_every}")
+            raise ValueError(
+                f"node_check_every must be >= 0 (0: at the schedule's phases), got {self.node_check_every}"
+            )
         if not 0 <= self.label_refine < 1:
             raise ValueError(f"label_refine must be in [0, 1) (a fraction of the iterations), got {self.label_refine}")
         from ..labels import LABEL_ESTIMATORS
 
         if self.label_estimator not in LABEL_ESTIMATORS:
-            raise ValueError(f"label_estimator must be one of {', '.join(LABEL_ESTIMATORS)}, "
-                             f"got {self.label_estimator!r}")
+            raise ValueError(
+                f"label_estimator must be one of {', '.join(LABEL_ESTIMATORS)}, got {self.label_estimator!r}"
+            )
         if int(self.trace_every) < 1:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
 
@@ -125,8 +129,9 @@ def total_variation(x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     return dh.mean() + dw.mean()
 
 
-def node_gradients(model: torch.nn.Module, shapes, weights: torch.Tensor, coeffs: torch.Tensor,
-                   x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def node_gradients(
+    model: torch.nn.Module, shapes, weights: torch.Tensor, coeffs: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     """G = sum_i c_i * grad_w CE(f_{w_i}(x), y) at given nodes (eq. 8), differentiable in x and the weights.
 
     weights: (m, P) flat weights of the m nodes; coeffs: (m,) quadrature weights. Returns (P,).
@@ -200,13 +205,17 @@ class BezierMixin:
 
     def _bezier_groups(self) -> list[dict]:
         c = self.config
-        return [{"params": [self.control_point], "lr": c.lr_control_point, "optimizer": c.control_point_optimizer},
-                {"params": [self.calibration], "lr": c.lr_calibration}]
+        return [
+            {"params": [self.control_point], "lr": c.lr_control_point, "optimizer": c.control_point_optimizer},
+            {"params": [self.calibration], "lr": c.lr_calibration},
+        ]
 
     def regularizer(self):
         c = self.config
-        return (c.control_point_weight * (self.control_point - self.anchor).pow(2).sum()
-                + c.calibration_weight * (self.calibration - 1).pow(2).sum())
+        return (
+            c.control_point_weight * (self.control_point - self.anchor).pow(2).sum()
+            + c.calibration_weight * (self.calibration - 1).pow(2).sum()
+        )
 
     @torch.no_grad()
     def _project_calibration(self):
@@ -214,8 +223,10 @@ class BezierMixin:
 
     def _bezier_summary(self) -> dict:
         with torch.no_grad():
-            return {"control_point_shift": float((self.control_point - self.anchor).norm() / (self.delta_w.norm() + _EPS)),
-                    "calibration_mean": float(self.calibration.mean())}
+            return {
+                "control_point_shift": float((self.control_point - self.anchor).norm() / (self.delta_w.norm() + _EPS)),
+                "calibration_mean": float(self.calibration.mean()),
+            }
 
 
 ATTACKS: dict[str, type[Attack]] = {}

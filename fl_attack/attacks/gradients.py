@@ -23,6 +23,7 @@ Two implementations compute the same G:
      layout reorders and pooling works on contiguous channel vectors.
 tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,12 +36,27 @@ from torch.func import functional_call
 from ..models import PaperCNN
 from ..update import unflatten
 
-_CNN_KEYS = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-             "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+_CNN_KEYS = (
+    "conv1.weight",
+    "conv1.bias",
+    "conv2.weight",
+    "conv2.bias",
+    "fc1.weight",
+    "fc1.bias",
+    "fc2.weight",
+    "fc2.bias",
+)
 
 
-def path_gradient(model: torch.nn.Module, shapes, anchors: Sequence[torch.Tensor], basis: torch.Tensor | None,
-                  coeffs: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def path_gradient(
+    model: torch.nn.Module,
+    shapes,
+    anchors: Sequence[torch.Tensor],
+    basis: torch.Tensor | None,
+    coeffs: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> torch.Tensor:
     """G = sum_i c_i grad_w CE(f_{w_i}(x), y) with w_i = sum_j basis[i, j] anchors[j] (eq. 8).
 
     model: the victim (its own parameters are not used); shapes: ``fl_attack.update.layout``.
@@ -71,7 +87,8 @@ def path_gradient(model: torch.nn.Module, shapes, anchors: Sequence[torch.Tensor
     if y.dtype != torch.int64 or y.dim() != 1 or y.shape[0] != x.shape[0]:
         raise ValueError(f"labels must be int64 of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}")
     create_graph = torch.is_grad_enabled() and (
-        x.requires_grad or any(a.requires_grad for a in anchors) or (basis is not None and basis.requires_grad))
+        x.requires_grad or any(a.requires_grad for a in anchors) or (basis is not None and basis.requires_grad)
+    )
     engine = _cnn_path_gradient if _is_paper_cnn(model, shapes, x) else _generic_path_gradient
     with torch.enable_grad():  # the node gradients need autograd even under no_grad
         g = engine(model, shapes, anchors, basis, coeffs, x, y, create_graph)
@@ -84,12 +101,21 @@ def _is_paper_cnn(model, shapes, x) -> bool:
     pool = getattr(model, "pool", None)
     convs = (getattr(model, "conv1", None), getattr(model, "conv2", None))
     hooked = any(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks for mod in model.modules())
-    return (isinstance(model, PaperCNN) and type(model).forward is PaperCNN.forward and not hooked
-            and all(type(c) is torch.nn.Conv2d and c.padding_mode == "zeros" and not isinstance(c.padding, str)
-                    for c in convs)
-            and type(pool) is torch.nn.AvgPool2d and pool.kernel_size in (2, (2, 2))
-            and pool.stride in (2, (2, 2)) and pool.padding in (0, (0, 0)) and not pool.ceil_mode
-            and tuple(name for name, _ in shapes) == _CNN_KEYS and x.dim() == 4)
+    return (
+        isinstance(model, PaperCNN)
+        and type(model).forward is PaperCNN.forward
+        and not hooked
+        and all(
+            type(c) is torch.nn.Conv2d and c.padding_mode == "zeros" and not isinstance(c.padding, str) for c in convs
+        )
+        and type(pool) is torch.nn.AvgPool2d
+        and pool.kernel_size in (2, (2, 2))
+        and pool.stride in (2, (2, 2))
+        and pool.padding in (0, (0, 0))
+        and not pool.ceil_mode
+        and tuple(name for name, _ in shapes) == _CNN_KEYS
+        and x.dim() == 4
+    )
 
 
 def _rows(basis, m: int, j: int) -> list[list]:
@@ -151,10 +177,13 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph
             conv1_at_anchor = [F.conv2d(x, p["conv1.weight"], p["conv1.bias"], **conv1) for p in params]
         else:  # anchor differences: z1_i = conv(x, A_0) + sum_j basis[i, j] conv(x, A_j - A_0)
             first = params[0]
-            diffs = [F.conv2d(x, p["conv1.weight"] - first["conv1.weight"], p["conv1.bias"] - first["conv1.bias"],
-                              **conv1) for p in params[1:]]
-            node_inputs = _PathCombine.apply([row[1:] for row in rows],
-                                             F.conv2d(x, first["conv1.weight"], first["conv1.bias"], **conv1), *diffs)
+            diffs = [
+                F.conv2d(x, p["conv1.weight"] - first["conv1.weight"], p["conv1.bias"] - first["conv1.bias"], **conv1)
+                for p in params[1:]
+            ]
+            node_inputs = _PathCombine.apply(
+                [row[1:] for row in rows], F.conv2d(x, first["conv1.weight"], first["conv1.bias"], **conv1), *diffs
+            )
     rest = _CNN_KEYS[2:]
     per_node = ("conv2.weight", "conv2.bias", "fc2.weight", "fc2.bias")  # their G is summed node by node
     out_grad, total, fc1_inputs, fc1_out_grads = None, {}, [], []
@@ -185,8 +214,18 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph
     # conv1's part of G: one weight gradient of x against the summed output gradients (rewrite 1)
     weight = params[0]["conv1.weight"].detach()
     total["conv1.weight"] = torch.ops.aten.convolution_backward(
-        out_grad, x, weight, None, list(c1.stride), list(c1.padding), list(c1.dilation), False, [0, 0],
-        c1.groups, [False, True, False])[1]
+        out_grad,
+        x,
+        weight,
+        None,
+        list(c1.stride),
+        list(c1.padding),
+        list(c1.dilation),
+        False,
+        [0, 0],
+        c1.groups,
+        [False, True, False],
+    )[1]
     total["conv1.bias"] = out_grad.sum((0, 2, 3))
     return torch.cat([total[k].reshape(-1) for k in _CNN_KEYS])
 
@@ -360,7 +399,8 @@ class _ConvGrads(torch.autograd.Function):
         ctx.conf = conf
         stride, padding, dilation, groups = conf
         g_a, g_w, _ = torch.ops.aten.convolution_backward(
-            g_out, a, weight, None, stride, padding, dilation, False, [0, 0], groups, [True, True, False])
+            g_out, a, weight, None, stride, padding, dilation, False, [0, 0], groups, [True, True, False]
+        )
         return g_a, g_w
 
     @staticmethod
@@ -378,8 +418,18 @@ class _ConvGrads(torch.autograd.Function):
         d_a = d_w = None
         if any(mask):
             d_a, d_w, _ = torch.ops.aten.convolution_backward(
-                g_out, gg_a if gg_a is not None else a, gg_w if gg_w is not None else weight, None,
-                stride, padding, dilation, False, [0, 0], groups, mask)
+                g_out,
+                gg_a if gg_a is not None else a,
+                gg_w if gg_w is not None else weight,
+                None,
+                stride,
+                padding,
+                dilation,
+                False,
+                [0, 0],
+                groups,
+                mask,
+            )
         return d_out, d_a, d_w, None
 
 

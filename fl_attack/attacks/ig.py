@@ -1,4 +1,5 @@
 """IG (Geiping et al., NeurIPS 2020): cosine matching of the single gradient at w0, plus TV."""
+
 from __future__ import annotations
 
 import torch

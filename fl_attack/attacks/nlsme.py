@@ -5,6 +5,7 @@ There is no public code. Our reading of the paper, documented in docs/attack-cor
 - one learnable position t in [0,1] (init 0.5, Adam at lr_position, clamped after each step);
 - the same calibration d, R_p and R_d regularisers and learning rates as PI-SME (eq. 10).
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,15 @@ class NonLinearSME(BezierMixin, Attack):
 
     def surrogate_gradient(self, x, y):
         basis = bezier_coefficients(self.position.reshape(1))  # (1, 3), differentiable in t
-        return path_gradient(self.model, self.shapes, [self.w0, self.control_point, self.wT], basis,
-                             torch.ones_like(self.position).reshape(1), x, y)
+        return path_gradient(
+            self.model,
+            self.shapes,
+            [self.w0, self.control_point, self.wT],
+            basis,
+            torch.ones_like(self.position).reshape(1),
+            x,
+            y,
+        )
 
     @torch.no_grad()
     def project(self):

@@ -4,6 +4,7 @@ The update delta_w = w0 - wT is a path integral of the gradient. PI-SME approxim
 m-node Gauss-Legendre rule along a learnable quadratic Bezier path and matches it under cosine
 loss with a calibration vector d, plus TV, R_p and R_d.
 """
+
 from __future__ import annotations
 
 from ..quadrature import bezier_coefficients, gauss_legendre

@@ -21,6 +21,7 @@ about 0.12 at m=1 and still about 0.02 at m=7. A ReLU network's gradient is only
 along the path, so the rule converges algebraically, not at its polynomial order. The default
 tolerance of 0.05 therefore selects m of about 3-4 on a true batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,16 @@ from .gradients import path_gradient
 from .pisme import PathIntegralSME
 
 
-def surrogate_at_order(model, shapes, w0: torch.Tensor, control_point: torch.Tensor, wT: torch.Tensor,
-                       x: torch.Tensor, y: torch.Tensor, m: int) -> torch.Tensor:
+def surrogate_at_order(
+    model,
+    shapes,
+    w0: torch.Tensor,
+    control_point: torch.Tensor,
+    wT: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: int,
+) -> torch.Tensor:
     """G_m(X, P1) of eq. 8 with m Gauss-Legendre nodes, detached (no graph kept). Returns (P,)."""
     t, c = gauss_legendre(m)
     basis = bezier_coefficients(t).to(w0)
@@ -60,8 +69,9 @@ def quadrature_error(model, shapes, w0, control_point, wT, x, y, m: int, cache: 
     return direction_error(cache[m], cache[2 * m + 1])
 
 
-def choose_nodes(model, shapes, w0, control_point, wT, x, y, tolerance: float, max_nodes: int
-                 ) -> tuple[int, float, int]:
+def choose_nodes(
+    model, shapes, w0, control_point, wT, x, y, tolerance: float, max_nodes: int
+) -> tuple[int, float, int]:
     """The smallest m in 1..max_nodes whose error estimate is <= tolerance (else max_nodes).
 
     Returns (m, its error estimate, node-gradient evaluations spent on the check).
@@ -85,8 +95,7 @@ class AdaptivePathIntegralSME(PathIntegralSME):
         super().__init__(*args, **kwargs)
         c = self.config
         every = int(c.node_check_every)
-        self.check_at = (set(range(0, c.iterations, every)) if every > 0
-                         else {0, *lr_milestones(c.iterations)})
+        self.check_at = set(range(0, c.iterations, every)) if every > 0 else {0, *lr_milestones(c.iterations)}
         self.iteration = 0
         self.evaluations = 0
         self.error_estimate = math.nan
@@ -99,9 +108,17 @@ class AdaptivePathIntegralSME(PathIntegralSME):
 
     def surrogate_gradient(self, x, y):
         if self.iteration in self.check_at:
-            m, self.error_estimate, cost = choose_nodes(self.model, self.shapes, self.w0, self.control_point,
-                                                        self.wT, x, y, self.config.node_tolerance,
-                                                        self.config.nodes)
+            m, self.error_estimate, cost = choose_nodes(
+                self.model,
+                self.shapes,
+                self.w0,
+                self.control_point,
+                self.wT,
+                x,
+                y,
+                self.config.node_tolerance,
+                self.config.nodes,
+            )
             self.evaluations += cost
             self._set_nodes(m)
             self.checks.append((self.iteration, m, self.error_estimate))
@@ -110,5 +127,9 @@ class AdaptivePathIntegralSME(PathIntegralSME):
         return super().surrogate_gradient(x, y)
 
     def summary(self):
-        return {"nodes": len(self.nodes), "node_error": self.error_estimate,
-                "gradient_evaluations": self.evaluations, **super().summary()}
+        return {
+            "nodes": len(self.nodes),
+            "node_error": self.error_estimate,
+            "gradient_evaluations": self.evaluations,
+            **super().summary(),
+        }

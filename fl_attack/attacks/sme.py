@@ -2,6 +2,7 @@
 
 SME's code differentiates alpha by hand; here autograd goes through the functional call.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ class SurrogateModelExtension(Attack):
 
     def surrogate_gradient(self, x, y):
         basis = torch.stack([1 - self.alpha, self.alpha]).reshape(1, 2)  # w0 + alpha (wT - w0)
-        return path_gradient(self.model, self.shapes, [self.w0, self.wT], basis,
-                             torch.ones_like(self.alpha).reshape(1), x, y)
+        return path_gradient(
+            self.model, self.shapes, [self.w0, self.wT], basis, torch.ones_like(self.alpha).reshape(1), x, y
+        )
 
     @torch.no_grad()
     def project(self):
