@@ -10,6 +10,7 @@ grows from about 0.8 dB (C=100) to about 4.2 dB (C=10).
 from __future__ import annotations
 
 from .common import (
+    ATTACK_ROW_COLUMNS,
     Context,
     Recorder,
     attack_and_score,
@@ -32,29 +33,7 @@ CLASSES = (10, 20, 30, 60, 100)
 PAPER_K = 50
 METHODS = ("sme", "nlsme", "pisme")
 PAPER_MARGIN = {100: 0.8, 10: 4.2}  # PI-SME - NL-SME (dB), read from the paper's text
-COLUMNS = [
-    "dataset",
-    "paper_classes",
-    "classes",
-    "distinct_labels",
-    "paper_T",
-    "local_steps",
-    "client",
-    "seed",
-    "method",
-    "nodes",
-    "iterations",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "seconds",
-    "seconds_per_iteration",
-    "gradient_evaluations",
-]
+COLUMNS = ["dataset", "paper_classes", "classes", "distinct_labels", "paper_T", *ATTACK_ROW_COLUMNS]
 
 
 def classes_used(paper_classes: int, samples: int) -> int:

@@ -31,6 +31,25 @@ from fl_attack.records import csv_text, write_text_atomic
 from strategies.settings import usable_cpus
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
+# The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
+ATTACK_ROW_COLUMNS = [
+    "local_steps",
+    "client",
+    "seed",
+    "method",
+    "nodes",
+    "iterations",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+    "seconds_per_iteration",
+    "gradient_evaluations",
+]
 
 
 # ----------------------------------------------------------------------------------- scales

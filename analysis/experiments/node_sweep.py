@@ -8,6 +8,7 @@ double-backward pass per node). The paper finds PSNR flat within about 0.4 dB ov
 from __future__ import annotations
 
 from .common import (
+    ATTACK_ROW_COLUMNS,
     Context,
     Recorder,
     attack_and_score,
@@ -27,26 +28,7 @@ DATASET = "femnist"
 PAPER_T = 100
 NODES = (3, 4, 5, 7, 10, 12)
 PAPER_SPREAD_DB = 0.4
-COLUMNS = [
-    "dataset",
-    "paper_T",
-    "local_steps",
-    "client",
-    "seed",
-    "method",
-    "nodes",
-    "iterations",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "seconds",
-    "seconds_per_iteration",
-    "gradient_evaluations",
-]
+COLUMNS = ["dataset", "paper_T", *ATTACK_ROW_COLUMNS]
 
 
 def run(ctx: Context) -> None:

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .common import (
+    ATTACK_ROW_COLUMNS,
     Context,
     Recorder,
     attack_and_score,
@@ -38,27 +39,7 @@ PAPER_PSNR = {  # Table 1 of the paper (dB), 1000 iterations on a GPU
     ("femnist", 250): {"ig": 13.64, "sme": 21.35, "nlsme": 23.14, "pisme": 24.37},
 }
 PAPER_OTHER = {("cifar100", 100, "pisme"): {"ssim": 0.868, "lpips": 0.149}}
-COLUMNS = [
-    "dataset",
-    "paper_T",
-    "local_steps",
-    "client",
-    "seed",
-    "method",
-    "nodes",
-    "iterations",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "seconds",
-    "seconds_per_iteration",
-    "gradient_evaluations",
-    "paper_psnr",
-]
+COLUMNS = ["dataset", "paper_T", *ATTACK_ROW_COLUMNS, "paper_psnr"]
 
 
 def run(ctx: Context) -> None:
