@@ -276,8 +276,8 @@ def attack_row(
     round: int | None = None,
     node_id: int | None = None,
     client_id: str = "",
+    label_estimator: str,
     defense: str = "none",
-    label_estimator: str = "paper",
     status: str = "ok",
     error: str = "",
     lsim_honest: float = math.nan,
@@ -291,7 +291,8 @@ def attack_row(
 
     scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the
     metrics NaN (a failed attack). nodes: ``nodes_per_iteration``. labels: "recovered" or
-    "oracle". attack_seconds: the attack's wall time. image: the grid's path relative to the run.
+    "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
+    attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -371,6 +372,7 @@ def attack_victim(
     row = attack_row(
         method=method,
         dataset=victim.dataset,
+        label_estimator=config.label_estimator,
         local_steps=victim.local_steps,
         nodes=nodes_per_iteration(method, config, rec.trace),
         iterations=config.iterations,

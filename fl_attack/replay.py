@@ -470,6 +470,7 @@ def _attack(replay: Replay, update, target: AttackTarget, method: str, images, l
         defense=replay.run.defense,
         local_steps=update.metadata.local_steps,
         iterations=config.iterations,
+        label_estimator=config.label_estimator,
     )
     start = time.perf_counter()
     try:

@@ -230,6 +230,7 @@ def failed_row(settings: AttackSettings, partition: int, method: str, seconds: f
         attack_row(
             method=method,
             dataset=meta.dataset,
+            label_estimator=config.label_estimator,
             local_steps=meta.local_steps,
             nodes=nodes_per_iteration(method, config),
             iterations=config.iterations,

@@ -88,7 +88,7 @@ class Evaluator:
             nodes=nodes,
             iterations=config.iterations,
             lag_rounds=lag_rounds,
-            label_estimator=getattr(config, "label_estimator", "paper"),
+            label_estimator=config.label_estimator,
             labels=outcome.label_source or self.settings.attack_labels,
             lsim_honest=outcome.lsim_honest,
             lsim_calibrated=outcome.lsim_calibrated,

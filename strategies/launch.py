@@ -71,17 +71,59 @@ def _toml_value(value) -> str:
     return json.dumps(str(value))  # a TOML basic string
 
 
-def _run_config(overrides: list[str], federation: str, folder: Path) -> tuple[Path, str]:
-    """The user's ``--run-config`` values (key=value strings or one TOML file, dotted keys included),
-    parsed by Flower's own parser, plus the federation's client CPUs as client-num-cpus when the
-    user did not set it. Written to a new TOML file in ``folder``, the one file handed to ``flwr run``.
-    Returns (that file, the run folder to expect, or "" when the ServerApp names it)."""
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # flwr's own key=value pattern
+
+
+def _parse_overrides(overrides: list[str]) -> dict:
+    """The --run-config values as Flower reads them, but refusing what Flower would silently drop
+    (a key without a value, a stray word) and turning its parse errors into ValueError."""
     from flwr.common.config import parse_config_args
 
-    pairs = parse_config_args(overrides or None)
-    cpus = re.search(r"client-resources-num-cpus=(\d+)", federation)
+    for text in overrides:
+        if text.endswith(".toml"):
+            continue
+        stray = _PAIR.sub(" ", text).split()
+        if stray:
+            raise ValueError(f"expected key=value pairs, got '{stray[0]}' in '{text}'")
+    try:
+        return parse_config_args(overrides or None)
+    except (ValueError, OSError):
+        raise
+    except Exception as exc:  # click's and tomli's errors: a malformed value, a key given twice
+        raise ValueError(str(getattr(exc, "message", None) or exc).strip()) from None
+
+
+def _check_run_config(pairs: dict, federation: str) -> None:
+    """Every check the ServerApp makes before round 1 that needs no federation, here in a second:
+    unknown keys (Flower would only say "Invalid run configuration"), then each value's type and
+    range (RunSettings), then attack-clients against num-supernodes. ValueError naming the key."""
+    import tomllib
+
+    from .settings import RunSettings
+
+    defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    unknown = sorted(set(pairs) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"unknown run-config key '{unknown[0]}'; the keys are pyproject.toml's "
+            "[tool.flwr.app.config] (README: Running federations)"
+        )
+    settings = RunSettings.from_run_config({**defaults, **pairs})
+    nodes = re.search(r"num-supernodes=(\d+)", federation)
+    settings.check_nodes(int(nodes.group(1)) if nodes else 2)  # Flower's default: 2 SuperNodes
+
+
+def _run_config(overrides: list[str], federation: str, folder: Path) -> tuple[Path, str]:
+    """The user's ``--run-config`` values (key=value strings or one TOML file, dotted keys included),
+    parsed by Flower's own parser and checked (``_check_run_config``), plus the federation's client
+    CPUs as client-num-cpus when the user did not set it. Written to a new TOML file in ``folder``,
+    the one file handed to ``flwr run`` (the caller deletes it). Returns (that file, the run-name or "").
+    Raises ValueError for a malformed or invalid run config, before anything starts."""
+    pairs = _parse_overrides(overrides)
+    cpus = re.search(r"client-resources-num-cpus=(\d+)(?![.\d])", federation)
     if cpus and "client-num-cpus" not in pairs:
         pairs["client-num-cpus"] = int(cpus.group(1))
+    _check_run_config(pairs, federation)
     folder.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="run-config-", suffix=".toml", dir=folder)  # one per launch
     os.close(fd)
@@ -252,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         status = _final_status(run_id, env) if run_id else "not started"
     finally:
         _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
+        config_file.unlink(missing_ok=True)
     if abandoned:
         print(
             f"fl-attack: run {run_id} abandoned after {time.time() - started:.0f} s (status: {status})", file=sys.stderr

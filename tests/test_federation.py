@@ -440,16 +440,39 @@ def test_the_launcher_passes_the_run_config_through_with_the_client_cpus(tmp_pat
     assert parsed(['run-name="x"']) == {"run-name": "x", "client-num-cpus": 3}
     assert parsed(["client-num-cpus=1"])["client-num-cpus"] == 1  # the user's value wins
     assert "client-num-cpus" not in parsed([], "num-supernodes=4")  # Flower's default (2) is ours too
-    # Several strings, dotted keys and a TOML file are read with Flower's own parser.
-    assert parsed(["seed=3 lr=0.05", 'attack-options="tv_weight=0.02"', "a.b=true"]) == {
+    # Several strings and a TOML file are read with Flower's own parser (dotted TOML tables flatten
+    # to "a.b" keys, which the run config then has to know).
+    assert parsed(["seed=3 lr=0.05", 'attack-options="tv_weight=0.02"']) == {
         "seed": 3,
         "lr": 0.05,
         "attack-options": "tv_weight=0.02",
-        "a.b": True,
         "client-num-cpus": 3,
     }
-    (tmp_path / "mine.toml").write_text('dataset = "cifar100"\n[defense]\nkind = "x"\n')
-    assert parsed([str(tmp_path / "mine.toml")]) == {"dataset": "cifar100", "defense.kind": "x", "client-num-cpus": 3}
+    (tmp_path / "mine.toml").write_text('dataset = "cifar100"\nseed = 4\n')
+    assert parsed([str(tmp_path / "mine.toml")]) == {"dataset": "cifar100", "seed": 4, "client-num-cpus": 3}
+    (tmp_path / "dotted.toml").write_text('[defense]\nkind = "x"\n')
+    with pytest.raises(ValueError, match="unknown run-config key 'defense.kind'"):
+        parsed([str(tmp_path / "dotted.toml")])
+
+
+def test_the_launcher_refuses_a_bad_run_config_in_a_second(tmp_path, capsys):
+    """What Flower would drop silently or reject without naming the key, and what the ServerApp
+    would only reject after the SuperLink and Ray started: exit 2, one line, nothing launched."""
+    from strategies.launch import main
+
+    cases = {
+        "num-server-rounds=": "expected key=value pairs, got 'num-server-rounds='",
+        'attack-round="all"': "unknown run-config key 'attack-round'",
+        'attack-rounds="every:0"': "attack-rounds must be",
+        'attack-clients="7"': "attack-clients lists partition id 7, but the federation has 3 node(s)",
+        'num-server-rounds=1 num-server-rounds="abc"': "invalid format",
+        "num-server-rounds=2.5": "num-server-rounds' must be an integer",
+    }
+    for text, message in cases.items():
+        code = main(["--run-config", text, "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith("fl-attack: error: --run-config:"), err
+        assert message in err, (text, err)
 
 
 def test_a_refused_row_is_kept_and_written_once_the_disk_recovers(tmp_path, monkeypatch):

@@ -69,6 +69,7 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
             "nodes",
             "iterations",
             "labels",
+            "label_estimator",
             "image",
             *SCORES,
         ):
