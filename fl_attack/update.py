@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .config import check_training, local_steps
+from .records import append_csv_row, read_csv, write_bytes_atomic
 
 StateDict = "OrderedDict[str, torch.Tensor]"
 
@@ -278,6 +279,13 @@ def _saved(obj) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
+def save_torch_atomic(path, obj) -> str:
+    """``torch.save`` of ``obj`` written atomically to ``path`` (fl_attack.records); returns its SHA-256."""
+    data, sha = _saved(obj)
+    write_bytes_atomic(path, data)
+    return sha
+
+
 def save_update(update: ObservedUpdate, target: AttackTarget, folder) -> dict:
     """Record ``update`` under ``folder`` (a run's ``updates/``) and append its line to ``index.csv``.
 
@@ -286,8 +294,6 @@ def save_update(update: ObservedUpdate, target: AttackTarget, folder) -> dict:
     atomically; the index holds their SHA-256. Only what the attacker observed is written, never data.
     Returns the index row.
     """
-    from .records import append_csv_row, write_bytes_atomic
-
     folder = Path(folder)
     rel = Path(f"round-{target.round}")
     w0_bytes, w0_sha = _saved({"w0": update.w0})
@@ -345,6 +351,4 @@ def load_update(folder, row: dict) -> tuple[ObservedUpdate, AttackTarget]:
 
 def read_update_index(folder) -> list[dict]:
     """The rows of ``folder``/index.csv in file order ([] when nothing was recorded)."""
-    from .records import read_csv
-
     return read_csv(Path(folder) / UPDATE_INDEX)[1]

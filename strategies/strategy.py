@@ -29,8 +29,8 @@ from tqdm import tqdm
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.data import get_spec
 from fl_attack.models import resolve_model
-from fl_attack.records import ROUND_COLUMNS, append_csv_row, write_bytes_atomic
-from fl_attack.update import AttackTarget, save_update
+from fl_attack.records import ROUND_COLUMNS, append_csv_row
+from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 
 from .attacker import AttackDispatcher, AttackJob, AttackOutcome
 from .evaluator import Evaluator
@@ -321,11 +321,7 @@ class LeakageTracking:
             with self.timings.measure("writing"):
                 append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
                 if state is not None:
-                    import io
-
-                    buf = io.BytesIO()
-                    torch.save({"round": server_round, "arrays": state}, buf)
-                    write_bytes_atomic(self.run_dir / CHECKPOINT, buf.getvalue())
+                    save_torch_atomic(self.run_dir / CHECKPOINT, {"round": server_round, "arrays": state})
         except OSError as exc:  # the federation goes on; the round's row is in events.log at least
             self._event(f"round {server_round}: could not write rounds.csv or the checkpoint ({exc}); row: {row}")
         if os.environ.get(CRASH_ENV) == str(server_round):  # fault injection for the resume tests
@@ -381,12 +377,8 @@ class LeakageTracking:
         if not self.unwritten:
             return
         try:
-            import io
-
-            buf = io.BytesIO()
-            torch.save([vars(o) for o in self.unwritten], buf)
             path = self.run_dir / f"unwritten-{len(self.unwritten)}.pt"
-            write_bytes_atomic(path, buf.getvalue())
+            save_torch_atomic(path, [vars(o) for o in self.unwritten])
             self._event(f"{len(self.unwritten)} result(s) could not be written to attacks.csv; saved in {path.name}")
         except Exception as exc:
             log.error("%d attack result(s) could not be written at all: %s", len(self.unwritten), exc)
