@@ -10,13 +10,14 @@ import csv
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from analysis.experiments import EXPERIMENTS, main
-from analysis.experiments.common import SCALES, make_context
+from analysis.experiments.common import SCALES, make_context, paired_differences, spread
 from analysis.experiments.path_consistency import true_path_control_point
 from analysis.experiments.table1 import PAPER_PSNR
 
@@ -199,6 +200,13 @@ def test_adaptive_nodes_compares_with_fixed_m(outputs):
         (["table1", "--seeds", "0"], "--seeds must be an integer >= 1"),
         (["table1", "--data-dir", "/no/such/dir"], "data directory not found"),
         (["table1", "--device", "tpu"], "unknown device"),
+        (["table1", "--grid", "labels=oracle"], "this experiment's grid axes are: none"),
+        (["class-deficiency", "--grid", "nodes=3"], "grid axes are: classes, labels"),
+        (["class-deficiency", "--grid", "classes"], "--grid wants AXIS=V1,V2"),
+        (["class-deficiency", "--grid", "classes=10,0"], "'0' is not classes per CIFAR-100 client"),
+        (["node-sweep", "--grid", "nodes=two"], "'two' is not Gauss-Legendre nodes"),
+        (["matched-compute", "--grid", "paper_T=300"], "'300' is not the paper's T"),
+        (["matched-compute", "--grid", "labels=true"], "'true' is not recovered or oracle"),
     ],
 )
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, argv, message):
@@ -230,3 +238,83 @@ def test_label_recovery_scores_every_estimator(outputs):
     assert all(0 <= num(r["label_accuracy"]) <= 1 for r in rows)
     assert all(num(r["label_accuracy"]) == 1 for r in rows if r["estimator"] == "oracle")  # the exact identity
     assert {int(r["round"]) for r in rows} == {1, 2}
+
+
+# ----------------------------------------------------------------- grids and resuming
+
+
+def _tiny(name: str, out: Path, *extra: str) -> list[str]:
+    return [name, "--scale", "tiny", "--out", str(out), "--device", "cpu", "--threads", "1", *extra]
+
+
+def test_a_rerun_skips_recorded_rows_and_adds_the_new_grid_values(tmp_path):
+    assert main(_tiny("node-sweep", tmp_path, "--grid", "nodes=1,2")) == 0
+    _, first = read(tmp_path, "node-sweep")
+    assert [int(r["nodes"]) for r in first] == [1, 2]
+    assert main(_tiny("node-sweep", tmp_path, "--grid", "nodes=1,2,3", "--grid", "labels=recovered,oracle")) == 0
+    _, second = read(tmp_path, "node-sweep")
+    assert second[:2] == first  # kept as they were, not recomputed
+    assert [(int(r["nodes"]), r["labels"]) for r in second[2:]] == [
+        (3, "recovered"),
+        (1, "oracle"),
+        (2, "oracle"),
+        (3, "oracle"),
+    ]
+    assert all(num(r["label_accuracy"]) == 1 for r in second if r["labels"] == "oracle")
+    md = (tmp_path / "node-sweep.md").read_text()
+    assert "Attack time over all 6 rows" in md and "| oracle |" in md
+
+
+def test_a_rerun_at_another_scale_is_refused_before_any_work(tmp_path, capsys):
+    assert main(_tiny("node-sweep", tmp_path, "--grid", "nodes=1")) == 0
+    before = (tmp_path / "node-sweep.csv").read_bytes()
+    assert main(_tiny("node-sweep", tmp_path, "--grid", "nodes=1", "--iterations", "4")) == 2
+    assert "written at another scale (iterations: 3 there, 4 now)" in capsys.readouterr().err
+    assert (tmp_path / "node-sweep.csv").read_bytes() == before
+
+
+def test_a_killed_run_resumes_where_it_stopped(tmp_path):
+    """SIGKILL the real command after its first rows; the rerun keeps them and completes the grid."""
+    argv = _tiny("node-sweep", tmp_path, "--grid", "nodes=1,2,3,4,5,6,7,8")
+    csv_path = tmp_path / "node-sweep.csv"
+    proc = subprocess.Popen([sys.executable, "-m", "analysis.experiments", *argv], cwd=REPO, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if csv_path.exists() and len(read(tmp_path, "node-sweep")[1]) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        proc.kill()
+        proc.wait()
+    _, kept = read(tmp_path, "node-sweep")
+    assert 2 <= len(kept) < 8
+    assert main(argv) == 0
+    _, rows = read(tmp_path, "node-sweep")
+    assert rows[: len(kept)] == kept
+    assert sorted(int(r["nodes"]) for r in rows) == list(range(1, 9))
+
+
+def test_class_deficiency_with_oracle_labels(tmp_path):
+    argv = _tiny("class-deficiency", tmp_path, "--grid", "classes=10", "--grid", "labels=recovered,oracle")
+    assert main(argv) == 0
+    _, rows = read(tmp_path, "class-deficiency")
+    assert sorted((r["labels"], r["method"]) for r in rows) == sorted(
+        (labels, m) for labels in ("recovered", "oracle") for m in ("sme", "nlsme", "pisme")
+    )
+    assert all(num(r["label_accuracy"]) == 1 for r in rows if r["labels"] == "oracle")
+    md = (tmp_path / "class-deficiency.md").read_text()
+    assert "| oracle | 10 |" in md and "| recovered | 10 |" in md
+
+
+def test_paired_differences_pair_the_same_victim():
+    rows = [
+        {"client": 0, "seed": 0, "method": "pisme", "psnr": 20.0},
+        {"client": 0, "seed": 0, "method": "nlsme", "psnr": 18.5},
+        {"client": 1, "seed": 0, "method": "pisme", "psnr": 15.0},
+        {"client": 1, "seed": 0, "method": "nlsme", "psnr": 16.0},
+        {"client": 2, "seed": 0, "method": "pisme", "psnr": 30.0},  # no NL-SME: not a pair
+    ]
+    assert paired_differences(rows, "pisme", "nlsme", "psnr") == [1.5, -1.0]
+    assert spread([1.5, -1.0]) == "-1.00 .. 1.50"

@@ -14,6 +14,7 @@ paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -24,57 +25,20 @@ from .common import SCALES, make_context
 __all__ = ["EXPERIMENTS", "main", "run_experiment"]
 
 
-def _table1(ctx):
-    from .table1 import run
-
-    return run(ctx)
-
-
-def _node_sweep(ctx):
-    from .node_sweep import run
-
-    return run(ctx)
-
-
-def _class_deficiency(ctx):
-    from .class_deficiency import run
-
-    return run(ctx)
-
-
-def _path_consistency(ctx):
-    from .path_consistency import run
-
-    return run(ctx)
-
-
-def _matched_compute(ctx):
-    from .matched_compute import run
-
-    return run(ctx)
-
-
-def _adaptive_nodes(ctx):
-    from .adaptive_nodes import run
-
-    return run(ctx)
-
-
-def _label_recovery(ctx):
-    from .label_recovery import run
-
-    return run(ctx)
-
-
 EXPERIMENTS = {
-    "table1": (_table1, "IG, SME, NL-SME, PI-SME on CIFAR-100 and FEMNIST at T=100 and T=250 (Table 1)"),
-    "node-sweep": (_node_sweep, "PI-SME at m in {3,4,5,7,10,12} with the cost per iteration (Table 2)"),
-    "class-deficiency": (_class_deficiency, "SME, NL-SME, PI-SME with C classes per CIFAR-100 client (Fig. 2)"),
-    "path-consistency": (_path_consistency, "single true state vs quadrature on the true batch (Table 3)"),
-    "matched-compute": (_matched_compute, "NL-SME at 1x/5x/7x the iterations vs PI-SME (section 4.2)"),
-    "adaptive-nodes": (_adaptive_nodes, "beyond the paper: m chosen from a quadrature-error tolerance"),
-    "label-recovery": (_label_recovery, "beyond the paper: label estimators in a learning FedAvg federation"),
+    "table1": ("table1", "IG, SME, NL-SME, PI-SME on CIFAR-100 and FEMNIST at T=100 and T=250 (Table 1)"),
+    "node-sweep": ("node_sweep", "PI-SME at m in {3,4,5,7,10,12} with the cost per iteration (Table 2)"),
+    "class-deficiency": ("class_deficiency", "SME, NL-SME, PI-SME with C classes per CIFAR-100 client (Fig. 2)"),
+    "path-consistency": ("path_consistency", "single true state vs quadrature on the true batch (Table 3)"),
+    "matched-compute": ("matched_compute", "NL-SME at 1x/5x/7x the iterations vs PI-SME (section 4.2)"),
+    "adaptive-nodes": ("adaptive_nodes", "beyond the paper: m chosen from a quadrature-error tolerance"),
+    "label-recovery": ("label_recovery", "beyond the paper: label estimators in a learning FedAvg federation"),
 }
+
+
+def _module(name: str):
+    """The experiment's module: ``run(ctx)`` and ``GRID``, the axes --grid may set."""
+    return importlib.import_module(f".{EXPERIMENTS[name][0]}", __name__)
 
 
 def run_experiment(
@@ -87,17 +51,23 @@ def run_experiment(
     iterations: int | None = None,
     data_dir: str | None = None,
     command: str = "",
+    grid: dict | None = None,
 ) -> Path:
     """Run one experiment; returns the output folder. ValueError for bad options, before any work.
 
     command: the command line to quote in NAME.md (default: the equivalent of the arguments).
+    grid: {axis: "v1,v2"} to sweep other values than the experiment's defaults (its ``GRID``).
+    Experiments with a grid resume: rows already in OUT/NAME.csv are skipped.
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment '{name}'; choose from: {', '.join(EXPERIMENTS)}")
-    ctx = make_context(name, scale, out, device, seeds, clients, iterations, data_dir)
+    module = _module(name)
+    ctx = make_context(
+        name, scale, out, device, seeds, clients, iterations, data_dir, grid, getattr(module, "GRID", ())
+    )
     ctx.command = command
     ctx.out.mkdir(parents=True, exist_ok=True)
-    EXPERIMENTS[name][0](ctx)
+    module.run(ctx)
     ctx.log(f"done in {ctx.elapsed():.0f} s: {ctx.out / name}.{{csv,png,md}}")
     return ctx.out
 
@@ -129,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
         "cores and ran 10-20x slower here; 0 = torch's default)",
     )
     parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="AXIS=V1,V2",
+        help="sweep these values of one grid axis (repeatable): class-deficiency: classes, labels; "
+        "matched-compute: dataset, paper_T, labels; node-sweep: dataset, paper_T, nodes, labels. "
+        "These experiments resume: rerunning a command skips the rows OUT/NAME.csv already holds",
+    )
+    parser.add_argument(
         "--data-dir",
         default=None,
         help="a LEAF FEMNIST dir, a cifar-100-python dir or an .npz (default: the bundled sample)",
@@ -142,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 0:
         print("python -m analysis.experiments: error: --threads must be >= 0", file=sys.stderr)
         return 2
+    grid = {}
+    for item in args.grid:
+        axis, sep, values = item.partition("=")
+        if not sep or not axis.strip() or not values.strip():
+            print(f"python -m analysis.experiments: error: --grid wants AXIS=V1,V2, got {item!r}", file=sys.stderr)
+            return 2
+        grid[axis.strip()] = values
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -154,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             args.clients,
             args.iterations,
             args.data_dir,
+            grid=grid,
             command="python -m analysis.experiments " + " ".join(sys.argv[1:] if argv is None else argv),
         )
     except (ValueError, FileNotFoundError) as exc:

@@ -11,6 +11,7 @@ attack's X_hat initialisation. "Over clients and seeds" therefore means over (pa
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import sys
@@ -27,7 +28,7 @@ from fl_attack.attacks import AttackConfig
 from fl_attack.config import PRESETS
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluation import Victim, nodes_per_iteration, results_row
-from fl_attack.records import csv_text, write_text_atomic
+from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
 from strategies.settings import usable_cpus
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
@@ -39,6 +40,7 @@ ATTACK_ROW_COLUMNS = [
     "method",
     "nodes",
     "iterations",
+    "labels",
     "psnr",
     "ssim",
     "fsim",
@@ -173,6 +175,7 @@ class Context:
     data_dir: str | None = None
     explicit: frozenset = frozenset()  # the scale settings given on the command line (seeds, clients, ...)
     command: str = ""  # the command line, for the markdown
+    grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
     log_file: object = None
 
@@ -182,6 +185,24 @@ class Context:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+    def axis(self, name: str, default: tuple) -> tuple:
+        """The values of grid axis ``name`` (``AXES``): the --grid override, else ``default``."""
+        return self.grid.get(name, tuple(default))
+
+    def identity(self) -> dict:
+        """What must not change between the invocations that fill one NAME.csv: the victims'
+        training, the attack's size and the data. Clients, seeds and grid values may grow."""
+        sc = self.scale
+        return {
+            "samples": sc.samples,
+            "batch_size": sc.batch_size,
+            "lr": sc.lr,
+            "epochs": [list(e) for e in sc.epochs],
+            "iterations": sc.iterations,
+            "nodes": sc.nodes,
+            "data_dir": self.data_dir,
+        }
 
     def environment(self) -> str:
         threads = torch.get_num_threads()
@@ -202,8 +223,13 @@ def make_context(
     clients: int | None = None,
     iterations: int | None = None,
     data_dir: str | None = None,
+    grid: dict | None = None,
+    axes: tuple = (),
 ) -> Context:
-    """Validate the command's options (ValueError before any work) and build its Context."""
+    """Validate the command's options (ValueError before any work) and build its Context.
+
+    grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
+    experiment's ``GRID``) and its values valid for ``AXES``."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(SCALES)}")
     sc = SCALES[scale]
@@ -222,9 +248,46 @@ def make_context(
     explicit = frozenset(
         k for k, v in (("seeds", seeds), ("clients", clients), ("iterations", iterations)) if v is not None
     )
+    parsed = {axis: parse_axis(axis, text, axes, sc) for axis, text in (grid or {}).items()}
     return Context(
-        name=name, scale=sc, out=Path(out), device=resolve_device(device), data_dir=data_dir, explicit=explicit
+        name=name,
+        scale=sc,
+        out=Path(out),
+        device=resolve_device(device),
+        data_dir=data_dir,
+        explicit=explicit,
+        grid=parsed,
     )
+
+
+# Grid axes an experiment may be asked to sweep (--grid AXIS=V1,V2): their type and valid values.
+AXES = {
+    "dataset": (str, "femnist or cifar100", lambda v, sc: v in ("femnist", "cifar100")),
+    "paper_T": (int, "the paper's T: 100 or 250", lambda v, sc: v in dict(sc.epochs)),
+    "classes": (int, "classes per CIFAR-100 client, 1..100", lambda v, sc: 1 <= v <= 100),
+    "labels": (str, "recovered or oracle", lambda v, sc: v in ("recovered", "oracle")),
+    "nodes": (int, "Gauss-Legendre nodes m >= 1", lambda v, sc: v >= 1),
+}
+
+
+def parse_axis(axis: str, text: str, allowed: tuple, scale: Scale) -> tuple:
+    """``--grid axis=text`` as a tuple of typed values; ValueError naming the axis otherwise."""
+    if axis not in allowed:
+        choices = ", ".join(allowed) if allowed else "none"
+        raise ValueError(f"--grid {axis}: this experiment's grid axes are: {choices}")
+    kind, meaning, valid = AXES[axis]
+    values = []
+    for item in str(text).split(","):
+        item = item.strip()
+        try:
+            value = kind(item)
+        except ValueError:
+            raise ValueError(f"--grid {axis}: {item!r} is not {meaning}") from None
+        if not valid(value, scale):
+            raise ValueError(f"--grid {axis}: {item!r} is not {meaning}")
+        if value not in values:
+            values.append(value)
+    return tuple(values)
 
 
 # ---------------------------------------------------------------------------------- victims
@@ -268,9 +331,11 @@ def train_victim(
     )
 
 
-def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> dict:
-    """Run one attack on ``victim.update`` (recovered labels) and score it on matched pairs.
+def attack_and_score(ctx: Context, victim: Victim, method: str, labels: str = "recovered", **overrides) -> dict:
+    """Run one attack on ``victim.update`` and score it on matched pairs.
 
+    labels: "recovered" (from the update, the attacker's view) or "oracle" (the victim's true
+    labels handed to the attack, an explicit leak that isolates the image recovery).
     overrides: AttackConfig fields (iterations, nodes, ...); the defaults are the scale's
     iterations, nodes and trace_every and the victim's seed. Returns one flat result row: the
     results.csv columns (``fl_attack.evaluation.results_row``) with seed, classes and the costs.
@@ -279,7 +344,7 @@ def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> 
     settings = dict(iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed)
     settings.update(overrides)
     config = AttackConfig.from_overrides(None, **settings)
-    scored = evaluation.attack_victim(victim, method, config, device=ctx.device)
+    scored = evaluation.attack_victim(victim, method, config, labels=labels, device=ctx.device)
     rec, ev = scored.reconstruction, scored.scores
     nodes = scored.row["nodes"]
     row = {
@@ -297,7 +362,7 @@ def attack_and_score(ctx: Context, victim: Victim, method: str, **overrides) -> 
         )
     ctx.log(
         f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
-        f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']}: PSNR {ev['psnr']:.2f} dB, "
+        f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']} {labels}: PSNR {ev['psnr']:.2f} dB, "
         f"honest Lsim {rec.lsim_honest:.4f} ({rec.seconds:.1f} s)"
     )
     return row
@@ -326,12 +391,44 @@ def _gradient_evaluations(method: str, rec, iterations: int) -> float:
 
 
 class Recorder:
-    """NAME.csv, rewritten whole and atomically after every row, so a crash loses nothing done."""
+    """NAME.csv, rewritten whole and atomically after every row, so a crash loses nothing done.
 
-    def __init__(self, path: Path, columns: list[str]):
-        self.path, self.columns, self.rows = Path(path), list(columns), []
+    key: the columns that identify one measurement. With a key, the rows already in NAME.csv are
+    kept and ``done(...)`` tells the experiment which to skip, so rerunning the same command
+    resumes where it stopped. NAME.json beside it records ``identity`` (the scale); a CSV
+    written with another identity raises ValueError (use another --out) before any work.
+    Without a key, NAME.csv starts empty.
+    """
+
+    def __init__(self, path: Path, columns: list[str], key: tuple = (), identity: dict | None = None):
+        self.path, self.columns, self.key, self.rows = Path(path), list(columns), tuple(key), []
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.key:
+            self._resume(identity or {})
         self._write()
+
+    def _resume(self, identity: dict) -> None:
+        meta = self.path.with_suffix(".json")
+        header, rows = read_csv(self.path)
+        if rows:
+            if not meta.is_file():
+                raise ValueError(f"{self.path} has rows but no {meta.name}: its scale is unknown; use another --out")
+            recorded = json.loads(meta.read_text())
+            if recorded != identity:
+                diff = ", ".join(
+                    f"{k}: {recorded.get(k)!r} there, {identity.get(k)!r} now"
+                    for k in sorted(set(recorded) | set(identity))
+                    if recorded.get(k) != identity.get(k)
+                )
+                raise ValueError(f"{self.path} was written at another scale ({diff}); use another --out")
+            self.rows = [{k: _typed(v) for k, v in row.items()} for row in rows]
+            self.columns += [c for c in header if c not in self.columns]
+        write_json_atomic(meta, identity)
+
+    def done(self, **key) -> bool:
+        """Whether a row with these key values (compared as CSV text) is already recorded."""
+        want = {k: csv_cell(v) for k, v in key.items()}
+        return any(all(csv_cell(row.get(k)) == v for k, v in want.items()) for row in self.rows)
 
     def add(self, row: dict) -> None:
         self.rows.append(dict(row))
@@ -342,6 +439,30 @@ class Recorder:
 
     def _write(self) -> None:
         write_text_atomic(self.path, csv_text(self.rows, self.columns))
+
+
+def _typed(text: str):
+    """A CSV cell read back: int, float, None for "", else the text."""
+    if text is None or text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+class Lazy:
+    """A value built on first use: a victim is trained only when one of its attacks is not done."""
+
+    def __init__(self, build):
+        self._build, self._value = build, None
+
+    def __call__(self):
+        if self._value is None:
+            self._value = self._build()
+        return self._value
 
 
 def save_figure(fig, path: Path) -> None:
@@ -376,6 +497,21 @@ def pm(values, digits: int = 2) -> str:
     return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(var, digits)}"
 
 
+def paired_differences(rows: list[dict], a: str, b: str, metric: str, by=("client", "seed")) -> list[float]:
+    """``metric`` of method ``a`` minus that of method ``b`` on the same victim (same ``by`` values),
+    one difference per victim that has both; a margin whose spread is over victims, not methods."""
+    values: dict = {}
+    for row in rows:
+        values.setdefault(tuple(row.get(k) for k in by), {})[row["method"]] = row.get(metric)
+    return [float(v[a]) - float(v[b]) for v in values.values() if v.get(a) is not None and v.get(b) is not None]
+
+
+def spread(values) -> str:
+    """'min .. max' of the finite values, for a markdown cell; '-' for none."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    return f"{min(v):.2f} .. {max(v):.2f}" if v else "-"
+
+
 def group(rows: list[dict], *keys) -> dict:
     """Rows grouped by the values of ``keys``, in first-seen order: {(v1, v2, ...): [rows]}."""
     out: dict = {}
@@ -395,9 +531,18 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 
 def write_markdown(
-    ctx: Context, title: str, caption: str, body: str, notes: list[str] | None = None, scale_note: str | None = None
+    ctx: Context,
+    title: str,
+    caption: str,
+    body: str,
+    notes: list[str] | None = None,
+    scale_note: str | None = None,
+    rows: list[dict] | None = None,
 ) -> Path:
-    """NAME.md: title, the caption (scale), the table(s), notes, the command and its wall time."""
+    """NAME.md: title, the caption (scale), the table(s), notes, the command and its wall time.
+
+    rows: the table's attack rows; their summed attack seconds are reported too (for a run
+    resumed over several invocations, the wall time is only the last one's)."""
     command = ctx.command or f"python -m analysis.experiments {ctx.name} --scale {ctx.scale.name}"
     text = [f"# {title}", "", f"*{caption}*", "", body, ""]
     for note in notes or []:
@@ -411,6 +556,13 @@ def write_markdown(
         f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}.",
         "",
     ]
+    if rows:
+        seconds = sum(float(r["seconds"]) for r in rows if r.get("seconds") is not None)
+        text[-1:] = [
+            f"Attack time over all {len(rows)} rows (summed, every invocation): {seconds:.0f} s "
+            f"({seconds / 3600:.2f} h).",
+            "",
+        ]
     path = ctx.out / f"{ctx.name}.md"
     write_text_atomic(path, "\n".join(text))
     return path
