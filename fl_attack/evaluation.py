@@ -286,6 +286,8 @@ def attack_row(
     scores: dict | None = None,
     image: str = "",
     lag_rounds: int | None = None,
+    worker_node: str = "",
+    worker_id: str = "",
 ) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
@@ -293,6 +295,7 @@ def attack_row(
     metrics NaN (a failed attack). nodes: ``nodes_per_iteration``. labels: "recovered" or
     "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
+    worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``).
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -314,6 +317,8 @@ def attack_row(
         error=error,
         label_estimator=label_estimator,
         lag_rounds=lag_rounds,
+        worker_node=worker_node,
+        worker_id=worker_id,
         image=image,
         **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
     )

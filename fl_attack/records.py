@@ -66,6 +66,8 @@ ATTACK_COLUMNS = [
     "error",
     "label_estimator",
     "lag_rounds",
+    "worker_node",
+    "worker_id",
     "image",
 ]
 log = logging.getLogger(__name__)

@@ -95,6 +95,8 @@ class Evaluator:
             attack_seconds=round(outcome.seconds, 3) if not math.isnan(outcome.seconds) else math.nan,
             status=outcome.status,
             error=outcome.error,
+            worker_node=outcome.worker_node,
+            worker_id=outcome.worker_id,
         )
         if outcome.status == "ok":
             try:

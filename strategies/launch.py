@@ -256,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds without any output before the run is abandoned (default: 900)",
     )
     parser.add_argument("--run-dir-file", default="", help="write the run folder's path to this file at the end")
+    parser.add_argument(
+        "--ray-address",
+        default="",
+        help="run the simulation (clients and attacker actors) on this existing Ray cluster, e.g. "
+        "127.0.0.1:6379 from `ray start --head` (sets RAY_ADDRESS for the SuperLink it starts)",
+    )
     args = parser.parse_args(argv)
     for name in ("timeout", "silence_timeout"):
         value = getattr(args, name)
@@ -267,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     env = _environment()
+    if args.ray_address:
+        env["RAY_ADDRESS"] = args.ray_address  # Flower's ray.init() joins this cluster
     try:
         config_file, _ = _run_config(args.run_config, args.federation_config, Path(env["FLWR_HOME"]) / "launch")
     except (ValueError, OSError) as exc:

@@ -29,8 +29,9 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.update import AttackTarget
+from fl_attack.workers import Workers
 
-from .attacker import AttackDispatcher
+from .attacker import FederationWorkers
 from .evaluator import Evaluator
 from .settings import RunSettings
 from .strategy import LeakageTracking
@@ -83,7 +84,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         settings: RunSettings,
         run_dir,
         initial_state: dict,
-        dispatcher: AttackDispatcher | None = None,
+        workers: Workers | FederationWorkers | None = None,
         evaluator: Evaluator | None = None,
         clients_per_round: int | None = None,
         test_set=None,
@@ -98,7 +99,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
             evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"),
             **fedavg_kwargs,
         )
-        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round, test_set=test_set)
+        self._init_tracking(settings, run_dir, workers, evaluator, clients_per_round, test_set=test_set)
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
@@ -157,7 +158,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         )
         self._event(
             f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
-            f"{partitions} ({self.dispatcher.in_flight} in flight)"
+            f"{partitions} ({self.workers.in_flight} in flight)"
         )
 
 

@@ -106,6 +106,7 @@ class RunSettings:
     attack_labels: str = "recovered"
     attack_num_gpus: float = 0.0
     attack_actors: int = 1
+    attack_ray_address: str = ""
     attack_threads: int = 0
     attack_timeout: float = 600.0
     attack_device: str = "auto"

@@ -31,8 +31,9 @@ from fl_attack.data import get_spec
 from fl_attack.models import resolve_model
 from fl_attack.records import ROUND_COLUMNS, append_csv_row
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
+from fl_attack.workers import Workers
 
-from .attacker import AttackDispatcher, AttackJob, AttackOutcome
+from .attacker import AttackJob, AttackOutcome, FederationWorkers
 from .evaluator import Evaluator
 from .settings import RunSettings, usable_cpus
 from .timings import Timings
@@ -128,7 +129,7 @@ class LeakageTracking:
         self,
         settings: RunSettings,
         run_dir,
-        dispatcher: AttackDispatcher | None,
+        workers: Workers | FederationWorkers | None,
         evaluator: Evaluator | None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
@@ -141,12 +142,7 @@ class LeakageTracking:
         self.attack_config = settings.attack_config()
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
-        self.dispatcher = dispatcher or AttackDispatcher(
-            num_actors=settings.attack_actors,
-            num_gpus=settings.attack_num_gpus,
-            threads=self.attack_threads,
-            device=settings.attack_device,
-        )
+        self.workers = workers or FederationWorkers(settings, self.attack_threads)
         self.evaluator = evaluator or Evaluator(settings, run_dir)
         self.timings = Timings()
         self.round_times: dict[int, dict] = {}
@@ -176,7 +172,7 @@ class LeakageTracking:
         self.round_times[server_round] = {"configured": self._round_start[server_round]}
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
         self._event(
-            f"round {server_round}: training starts with {self.dispatcher.in_flight} attack(s) in flight"
+            f"round {server_round}: training starts with {self.workers.in_flight} attack(s) in flight"
             + (
                 f", the oldest from round {min(self._in_flight_rounds)} ({self.lag_rounds()} round(s) behind)"
                 if self._in_flight_rounds
@@ -196,11 +192,11 @@ class LeakageTracking:
         targets = self.settings.select_clients(candidates, server_round)
         methods = len(self.settings.methods)
         backlog = self.settings.attack_max_backlog
-        if backlog and self.dispatcher.in_flight >= backlog:
+        if backlog and self.workers.in_flight >= backlog:
             self._round[server_round]["skipped"] += len(targets) * methods
             self._event(
                 f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
-                f"{self.dispatcher.in_flight} still in flight (attack-max-backlog={backlog})"
+                f"{self.workers.in_flight} still in flight (attack-max-backlog={backlog})"
             )
             return []
         budget = self.settings.attack_budget
@@ -253,7 +249,7 @@ class LeakageTracking:
             self.submitted.append(job)
             self._in_flight_rounds[target.round] += 1
             self._round[target.round]["dispatched"] += 1
-            self.dispatcher.submit(job)
+            self.workers.submit(job)
 
     def _training_received(self, server_round: int, train_seconds: list, train_started: list) -> None:
         """The replies are in (called first thing when aggregating): the clients' reported times."""
@@ -306,7 +302,7 @@ class LeakageTracking:
             "round": server_round,
             "clients": record.get("clients", 0),
             "train_loss": record.get("train_loss"),
-            "attacks_in_flight": self.dispatcher.in_flight,
+            "attacks_in_flight": self.workers.in_flight,
             "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
             "eval_loss": record.get("eval_loss"),
             "eval_accuracy": record.get("eval_accuracy"),
@@ -330,7 +326,7 @@ class LeakageTracking:
         accuracy = record.get("global_accuracy")
         self._event(
             f"round {server_round}: done; global accuracy "
-            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.dispatcher.in_flight} attack(s) "
+            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.workers.in_flight} attack(s) "
             f"in flight, {self.lag_rounds()} round(s) behind"
         )
 
@@ -339,7 +335,7 @@ class LeakageTracking:
 
     def collect(self) -> list[dict]:
         """Evaluate and record every finished attack (does not wait)."""
-        outcomes = self.dispatcher.poll()
+        outcomes = self.workers.poll()
         for outcome in outcomes:
             self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
             self._in_flight_rounds[outcome.target.round] -= 1
@@ -388,7 +384,7 @@ class LeakageTracking:
         line in events.log every minute; the ones still running then are recorded as failed."""
         rows = []
         with self.timings.measure("drain_wait"):
-            left = self.dispatcher.in_flight
+            left = self.workers.in_flight
             if left:
                 self._event(
                     f"rounds done; waiting for {left} attack(s) still in flight "
@@ -403,16 +399,16 @@ class LeakageTracking:
                 disable=not left,
                 mininterval=10,
             ) as bar:  # Flower logs every refresh as a line
-                while self.dispatcher.in_flight and time.monotonic() < deadline:
+                while self.workers.in_flight and time.monotonic() < deadline:
                     done = self.collect()
                     rows += done
                     bar.update(len(done))
                     if time.monotonic() > next_note:
                         next_note += 60
-                        self._event(f"waiting for {self.dispatcher.in_flight} attack(s)")
+                        self._event(f"waiting for {self.workers.in_flight} attack(s)")
                     if not done:
                         time.sleep(0.2)
-            rows += self._record(self.dispatcher.drain(0))  # the rest: recorded as failed
+            rows += self._record(self.workers.drain(0))  # the rest: recorded as failed
             if self.unwritten:  # one last try for rows the disk refused
                 rows += self._record([])
         return rows
@@ -450,7 +446,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         self,
         settings: RunSettings,
         run_dir,
-        dispatcher: AttackDispatcher | None = None,
+        workers: Workers | FederationWorkers | None = None,
         evaluator: Evaluator | None = None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
@@ -458,7 +454,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         **fedavg_kwargs,
     ):
         super().__init__(**fedavg_kwargs)
-        self._init_tracking(settings, run_dir, dispatcher, evaluator, clients_per_round, round_offset, test_set)
+        self._init_tracking(settings, run_dir, workers, evaluator, clients_per_round, round_offset, test_set)
 
     # -- rounds ---------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
@@ -547,5 +543,5 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
             )
         self._event(
             f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "
-            f"{self.dispatcher.in_flight} in flight"
+            f"{self.workers.in_flight} in flight"
         )

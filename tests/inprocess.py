@@ -14,7 +14,7 @@ import tomllib
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.client_app import app as client_app
-from strategies.attacker import AttackDispatcher
+from fl_attack.workers import InlineWorkers
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
 from strategies.settings import RunSettings
@@ -78,11 +78,11 @@ class InProcessGrid:
         return replies
 
 
-class RecordingDispatcher(AttackDispatcher):
-    """The in-process dispatcher, keeping every job it was given."""
+class RecordingWorkers(InlineWorkers):
+    """In-process workers (fl_attack.workers), keeping every job they were given."""
 
     def __init__(self):
-        super().__init__(use_ray=False, device="cpu")
+        super().__init__(device="cpu")
         self.jobs = []
 
     def submit(self, job):
@@ -92,14 +92,14 @@ class RecordingDispatcher(AttackDispatcher):
 
 def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
     """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
-    server side of server_app.build_strategy, the in-process dispatcher); returns (settings, tracking
+    server side of server_app.build_strategy, the in-process workers); returns (settings, tracking
     strategy, Flower's result, the attack jobs)."""
     run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
     settings = RunSettings.from_run_config(run_config)
     check_defense(settings, len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    strategy.dispatcher = dispatcher = RecordingDispatcher()
+    strategy.workers = dispatcher = RecordingWorkers()
     grid = InProcessGrid(run_config, partitions)
     result = None
     if settings.defense.secagg:

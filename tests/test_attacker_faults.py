@@ -1,5 +1,5 @@
 """The attacker survives its actors dying: Ray restarts them, the dispatcher resubmits the job once,
-and a job that kills its actor twice is recorded as failed with the cause (strategies/attacker.py).
+and a job that kills its actor twice is recorded as failed with the cause (fl_attack/workers.py).
 
 One real Ray runtime (2 CPUs, num_cpus=0 actors as inside Flower); the actor kills itself with
 os._exit inside a job, or the test kills it with ray.kill(no_restart=False)."""
@@ -17,7 +17,7 @@ import torch
 from fl_attack import AttackConfig
 from fl_attack.models import build_model
 from fl_attack.update import AttackTarget, ObservedUpdate, TrainingMetadata
-from strategies.attacker import AttackDispatcher, AttackerActor, AttackJob
+from fl_attack.workers import AttackJob, AttackWorker, RayWorkers
 
 
 def _update() -> ObservedUpdate:
@@ -33,7 +33,7 @@ def _job(job_id: int) -> AttackJob:
 
 
 def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs():
-    dispatcher = AttackDispatcher(num_actors=3, use_ray=True)
+    dispatcher = RayWorkers(num_actors=3)
     calls = []
 
     def actor(index):
@@ -59,7 +59,7 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
     ray = ray_runtime
     plan = str(tmp_path)
 
-    class CrashingActor(AttackerActor):  # defined here so that Ray pickles it by value
+    class CrashingActor(AttackWorker):  # defined here so that Ray pickles it by value
         """Job j dies (os._exit) as many times as the file crash-j says; hang-j: sleeps the first time."""
 
         def run(self, job):
@@ -78,7 +78,7 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
     (tmp_path / "crash-1").write_text("1")  # dies once, then completes
     (tmp_path / "crash-2").write_text("2")  # dies on its first try and on its resubmission
     (tmp_path / "hang-3").write_text("")  # hangs until the test kills its actor
-    dispatcher = AttackDispatcher(num_actors=2, threads=1, device="cpu", use_ray=True, actor_cls=CrashingActor)
+    dispatcher = RayWorkers(num_actors=2, threads=1, device="cpu", actor_cls=CrashingActor)
     try:
         start, outcomes = time.perf_counter(), []
         for job_id in (1, 2, 3, 4):
@@ -107,7 +107,7 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
 def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtime, tmp_path, caplog):
     plan = str(tmp_path)
 
-    class DiesOnce(AttackerActor):  # defined here so that Ray pickles it by value
+    class DiesOnce(AttackWorker):  # defined here so that Ray pickles it by value
         def run(self, job):
             marker = os.path.join(plan, "died")
             if not os.path.exists(marker):
@@ -115,9 +115,7 @@ def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtim
                 os._exit(1)
             return super().run(job)
 
-    dispatcher = AttackDispatcher(
-        num_actors=1, threads=1, device="cpu", use_ray=True, max_restarts=0, actor_cls=DiesOnce
-    )
+    dispatcher = RayWorkers(num_actors=1, threads=1, device="cpu", max_restarts=0, actor_cls=DiesOnce)
     try:
         dispatcher.submit(_job(7))
         outcomes = dispatcher.drain(timeout=150)

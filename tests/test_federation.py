@@ -16,7 +16,7 @@ from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
 from fl_attack.training import train_local
 from fl_attack.update import AttackTarget
-from strategies.attacker import AttackDispatcher, AttackJob
+from fl_attack.workers import AttackJob, InlineWorkers, RayWorkers
 from strategies.settings import RunSettings, usable_cpus
 from strategies.strategy import LeakageFedAvg, observed_update
 
@@ -88,11 +88,11 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
     return w0, replies, truth
 
 
-class RecordingDispatcher(AttackDispatcher):
-    """The in-process dispatcher, keeping every job it was given."""
+class RecordingWorkers(InlineWorkers):
+    """In-process workers (fl_attack.workers), keeping every job they were given."""
 
     def __init__(self):
-        super().__init__(use_ray=False, device="cpu")
+        super().__init__(device="cpu")
         self.jobs: list[AttackJob] = []
 
     def submit(self, job):
@@ -102,8 +102,8 @@ class RecordingDispatcher(AttackDispatcher):
 
 def _strategy(tmp_path, **overrides):
     settings = RunSettings(**{**SETTINGS, **overrides})
-    dispatcher = RecordingDispatcher()
-    strategy = LeakageFedAvg(settings, tmp_path, dispatcher=dispatcher, min_train_nodes=1, min_available_nodes=1)
+    dispatcher = RecordingWorkers()
+    strategy = LeakageFedAvg(settings, tmp_path, workers=dispatcher, min_train_nodes=1, min_available_nodes=1)
     return settings, strategy, dispatcher
 
 
@@ -213,7 +213,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     assert {r["status"] for r in rows} == {"failed"}
     assert all("TimeoutError" in r["error"] for r in rows)
 
-    import strategies.attacker as attacker
+    import fl_attack.workers as attacker
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
@@ -265,7 +265,7 @@ def test_ray_dispatch_does_not_block(tmp_path):
     try:
         holder = ray.remote(num_cpus=1)(CpuHolder).remote()  # holds every CPU, as Flower's client pool does
         ray.get(holder.ping.remote())
-        dispatcher = AttackDispatcher(num_actors=1, threads=1, device="cpu")
+        dispatcher = RayWorkers(num_actors=1, threads=1, device="cpu")
         config = settings.attack_config()
         config.iterations = 40
         start = time.perf_counter()
@@ -309,9 +309,9 @@ def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
 
 def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_path):
     settings = RunSettings(**{**SETTINGS, "num_server_rounds": 2, "client_num_cpus": 1})
-    dispatcher = RecordingDispatcher()
+    dispatcher = RecordingWorkers()
     strategy = LeakageFedAvg(
-        settings, tmp_path, dispatcher=dispatcher, clients_per_round=2, min_train_nodes=1, min_available_nodes=1
+        settings, tmp_path, workers=dispatcher, clients_per_round=2, min_train_nodes=1, min_available_nodes=1
     )
     idle = settings.attack_thread_count(clients_per_round=2)
     assert (strategy.attack_threads, strategy.drain_threads) == (idle, settings.attack_drain_thread_count())
@@ -327,13 +327,13 @@ def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_pat
 
 
 def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
-    import strategies.attacker as attacker
+    import fl_attack.workers as attacker
 
     seen = []
     monkeypatch.setattr(attacker, "run_job", lambda job, device: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
     try:
-        actor = attacker.AttackerActor(threads=1, device="cpu")
+        actor = attacker.AttackWorker(threads=1, device="cpu")
         actor.run(AttackJob(1, None, "pisme", None, None))
         actor.run(AttackJob(2, None, "pisme", None, None, threads=2))
         assert seen == [1, 2]

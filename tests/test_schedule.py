@@ -67,7 +67,7 @@ def test_first_rounds_and_a_full_backlog_skips(tmp_path):
         methods=settings.methods,
         select_clients=settings.select_clients,
     )
-    strategy.dispatcher = SimpleNamespace(in_flight=4)
+    strategy.workers = SimpleNamespace(in_flight=4)
     assert strategy._plan(4, [0, 1, 2, 3]) == []
     assert strategy._round[4]["skipped"] == 4
     assert "4 attack(s) skipped: 4 still in flight (attack-max-backlog=4)" in (tmp_path / "events.log").read_text()

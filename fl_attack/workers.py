@@ -1,0 +1,604 @@
+"""Attack workers: where attacks run, off the caller's path.
+
+One interface (``Workers``: ``submit``, ``poll``, ``drain``, ``in_flight``, ``shutdown``), three
+places to run an ``AttackJob``:
+
+- ``RayWorkers``: Ray actors, on the Ray runtime this process already has (Flower's simulation,
+  itself possibly attached to a cluster through ``RAY_ADDRESS``), or on a Ray cluster given by
+  address, which it joins when this process has no Ray yet (Flower's deployment engine, the
+  experiments, ``fl-attack replay``). Jobs go to the live actor with the fewest pending jobs; a
+  dead actor is restarted by Ray and replaced once past its restarts; its job is resubmitted once.
+- ``ProcessWorkers``: spawned local processes (no Ray). A dead process breaks the pool; a fresh
+  pool takes its place and the jobs it held are resubmitted once.
+- ``InlineWorkers``: this process, at submit time (tests, debugging; it blocks the caller).
+
+``make_workers`` chooses. Every outcome names where it ran (``worker_node``: the Ray node id or the
+host name; ``worker_id``: the Ray worker id or the process id), so a record shows which machine
+attacked. Workers see only what the attacker sees (the update and public metadata), never the
+clients' data. No Flower import here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import torch
+
+from .api import reconstruct
+from .attacks import AttackConfig
+from .evaluation import nodes_per_iteration
+from .update import AttackTarget, ObservedUpdate
+
+log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 2  # Ray restarts a dead attacker actor this many times, then it is replaced
+RESUBMITS = 1  # a job whose worker died under it is resubmitted this many times, then recorded as failed
+
+
+@dataclass
+class AttackJob:
+    """One attack to run: the observed update, the method and its settings (no private data)."""
+
+    job_id: int
+    update: ObservedUpdate
+    method: str
+    config: AttackConfig
+    target: AttackTarget  # whose update (public identifiers)
+    labels: object = "recovered"  # "recovered", or an oracle label tensor the evaluator gave
+    time_limit: float | None = None
+    threads: int | None = None  # torch threads on the worker for this job (None = the worker's own)
+    model: str = ""  # the victims' architecture as a spec (fl_attack.models.resolve_model), rebuilt on the worker
+
+
+@dataclass
+class AttackOutcome:
+    """What came back: a reconstruction (images (k,C,H,W) in [0,1], labels (k,)), or status
+    "failed" with the error text. worker_node / worker_id: where it ran."""
+
+    job_id: int
+    method: str
+    target: AttackTarget
+    status: str
+    error: str = ""
+    images: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    label_source: str = ""
+    lsim_honest: float = float("nan")
+    lsim_calibrated: float = float("nan")
+    seconds: float = float("nan")
+    device: str = ""
+    local_steps: int | None = None  # T of the attacked update
+    nodes: int | float | None = None  # gradient evaluations per iteration (fl_attack.evaluation.nodes_per_iteration)
+    trace: list | None = None  # the attack's trace (Reconstruction.trace)
+    worker_node: str = ""
+    worker_id: str = ""
+
+    @classmethod
+    def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
+        """A job that produced no reconstruction, with the cause."""
+        return cls(
+            job.job_id,
+            job.method,
+            job.target,
+            "failed",
+            error=error,
+            seconds=seconds,
+            label_source="oracle" if not isinstance(job.labels, str) else job.labels,
+            local_steps=job.update.metadata.local_steps,
+        )
+
+
+def where_am_i() -> tuple[str, str]:
+    """(node, worker) of this process: Ray's node and worker ids inside a Ray worker, else the
+    host name and ``pid<N>``."""
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            return context.get_node_id(), context.get_worker_id()
+    return socket.gethostname(), f"pid{os.getpid()}"
+
+
+def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
+    """Run one attack where this is called; never raises (an exception becomes status "failed")."""
+    start = time.perf_counter()
+    node, worker = where_am_i()
+    try:
+        rec = reconstruct(
+            job.update,
+            job.method,
+            labels=job.labels,
+            config=job.config,
+            device=device,
+            time_limit=job.time_limit,
+            model=job.model,
+        )
+        return AttackOutcome(
+            job.job_id,
+            job.method,
+            job.target,
+            "ok",
+            images=rec.images,
+            labels=rec.labels,
+            label_source=rec.label_source,
+            lsim_honest=rec.lsim_honest,
+            lsim_calibrated=rec.lsim_calibrated,
+            seconds=rec.seconds,
+            device=str(torch.device(device) if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")),
+            local_steps=job.update.metadata.local_steps,
+            nodes=nodes_per_iteration(job.method, rec.config, rec.trace),
+            trace=rec.trace,
+            worker_node=node,
+            worker_id=worker,
+        )
+    except Exception as exc:  # one failed attack must never kill the caller
+        log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
+        outcome = AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
+        outcome.worker_node, outcome.worker_id = node, worker
+        return outcome
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _died(job: AttackJob, deaths: int, cause: str, error: str, worker: str) -> AttackOutcome:
+    """A job whose worker died under it more than ``RESUBMITS`` times."""
+    return AttackOutcome.failed(job, f"{error}: the {worker} died under this job {deaths} times; last cause: {cause}")
+
+
+# ------------------------------------------------------------------------------------ inline
+
+
+class InlineWorkers:
+    """Runs each job in this process at submit time (blocks the caller); the outcome is ready at the
+    next poll. For tests, debugging and one-process command lines."""
+
+    def __init__(self, device: str = "auto", threads: int | None = None):
+        self.device, self.threads = device, threads
+        self._ready: list[AttackOutcome] = []
+
+    @property
+    def in_flight(self) -> int:
+        return 0
+
+    def submit(self, job: AttackJob) -> None:
+        threads = job.threads or self.threads
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(max(1, int(threads)))
+        try:
+            self._ready.append(run_job(job, self.device))
+        finally:
+            torch.set_num_threads(before)
+
+    def poll(self) -> list[AttackOutcome]:
+        out, self._ready = self._ready, []
+        return out
+
+    def drain(self, timeout: float) -> list[AttackOutcome]:
+        return self.poll()
+
+    def shutdown(self) -> None:
+        self._ready.clear()
+
+
+# ------------------------------------------------------------------------- local processes
+
+
+def _process_init(threads: int) -> None:
+    torch.set_num_threads(max(1, int(threads)))
+
+
+def _process_run(job: AttackJob, device: str, threads: int) -> AttackOutcome:
+    torch.set_num_threads(max(1, int(job.threads or threads)))
+    return run_job(job, device)
+
+
+class ProcessWorkers:
+    """``num_workers`` spawned local processes, each running one job at a time with ``threads``
+    torch threads (a job's own ``threads`` wins). A free process takes the next job, which is
+    least-loaded scheduling for equal processes.
+
+    A process that dies (OOM kill, segfault, SIGKILL) breaks the whole pool: every job it held fails
+    with BrokenProcessPool. A fresh pool then takes its place, and each of those jobs counts one
+    death and is resubmitted while its deaths are at most ``RESUBMITS``; past that it is recorded
+    as failed with the cause. (Which of them was running is not known, so a queued job counts the
+    death too.)
+    """
+
+    def __init__(self, num_workers: int = 1, threads: int = 1, device: str = "auto"):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.num_workers, self.threads, self.device = int(num_workers), max(1, int(threads)), device
+        self._executor: ProcessPoolExecutor | None = None
+        self._pending: dict[Future, tuple[AttackJob, int]] = {}  # future -> (job, deaths so far)
+        self.restarts = 0
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            import multiprocessing
+
+            self._executor = ProcessPoolExecutor(
+                self.num_workers,
+                mp_context=multiprocessing.get_context("spawn"),  # no fork of a threaded parent
+                initializer=_process_init,
+                initargs=(self.threads,),
+            )
+        return self._executor
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def pids(self) -> list[int]:
+        """The pool's live process ids (for tests and monitoring)."""
+        return list(getattr(self._executor, "_processes", None) or {})
+
+    def submit(self, job: AttackJob, deaths: int = 0) -> None:
+        self._pending[self._pool().submit(_process_run, job, self.device, self.threads)] = (job, deaths)
+
+    def poll(self) -> list[AttackOutcome]:
+        """The outcomes finished so far (does not wait)."""
+        return self._collect(timeout=0)
+
+    def drain(self, timeout: float) -> list[AttackOutcome]:
+        """Wait up to ``timeout`` seconds for every job; the ones still running are recorded as failed
+        (and their processes stopped)."""
+        out = self._collect(timeout)
+        if self._pending:
+            for job, _ in self._pending.values():
+                out.append(AttackOutcome.failed(job, f"TimeoutError: still running after the {timeout:.0f} s drain"))
+            self._pending.clear()
+            self._stop(kill=True)
+        return out
+
+    def _collect(self, timeout: float) -> list[AttackOutcome]:
+        out: list[AttackOutcome] = []
+        deadline = time.monotonic() + timeout
+        while self._pending:
+            done, _ = wait(
+                list(self._pending), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+            )
+            if not done:
+                break
+            broken = []
+            for future in done:
+                job, deaths = self._pending.pop(future)
+                try:
+                    out.append(future.result())
+                except BrokenProcessPool as exc:
+                    broken.append((job, deaths, _first_line(exc)))
+                except Exception as exc:  # e.g. the job could not be pickled
+                    out.append(AttackOutcome.failed(job, _first_line(exc)))
+            if broken:
+                out += self._restart(broken)
+        return out
+
+    def _restart(self, broken: list) -> list[AttackOutcome]:
+        """The pool broke: settle every job it held, start a fresh pool, resubmit."""
+        for future, (job, deaths) in list(self._pending.items()):  # they fail with the pool
+            broken.append((job, deaths, "BrokenProcessPool"))
+            del self._pending[future]
+        self._stop(kill=True)
+        self.restarts += 1
+        out = []
+        for job, deaths, cause in broken:
+            if deaths + 1 > RESUBMITS:
+                out.append(_died(job, deaths + 1, cause, "BrokenProcessPool", "attack process"))
+            else:
+                log.warning(
+                    "an attack process died under %s on %s (%s); resubmitting it",
+                    job.method,
+                    job.target.describe(),
+                    cause,
+                )
+                self.submit(job, deaths + 1)
+        return out
+
+    def _stop(self, kill: bool) -> None:
+        if self._executor is None:
+            return
+        if kill:
+            for pid in self.pids:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+        self._executor.shutdown(wait=not kill, cancel_futures=True)
+        self._executor = None
+
+    def shutdown(self) -> None:
+        self._pending.clear()
+        self._stop(kill=False)
+
+
+# ------------------------------------------------------------------------------------- Ray
+
+
+class AttackWorker:
+    """Ray actor body: holds a torch thread count and a device, runs jobs one at a time.
+
+    A job may carry its own thread count (more cores once the clients are idle); the actor sets it
+    before the job runs.
+    """
+
+    def __init__(self, threads: int, device: str = "auto"):
+        torch.set_num_threads(max(1, int(threads)))
+        self.device = device
+
+    def run(self, job: AttackJob) -> AttackOutcome:
+        if job.threads:
+            torch.set_num_threads(max(1, int(job.threads)))
+        return run_job(job, self.device)
+
+    def info(self) -> dict:
+        node, worker = where_am_i()
+        return {"threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(), "node": node, "worker": worker}
+
+
+class RayWorkers:
+    """``num_actors`` Ray actors, started lazily at the first submit.
+
+    Runtime: the one this process has (``ray.is_initialized()``, e.g. Flower's simulation; never
+    initialised here then: Flower owns it), else the cluster at ``address`` ("auto", "host:port" or
+    "ray://host:port"), which this process joins and leaves at ``shutdown``. Without either,
+    submit raises RuntimeError.
+
+    Each actor asks ``num_cpus`` (0 inside Flower's simulation, whose client pool holds every CPU;
+    Ray then sets OMP_NUM_THREADS=1, so the actor sets its torch threads itself) and ``num_gpus``
+    (a fraction of a GPU), with Ray's ``max_restarts``. A job goes to the live actor with the fewest
+    pending jobs (ties: the lowest index).
+
+    Actor death (OOM kill, segfault, ``ray.kill``): the job's ref raises RayActorError
+    (ActorUnavailableError while Ray restarts the actor, ActorDiedError once it is gone for good).
+    The actor then takes no new job until a probe (``info`` with Ray task retries) answers; an
+    actor past its restarts is replaced by a fresh one. The job is resubmitted ``RESUBMITS`` time(s)
+    to the least-loaded live actor; when its actor dies again, it is recorded as status "failed"
+    with the cause. Jobs queued behind the dying job on the same actor fail with it; they are
+    resubmitted without counting (an actor runs its jobs in order: only the oldest was running).
+    """
+
+    def __init__(
+        self,
+        num_actors: int = 1,
+        num_gpus: float = 0.0,
+        threads: int = 1,
+        device: str = "auto",
+        address: str | None = None,
+        num_cpus: float = 0,
+        max_restarts: int = MAX_RESTARTS,
+        actor_cls: type = AttackWorker,
+    ):
+        self.num_actors, self.num_gpus, self.threads, self.device = num_actors, num_gpus, threads, device
+        self.address, self.num_cpus = address or None, num_cpus
+        self.max_restarts, self.actor_cls = max_restarts, actor_cls
+        self._joined = False  # this object called ray.init (and calls ray.shutdown)
+        self._actors: list = []
+        self._load: list[int] = []  # pending jobs per actor
+        self._pending: dict = {}  # ray ObjectRef -> (AttackJob, actor index, deaths so far, sequence number)
+        self._seq = 0
+        self._probes: dict = {}  # probe ObjectRef -> index of an actor that died and takes no jobs yet
+        self._waiting: list = []  # (AttackJob, deaths so far): jobs waiting for a live actor
+        self._ready: list[AttackOutcome] = []
+
+    def _ray(self):
+        import ray
+
+        if not ray.is_initialized():
+            if not self.address:
+                raise RuntimeError("Ray is not initialised and no Ray cluster address was given")
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            self._joined = True
+            log.info("joined the Ray cluster at %s: %s", self.address, ray.cluster_resources())
+        if not self._actors:
+            for _ in range(self.num_actors):
+                self._actors.append(self._new_actor(ray))
+                self._load.append(0)
+            log.info(
+                "started %d attacker actor(s): num_cpus=%s, num_gpus=%s, torch threads=%d, max_restarts=%d",
+                self.num_actors,
+                self.num_cpus,
+                self.num_gpus,
+                self.threads,
+                self.max_restarts,
+            )
+        return ray
+
+    def _new_actor(self, ray):
+        return (
+            ray.remote(self.actor_cls)
+            .options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=self.max_restarts)
+            .remote(self.threads, self.device)
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending) + len(self._waiting)
+
+    def submit(self, job: AttackJob) -> None:
+        self._ray()
+        self._assign(job, 0)
+
+    def _assign(self, job: AttackJob, deaths: int) -> None:
+        """Give ``job`` to the live actor with the fewest pending jobs, or queue it while none is live."""
+        down = set(self._probes.values())
+        live = [i for i in range(len(self._actors)) if i not in down]
+        if not live:
+            self._waiting.append((job, deaths))
+            return
+        i = min(live, key=lambda a: (self._load[a], a))
+        self._load[i] += 1
+        self._seq += 1
+        self._pending[self._actors[i].run.remote(job)] = (job, i, deaths, self._seq)
+
+    def _actor_died(self, ray, i: int) -> list[AttackOutcome]:
+        """Actor ``i`` died: settle every job it held and take it out of the assignment until a probe
+        says it is back (Ray retries the probe while the actor restarts; ActorDiedError once it is past
+        its restarts).
+
+        An actor runs its jobs in submission order, so of the jobs that failed with it the oldest was
+        running and counts the death; the ones queued behind it are resubmitted without counting.
+        Returns the outcomes settled here (finished jobs, and jobs past ``RESUBMITS``).
+        """
+        from ray.exceptions import RayActorError
+
+        refs = sorted((r for r, entry in self._pending.items() if entry[1] == i), key=lambda r: self._pending[r][3])
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)  # the jobs of a dead actor fail together
+        out, again, counted = [], [], False
+        for ref in (r for r in refs if r in set(ready)):
+            job, _, deaths, _ = self._pending.pop(ref)
+            self._load[i] -= 1
+            try:
+                out.append(ray.get(ref))
+                continue
+            except RayActorError as exc:
+                cause = _first_line(exc)
+            except Exception as exc:
+                out.append(AttackOutcome.failed(job, _first_line(exc)))
+                continue
+            if not counted:  # the job that was running when the actor died
+                counted, deaths = True, deaths + 1
+            if deaths > RESUBMITS:
+                out.append(_died(job, deaths, cause, "ActorDiedError", "attacker actor"))
+            else:
+                log.warning(
+                    "attacker actor %d died under attack %s on %s (%s); resubmitting it",
+                    i,
+                    job.method,
+                    job.target.describe(),
+                    cause,
+                )
+                again.append((job, deaths))
+        if i not in self._probes.values():
+            self._probes[self._actors[i].info.options(max_task_retries=-1).remote()] = i
+        for job, deaths in again:
+            self._assign(job, deaths)
+        return out
+
+    def _probe_answered(self, ray, ref) -> None:
+        i = self._probes.pop(ref)
+        try:
+            ray.get(ref)
+            log.warning("attacker actor %d restarted", i)
+        except Exception as exc:  # past its restarts: a fresh actor takes its place
+            log.warning("attacker actor %d is gone (%s); starting a new one", i, _first_line(exc))
+            ray.kill(self._actors[i], no_restart=True)
+            self._actors[i] = self._new_actor(ray)
+        waiting, self._waiting = self._waiting, []
+        for job, tries in waiting:
+            self._assign(job, tries)
+
+    def poll(self) -> list[AttackOutcome]:
+        """The outcomes finished so far (does not wait)."""
+        return self._collect(timeout=0)
+
+    def drain(self, timeout: float) -> list[AttackOutcome]:
+        """Wait up to ``timeout`` seconds for every job; the ones still running or still waiting for a
+        live actor are recorded as failed."""
+        outcomes = self._collect(timeout=timeout)
+        if self._pending or self._waiting:
+            import ray
+
+            for ref, (job, *_) in list(self._pending.items()):
+                ray.cancel(ref)
+                outcomes.append(
+                    AttackOutcome.failed(job, f"TimeoutError: still running after the {timeout:.0f} s drain")
+                )
+            for job, _ in self._waiting:
+                outcomes.append(
+                    AttackOutcome.failed(
+                        job, f"TimeoutError: no live attacker actor within the {timeout:.0f} s drain (its actor died)"
+                    )
+                )
+            self._pending.clear()
+            self._waiting.clear()
+            self._load = [0] * len(self._actors)
+        return outcomes
+
+    def _collect(self, timeout: float) -> list[AttackOutcome]:
+        out, self._ready = self._ready, []
+        if not (self._pending or self._probes):
+            return out
+        import ray
+        from ray.exceptions import RayActorError
+
+        deadline = time.monotonic() + timeout
+        while self._pending or (self._waiting and self._probes):
+            left = max(0.0, deadline - time.monotonic())
+            done, _ = ray.wait(list(self._pending) + list(self._probes), num_returns=1, timeout=left)
+            if not done:
+                break
+            for ref in done:
+                if ref in self._probes:
+                    self._probe_answered(ray, ref)
+                    continue
+                job, i = self._pending[ref][:2]
+                try:
+                    outcome = ray.get(ref)
+                except RayActorError:  # the actor died under the job (OOM kill, crash, ray.kill)
+                    out.extend(self._actor_died(ray, i))
+                    continue
+                except Exception as exc:
+                    outcome = AttackOutcome.failed(job, _first_line(exc))
+                del self._pending[ref]
+                self._load[i] -= 1
+                out.append(outcome)
+        return out
+
+    def shutdown(self) -> None:
+        if self._actors:
+            import ray
+
+            for actor in self._actors:
+                ray.kill(actor)
+            self._actors.clear()
+            self._load.clear()
+            self._probes.clear()
+        if self._joined:
+            import ray
+
+            ray.shutdown()
+            self._joined = False
+
+
+# ---------------------------------------------------------------------------------- choice
+
+
+Workers = InlineWorkers | ProcessWorkers | RayWorkers
+
+
+def make_workers(
+    num_workers: int = 0,
+    *,
+    address: str | None = None,
+    threads: int = 1,
+    device: str = "auto",
+    num_gpus: float = 0.0,
+) -> Workers:
+    """The workers for a command line (experiments, replay): ``address`` set: ``num_workers`` (at
+    least 1) actors on that Ray cluster, each asking ``threads`` CPUs and ``num_gpus``;
+    ``num_workers`` 0: this process (``InlineWorkers``); else that many local processes.
+    ValueError for a negative count or threads < 1."""
+    if isinstance(num_workers, bool) or int(num_workers) < 0:
+        raise ValueError(f"the number of workers must be >= 0, got {num_workers}")
+    if int(threads) < 1:
+        raise ValueError(f"threads per worker must be >= 1, got {threads}")
+    if not math.isfinite(num_gpus) or num_gpus < 0:
+        raise ValueError(f"num_gpus must be >= 0, got {num_gpus}")
+    if address:
+        return RayWorkers(max(1, int(num_workers)), num_gpus, threads, device, address=address, num_cpus=threads)
+    if int(num_workers) == 0:
+        return InlineWorkers(device, threads)
+    return ProcessWorkers(int(num_workers), threads, device)
