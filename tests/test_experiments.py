@@ -318,3 +318,20 @@ def test_paired_differences_pair_the_same_victim():
     ]
     assert paired_differences(rows, "pisme", "nlsme", "psnr") == [1.5, -1.0]
     assert spread([1.5, -1.0]) == "-1.00 .. 1.50"
+
+
+def test_two_workers_finish_a_grid_faster_and_write_the_same_rows(tmp_path):
+    """--workers: the grid's attacks fan out over local processes; the rows do not depend on how many."""
+    grid = ["--iterations", "60", "--grid", "dataset=cifar100", "--grid", "nodes=1,2,3,4,5,6"]
+    seconds, rows = {}, {}
+    for workers in (1, 2):
+        start = time.perf_counter()
+        assert main(_tiny("node-sweep", tmp_path / str(workers), "--workers", str(workers), *grid)) == 0
+        seconds[workers] = time.perf_counter() - start
+        rows[workers] = sorted(read(tmp_path / str(workers), "node-sweep")[1], key=lambda r: int(r["nodes"]))
+    timing = {"seconds", "seconds_per_iteration", "worker"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in rows[1]] == [
+        {k: v for k, v in r.items() if k not in timing} for r in rows[2]
+    ]
+    assert len({r["worker"] for r in rows[2]}) == 2 and all("/pid" in r["worker"] for r in rows[2])
+    assert seconds[2] < seconds[1], seconds

@@ -52,18 +52,24 @@ def run_experiment(
     data_dir: str | None = None,
     command: str = "",
     grid: dict | None = None,
+    workers: int = 0,
+    ray_address: str = "",
+    threads: int = 1,
 ) -> Path:
     """Run one experiment; returns the output folder. ValueError for bad options, before any work.
 
     command: the command line to quote in NAME.md (default: the equivalent of the arguments).
     grid: {axis: "v1,v2"} to sweep other values than the experiment's defaults (its ``GRID``).
-    Experiments with a grid resume: rows already in OUT/NAME.csv are skipped.
+    Experiments with a grid resume: rows already in OUT/NAME.csv are skipped, and they fan their
+    attacks out over ``workers`` local processes (0: this process) or, with ``ray_address``, that
+    many actors on a Ray cluster, each with ``threads`` torch threads.
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment '{name}'; choose from: {', '.join(EXPERIMENTS)}")
     module = _module(name)
+    axes = getattr(module, "GRID", ())
     ctx = make_context(
-        name, scale, out, device, seeds, clients, iterations, data_dir, grid, getattr(module, "GRID", ())
+        name, scale, out, device, seeds, clients, iterations, data_dir, grid, axes, workers, ray_address, threads
     )
     ctx.command = command
     ctx.out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
         "These experiments resume: rerunning a command skips the rows OUT/NAME.csv already holds",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="class-deficiency, matched-compute, node-sweep: run the attacks on N local processes "
+        "(or N Ray actors with --ray-address), each with --threads torch threads (default 0: this process)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default="",
+        help="run the attacks on this Ray cluster (e.g. 127.0.0.1:6379 from `ray start --head`, or auto)",
+    )
+    parser.add_argument(
         "--data-dir",
         default=None,
         help="a LEAF FEMNIST dir, a cifar-100-python dir or an .npz (default: the bundled sample)",
@@ -141,9 +159,15 @@ def main(argv: list[str] | None = None) -> int:
             args.iterations,
             args.data_dir,
             grid=grid,
+            workers=args.workers,
+            ray_address=args.ray_address,
+            threads=args.threads or torch.get_num_threads(),
             command="python -m analysis.experiments " + " ".join(sys.argv[1:] if argv is None else argv),
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m analysis.experiments: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # failed attacks: the others are recorded, a rerun retries these
+        print(f"python -m analysis.experiments: error: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -16,7 +16,7 @@ from .common import (
     Context,
     Lazy,
     Recorder,
-    attack_and_score,
+    Task,
     check_clients,
     column,
     fmt,
@@ -25,6 +25,7 @@ from .common import (
     mean_var,
     paired_differences,
     pm,
+    run_tasks,
     save_figure,
     spread,
     train_victim,
@@ -55,28 +56,29 @@ def run(ctx: Context) -> None:
     for C in Cs:
         check_clients(ctx, DATASET, clients, sc.samples, classes_used(C, sc.samples))
     recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
+    tasks = []
     # Client-major order: a stopped run has whole clients done at every C, not all clients at one C.
     for client in range(clients):
         for seed in range(sc.seeds):
             for C in Cs:
                 used = classes_used(C, sc.samples)
                 victim = Lazy(partial(train_victim, ctx, DATASET, client, seed, sc.local_epochs(PAPER_T), classes=used))
+                extra = partial(_columns, C, used)
                 for labels in label_sources:
                     for method in METHODS:
-                        if recorder.done(paper_classes=C, client=client, seed=seed, labels=labels, method=method):
-                            continue
-                        row = attack_and_score(ctx, victim(), method, labels=labels)
-                        distinct = int(victim().labels.unique().numel())
-                        recorder.add(
-                            {
-                                **row,
-                                "paper_classes": C,
-                                "classes": used,
-                                "distinct_labels": distinct,
-                                "paper_T": PAPER_T,
-                            }
-                        )
+                        key = dict(paper_classes=C, client=client, seed=seed, labels=labels, method=method)
+                        tasks.append(Task(key, victim, method, labels, extra=extra))
+    run_tasks(ctx, recorder, tasks)
     _report(ctx, recorder.rows)
+
+
+def _columns(paper_classes: int, used: int, victim) -> dict:
+    return {
+        "paper_classes": paper_classes,
+        "classes": used,
+        "distinct_labels": int(victim.labels.unique().numel()),
+        "paper_T": PAPER_T,
+    }
 
 
 def _report(ctx: Context, rows: list[dict]) -> None:

@@ -29,6 +29,8 @@ from fl_attack.config import PRESETS
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluation import Victim, nodes_per_iteration, results_row
 from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
+from fl_attack.update import AttackTarget
+from fl_attack.workers import AttackJob, make_workers, run_job
 from strategies.settings import usable_cpus
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
@@ -175,6 +177,9 @@ class Context:
     data_dir: str | None = None
     explicit: frozenset = frozenset()  # the scale settings given on the command line (seeds, clients, ...)
     command: str = ""  # the command line, for the markdown
+    workers: int = 0  # attack workers: 0 = this process, N = local processes (or Ray actors with ray_address)
+    ray_address: str = ""  # a Ray cluster to run the attacks on ("" = none)
+    threads: int = 1  # torch threads per worker
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
     log_file: object = None
@@ -225,11 +230,15 @@ def make_context(
     data_dir: str | None = None,
     grid: dict | None = None,
     axes: tuple = (),
+    workers: int = 0,
+    ray_address: str = "",
+    threads: int = 1,
 ) -> Context:
     """Validate the command's options (ValueError before any work) and build its Context.
 
     grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
-    experiment's ``GRID``) and its values valid for ``AXES``."""
+    experiment's ``GRID``) and its values valid for ``AXES``. workers, ray_address, threads: where
+    the attacks run (``fl_attack.workers.make_workers``)."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(SCALES)}")
     sc = SCALES[scale]
@@ -249,6 +258,7 @@ def make_context(
         k for k, v in (("seeds", seeds), ("clients", clients), ("iterations", iterations)) if v is not None
     )
     parsed = {axis: parse_axis(axis, text, axes, sc) for axis, text in (grid or {}).items()}
+    make_workers(workers, address=ray_address, threads=max(1, threads))  # ValueError for bad counts; starts nothing
     return Context(
         name=name,
         scale=sc,
@@ -257,6 +267,9 @@ def make_context(
         data_dir=data_dir,
         explicit=explicit,
         grid=parsed,
+        workers=int(workers),
+        ray_address=ray_address,
+        threads=max(1, int(threads)),
     )
 
 
@@ -331,60 +344,153 @@ def train_victim(
     )
 
 
-def attack_and_score(ctx: Context, victim: Victim, method: str, labels: str = "recovered", **overrides) -> dict:
-    """Run one attack on ``victim.update`` and score it on matched pairs.
+def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recovered", job_id: int = 0, **overrides):
+    """The ``fl_attack.workers.AttackJob`` of one attack on ``victim.update``: what a worker gets
+    (the update and public metadata; oracle labels only when asked for).
 
     labels: "recovered" (from the update, the attacker's view) or "oracle" (the victim's true
     labels handed to the attack, an explicit leak that isolates the image recovery).
     overrides: AttackConfig fields (iterations, nodes, ...); the defaults are the scale's
-    iterations, nodes and trace_every and the victim's seed. Returns one flat result row: the
-    results.csv columns (``fl_attack.evaluation.results_row``) with seed, classes and the costs.
-    """
+    iterations, nodes and trace_every and the victim's seed."""
+    if labels not in ("recovered", "oracle"):
+        raise ValueError(f"labels must be 'recovered' or 'oracle', got {labels!r}")
     sc = ctx.scale
     settings = dict(iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed)
     settings.update(overrides)
     config = AttackConfig.from_overrides(None, **settings)
-    scored = evaluation.attack_victim(victim, method, config, labels=labels, device=ctx.device)
-    rec, ev = scored.reconstruction, scored.scores
-    nodes = scored.row["nodes"]
+    target = AttackTarget(1, (victim.partition,), client_id=victim.client_id)
+    given = victim.labels.clone() if labels == "oracle" else "recovered"
+    return AttackJob(job_id, victim.update, method, config, target, labels=given, model=victim.model)
+
+
+def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
+    """The evaluator's side: score ``outcome`` (an ok ``AttackOutcome`` of ``job``) against the
+    victim's private images on matched pairs. Returns one flat result row: the results.csv
+    columns (``fl_attack.evaluation.results_row``) with seed, classes, the costs and where it ran."""
+    config, method = job.config, job.method
+    scores = evaluation.score(outcome.images, outcome.labels, victim.images, victim.labels, victim.dataset)
+    row = evaluation.attack_row(
+        method=method,
+        dataset=victim.dataset,
+        label_estimator=config.label_estimator,
+        local_steps=victim.local_steps,
+        nodes=outcome.nodes,
+        iterations=config.iterations,
+        labels=outcome.label_source,
+        partition_id=victim.partition,
+        client_id=victim.client_id,
+        lsim_honest=outcome.lsim_honest,
+        lsim_calibrated=outcome.lsim_calibrated,
+        attack_seconds=outcome.seconds,
+        scores=scores,
+    )
     row = {
-        **results_row(scored.row),
+        **results_row(row),
         "seed": victim.seed,
         "classes": victim.classes,
-        "seconds_per_iteration": rec.seconds / settings["iterations"],
-        "gradient_evaluations": _gradient_evaluations(method, rec, settings["iterations"]),
+        "seconds_per_iteration": outcome.seconds / config.iterations,
+        "gradient_evaluations": _gradient_evaluations(method, config, outcome.trace, config.iterations),
+        "worker": f"{outcome.worker_node}/{outcome.worker_id}",
     }
     if method == "pisme-adaptive":
         row.update(
-            node_tolerance=rec.config["node_tolerance"],
-            nodes_schedule=_nodes_schedule(rec),
-            node_error=float(rec.trace[-1].get("node_error", math.nan)),
+            node_tolerance=config.node_tolerance,
+            nodes_schedule=_nodes_schedule(outcome.trace),
+            node_error=float(outcome.trace[-1].get("node_error", math.nan)),
         )
+    nodes = outcome.nodes
     ctx.log(
         f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
-        f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{settings['iterations']} {labels}: PSNR {ev['psnr']:.2f} dB, "
-        f"honest Lsim {rec.lsim_honest:.4f} ({rec.seconds:.1f} s)"
+        f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{config.iterations} {outcome.label_source}: "
+        f"PSNR {scores['psnr']:.2f} dB, honest Lsim {outcome.lsim_honest:.4f} ({outcome.seconds:.1f} s)"
     )
     return row
 
 
-def _nodes_schedule(rec) -> str:
+def attack_and_score(ctx: Context, victim: Victim, method: str, labels: str = "recovered", **overrides) -> dict:
+    """One attack in this process, scored (``attack_job``, ``run_job``, ``score_outcome``).
+    RuntimeError when the attack fails."""
+    job = attack_job(ctx, victim, method, labels, **overrides)
+    outcome = run_job(job, str(ctx.device))
+    if outcome.status != "ok":
+        raise RuntimeError(f"{method} on client {victim.partition} failed: {outcome.error}")
+    return score_outcome(ctx, victim, job, outcome)
+
+
+@dataclass
+class Task:
+    """One attack of an experiment's grid, for ``run_tasks``.
+
+    key: the Recorder key values that identify its row (a rerun skips it when recorded);
+    victim: a ``Lazy`` victim (trained only when one of its attacks is still to do);
+    extra: the row's experiment columns, or a function of the victim that returns them."""
+
+    key: dict
+    victim: Lazy
+    method: str
+    labels: str = "recovered"
+    overrides: dict = field(default_factory=dict)
+    extra: object = field(default_factory=dict)
+
+
+def run_tasks(ctx: Context, recorder: Recorder, tasks: list[Task]) -> None:
+    """Run the tasks not yet recorded on the context's workers (``--workers``, ``--ray-address``:
+    this process, local processes or a Ray cluster) and record each row as it is scored.
+
+    Victims are trained here, at most 2 x workers jobs ahead of the workers; the workers get only
+    the update, and the rows are scored here against the victims' private images. A failed
+    attack is not recorded (a rerun retries it); RuntimeError names them after the others finish.
+    """
+    todo = [t for t in tasks if not recorder.done(**t.key)]
+    if len(todo) < len(tasks):
+        ctx.log(f"{len(tasks) - len(todo)} of {len(tasks)} attacks already recorded in {recorder.path.name}")
+    workers = make_workers(ctx.workers, address=ctx.ray_address, threads=ctx.threads, device=str(ctx.device))
+    ahead = max(1, 2 * max(1, ctx.workers))
+    queue = list(enumerate(todo))
+    running: dict[int, tuple[Task, object]] = {}
+    failed = []
+    try:
+        while queue or running:
+            while queue and len(running) < ahead:
+                job_id, task = queue.pop(0)
+                job = attack_job(ctx, task.victim(), task.method, task.labels, job_id=job_id, **task.overrides)
+                running[job_id] = (task, job)
+                workers.submit(job)
+            outcomes = workers.poll()
+            if not outcomes:
+                time.sleep(0.1)
+            for outcome in outcomes:
+                task, job = running.pop(outcome.job_id)
+                if outcome.status != "ok":
+                    failed.append(f"{job.method} {task.key}: {outcome.error}")
+                    ctx.log(f"FAILED {job.method} {task.key}: {outcome.error}")
+                    continue
+                victim = task.victim()
+                extra = task.extra(victim) if callable(task.extra) else task.extra
+                recorder.add({**score_outcome(ctx, victim, job, outcome), **extra})
+    finally:
+        workers.shutdown()
+    if failed:
+        raise RuntimeError(f"{len(failed)} attack(s) failed and were not recorded (rerun to retry): {failed[0]}")
+
+
+def _nodes_schedule(trace) -> str:
     """pisme-adaptive's m over the run as 'iteration:m' at each change seen in the trace, e.g. '0:3 40:2'."""
     out, last = [], None
-    for r in rec.trace:
+    for r in trace:
         if r.get("nodes") != last:
             last = r.get("nodes")
             out.append(f"{r['iteration']}:{last}")
     return " ".join(out)
 
 
-def _gradient_evaluations(method: str, rec, iterations: int) -> float:
+def _gradient_evaluations(method: str, config, trace, iterations: int) -> float:
     """Node-gradient evaluations the attack made (pisme-adaptive reports its own, checks included)."""
     if method == "pisme-adaptive":
-        counted = [r["gradient_evaluations"] for r in rec.trace if "gradient_evaluations" in r]
+        counted = [r["gradient_evaluations"] for r in trace if "gradient_evaluations" in r]
         if counted:
             return float(counted[-1])
-    return float(nodes_per_iteration(method, rec.config, rec.trace) * iterations)
+    return float(nodes_per_iteration(method, config, trace) * iterations)
 
 
 # ----------------------------------------------------------------------------------- output

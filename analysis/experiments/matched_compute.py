@@ -17,7 +17,7 @@ from .common import (
     Context,
     Lazy,
     Recorder,
-    attack_and_score,
+    Task,
     check_clients,
     column,
     fmt,
@@ -26,6 +26,7 @@ from .common import (
     mean_var,
     paired_differences,
     pm,
+    run_tasks,
     save_figure,
     spread,
     train_victim,
@@ -52,6 +53,7 @@ def run(ctx: Context) -> None:
         check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
     recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     plan = [("pisme", 1)] + [("nlsme", k) for k in MULTIPLES]
+    tasks = []
     # Client-major order: a stopped run has whole clients done in every cell.
     for client in range(max(sc.clients_for(d) for d in datasets)):
         for seed in range(sc.seeds):
@@ -59,15 +61,15 @@ def run(ctx: Context) -> None:
                 if client >= sc.clients_for(dataset):
                     continue
                 for paper_T in steps:
-                    epochs = sc.local_epochs(paper_T)
-                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, epochs))
+                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, sc.local_epochs(paper_T)))
                     for labels in label_sources:
                         for method, k in plan:
+                            iterations = k * sc.iterations
                             key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels)
-                            if recorder.done(**key, method=method, iterations=k * sc.iterations):
-                                continue
-                            row = attack_and_score(ctx, victim(), method, labels=labels, iterations=k * sc.iterations)
-                            recorder.add({**row, "multiple": k, "paper_T": paper_T})
+                            key.update(method=method, iterations=iterations)
+                            extra = {"multiple": k, "paper_T": paper_T}
+                            tasks.append(Task(key, victim, method, labels, {"iterations": iterations}, extra))
+    run_tasks(ctx, recorder, tasks)
     _report(ctx, recorder.rows)
 
 

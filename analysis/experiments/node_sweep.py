@@ -14,7 +14,7 @@ from .common import (
     Context,
     Lazy,
     Recorder,
-    attack_and_score,
+    Task,
     check_clients,
     column,
     fmt,
@@ -23,6 +23,7 @@ from .common import (
     mean_var,
     paired_differences,
     pm,
+    run_tasks,
     save_figure,
     spread,
     train_victim,
@@ -45,6 +46,7 @@ def run(ctx: Context) -> None:
     for dataset in datasets:
         check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
     recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
+    tasks = []
     # Client-major order: a stopped run has whole clients done in every cell.
     for client in range(max(sc.clients_for(d) for d in datasets)):
         for seed in range(sc.seeds):
@@ -52,15 +54,14 @@ def run(ctx: Context) -> None:
                 if client >= sc.clients_for(dataset):
                     continue
                 for paper_T in steps:
-                    epochs = sc.local_epochs(paper_T)
-                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, epochs))
+                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, sc.local_epochs(paper_T)))
                     for labels in label_sources:
                         for m in nodes:
-                            key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels)
-                            if recorder.done(**key, nodes=m):
-                                continue
-                            row = attack_and_score(ctx, victim(), "pisme", labels=labels, nodes=m)
-                            recorder.add({**row, "paper_T": paper_T})
+                            key = dict(
+                                dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels, nodes=m
+                            )
+                            tasks.append(Task(key, victim, "pisme", labels, {"nodes": m}, {"paper_T": paper_T}))
+    run_tasks(ctx, recorder, tasks)
     _report(ctx, recorder.rows)
 
 
