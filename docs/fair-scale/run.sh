@@ -4,12 +4,12 @@
 # Every step resumes: rerunning this script skips the rows docs/fair-scale/*.csv already hold, so it can
 # be stopped at any time. The cheap cells come first and the clients grow 1 -> 3, so a partial run has
 # whole clients everywhere. Log: docs/fair-scale/run.log (wall time of every step).
-#   nice -n 19 bash docs/fair-scale/run.sh &
+#   nice -n 19 bash docs/fair-scale/run.sh &   (WORKERS=2 local processes with THREADS=1 torch thread each)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=docs/fair-scale
-COMMON=(--scale paper --seeds 1 --iterations 300 --device cpu --threads "${THREADS:-2}" --out "$OUT")
+COMMON=(--scale paper --seeds 1 --iterations 300 --device cpu --workers "${WORKERS:-2}" --threads "${THREADS:-1}" --out "$OUT")
 step() {
   local start=$SECONDS
   echo "$(date -u +%FT%TZ) start: $*" >> "$OUT/run.log"
