@@ -3,7 +3,13 @@
 Each attack (IG, SME, NL-SME, PI-SME) only says how it builds its surrogate gradient G(X_hat) and
 which extra variables it learns. The one optimisation loop that drives every attack (Adam over
 X_hat and those variables, the box clamp, the learning-rate schedule and the trace; the paper's
-"Optimisation" section) lives in ``fl_attack.api.reconstruct``.
+"Optimisation" section) lives in ``fl_attack.api``, behind ``reconstruct`` and ``reconstruct_batch``.
+
+An attack holds one client (w0, wT of shape (P,)) or N clients of one architecture at once (shape
+(N, P), ``fl_attack.reconstruct_batch``). Every per-client quantity then has a leading client
+dimension (X_hat (N,k,C,H,W), P1 and d (N,P), SME's alpha and NL-SME's t (N,)), and every reduction
+(Lsim, TV, R_p, R_d, the summary) is taken per client: ``objective`` returns (N,) terms, and the loop
+minimises their sum, whose gradient with respect to client n's variables is client n's own.
 """
 
 from __future__ import annotations
@@ -116,17 +122,26 @@ class AttackConfig:
 
 
 def lsim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cosine dissimilarity 1 - <a,b>/(|a||b|) of two flat vectors (eq. 3), in [0, 2]."""
-    return 1 - (a * b).sum() / (a.norm() * b.norm() + _EPS)
+    """Cosine dissimilarity 1 - <a,b>/(|a||b|) of two flat vectors (eq. 3), in [0, 2].
+
+    a, b: (P,), or (N, P) for N clients (one value per row); returns a scalar, or (N,).
+    """
+    return 1 - (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1) + _EPS)
+
+
+_IMAGE_DIMS = (-4, -3, -2, -1)
 
 
 def total_variation(x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Anisotropic TV of (N,C,H,W) images (eq. 9): mean (SME's code) or sum of |neighbour differences|."""
-    dh = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs()
-    dw = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs()
+    """Anisotropic TV of (k,C,H,W) images (eq. 9): mean (SME's code) or sum of |neighbour differences|.
+
+    x: (k,C,H,W), a scalar result; or (N,k,C,H,W) for N clients, one value per client, (N,).
+    """
+    dh = (x[..., 1:, :] - x[..., :-1, :]).abs()
+    dw = (x[..., :, 1:] - x[..., :, :-1]).abs()
     if reduction == "sum":
-        return dh.sum() + dw.sum()
-    return dh.mean() + dw.mean()
+        return dh.sum(_IMAGE_DIMS) + dw.sum(_IMAGE_DIMS)
+    return dh.mean(_IMAGE_DIMS) + dw.mean(_IMAGE_DIMS)
 
 
 def node_gradients(
@@ -135,6 +150,7 @@ def node_gradients(
     """G = sum_i c_i * grad_w CE(f_{w_i}(x), y) at given nodes (eq. 8), differentiable in x and the weights.
 
     weights: (m, P) flat weights of the m nodes; coeffs: (m,) quadrature weights. Returns (P,).
+    For N clients: weights (m, N, P), x (N,k,C,H,W), y (N,k); returns (N, P).
     Nodes on a path of a few anchors (w0, P1, wT) are cheaper through
     ``fl_attack.attacks.gradients.path_gradient``, which this calls with one anchor per node.
     """
@@ -147,12 +163,20 @@ class Attack:
     Subclasses set ``name`` and implement ``surrogate_gradient``; those that learn more than X_hat
     override ``param_groups``, ``regularizer``, ``project`` and ``summary``. ``calibration`` is the
     per-coordinate vector d when the attack uses one (NL-SME, PI-SME), else None.
+    w0, wT: flat (P,) weights of one client, or (N, P) for N clients attacked as one batch (module
+    docstring); ``batch_shape`` is () or (N,), the leading shape of every per-client variable.
+    ``batchable``: False for an attack whose clients cannot share one computation (pisme-adaptive
+    chooses its m per client); ``fl_attack.reconstruct_batch`` refuses those.
     """
 
     name = "base"
+    batchable = True
 
     def __init__(self, model, w0: torch.Tensor, wT: torch.Tensor, shapes, config: AttackConfig):
+        if w0.dim() not in (1, 2) or wT.shape != w0.shape:
+            raise ValueError(f"w0 and wT must both be (P,) or (N, P), got {tuple(w0.shape)} and {tuple(wT.shape)}")
         self.model, self.w0, self.wT, self.shapes, self.config = model, w0, wT, shapes, config
+        self.batch_shape = tuple(w0.shape[:-1])
         self.delta_w = w0 - wT
         self.calibration = None
         # observed_only: the surrogate gradient is compared on the observed coordinates only.
@@ -165,21 +189,26 @@ class Attack:
         raise NotImplementedError
 
     def regularizer(self) -> torch.Tensor:
-        return self.w0.new_zeros(())
+        """The attack's regularisers, one value per client: shape ``batch_shape``."""
+        return self.w0.new_zeros(self.batch_shape)
 
     @torch.no_grad()
     def project(self) -> None:
         """Clamp the learnable variables to their valid sets after each step."""
 
     def summary(self) -> dict:
+        """The attack's own variables for the trace: name -> detached tensor of shape ``batch_shape``
+        (one value per client) or a python number shared by all clients."""
         return {}
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict:
-        """The loss to minimise (eq. 10 for PI-SME) and its parts, as a dict of scalar tensors.
+        """The loss to minimise (eq. 10 for PI-SME) and its parts, as a dict of tensors.
 
+        x: X_hat, (k,C,H,W) normalised images, or (N,k,C,H,W); y: (k,) or (N,k) int64 labels.
+        Each term is a scalar, or (N,) with one value per client (nothing mixes clients).
         "loss" is differentiable; "lsim_honest" is Lsim(G, delta_w) with d = 1 and
-        "lsim_calibrated" is Lsim(d * G, delta_w) (both detached). With ``observed_only``, G is
-        restricted to the coordinates where delta_w is non-zero.
+        "lsim_calibrated" is Lsim(d * G, delta_w) (both detached, in [0, 2]). With ``observed_only``,
+        G is restricted to the coordinates where delta_w is non-zero.
         """
         g = self.surrogate_gradient(x, y)
         if self.observed_mask is not None:
@@ -211,22 +240,21 @@ class BezierMixin:
         ]
 
     def regularizer(self):
+        """lambda_p ||P1 - (w0+wT)/2||^2 + lambda_d ||d - 1||^2 (eq. 10), per client."""
         c = self.config
-        return (
-            c.control_point_weight * (self.control_point - self.anchor).pow(2).sum()
-            + c.calibration_weight * (self.calibration - 1).pow(2).sum()
-        )
+        r_p = (self.control_point - self.anchor).pow(2).sum(-1)
+        r_d = (self.calibration - 1).pow(2).sum(-1)
+        return c.control_point_weight * r_p + c.calibration_weight * r_d
 
     @torch.no_grad()
     def _project_calibration(self):
         self.calibration.clamp_(self.config.calibration_min, self.config.calibration_max)
 
     def _bezier_summary(self) -> dict:
+        """|P1 - (w0+wT)/2| / |delta_w| and the mean of d, per client."""
         with torch.no_grad():
-            return {
-                "control_point_shift": float((self.control_point - self.anchor).norm() / (self.delta_w.norm() + _EPS)),
-                "calibration_mean": float(self.calibration.mean()),
-            }
+            shift = (self.control_point - self.anchor).norm(dim=-1) / (self.delta_w.norm(dim=-1) + _EPS)
+            return {"control_point_shift": shift, "calibration_mean": self.calibration.mean(-1)}
 
 
 ATTACKS: dict[str, type[Attack]] = {}
@@ -246,7 +274,11 @@ def get_attack(name: str) -> type[Attack]:
 
 
 def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> list[torch.optim.Optimizer]:
-    """Adam over X_hat and the attack's variables (an SGD optimiser where a group asks for it)."""
+    """Adam over X_hat and the attack's variables (an SGD optimiser where a group asks for it).
+
+    Adam's and SGD's updates are element-wise, so on variables stacked over N clients each client
+    takes exactly the step it would take alone (none of them clips or normalises across elements).
+    """
     adam_groups = [{"params": [x], "lr": config.lr_images}]
     sgd_groups = []
     for group in attack.param_groups():

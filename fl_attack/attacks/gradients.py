@@ -22,6 +22,12 @@ Two implementations compute the same G:
   6. the activations are channels_last (NHWC), oneDNN's native layout: the convolutions skip their
      layout reorders and pooling works on contiguous channel vectors.
 tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
+
+A third computes G for N clients at once (``fl_attack.reconstruct_batch``): anchors of shape (N, P),
+images (N, k, C, H, W); torch.func.vmap over the clients and the nodes of one per-node gradient
+(torch.func.grad of a functional call), so every node of every client is one batched pass (on a GPU,
+where the speed is; docs/performance.md, "Batched attacks"). Each client's G is its own: nothing is
+reduced over the clients. tests/test_batched.py checks it against N unbatched computations.
 """
 
 from __future__ import annotations
@@ -65,31 +71,50 @@ def path_gradient(
     coeffs: (m,) quadrature weights c_i. x: the model's input batch, (k, C, H, W) normalised images for
     the paper's CNNs; y: (k,) int64 labels in [0, classes). Anchors, basis, coeffs and x share a dtype
     and a device.
-    Returns G, shape (P,). When grad mode is on and x, an anchor or the basis requires grad, G is
-    differentiable in them to any order (create_graph); otherwise it is detached. An anchor whose
-    coefficient is 0 at every node gets no gradient (autograd's None), as in torch.
+    Batched, for N clients at once: anchors of shape (N, P), basis (m, J) shared or (N, m, J) per
+    client, x (N, k, ...) and y (N, k); then G has shape (N, P), row n client n's own G (the vmapped
+    engine of the module docstring; any model torch.func.vmap can run, the paper's CNNs included).
+    Returns G, shape (P,) (batched: (N, P)). When grad mode is on and x, an anchor or the basis
+    requires grad, G is differentiable in them to any order (create_graph); otherwise it is detached.
+    An anchor whose coefficient is 0 at every node gets no gradient (autograd's None), as in torch.
     Raises ValueError for inconsistent shapes, labels that are not int64, or a basis whose rows do
     not sum to 1.
     """
     if len(anchors) < 1:
         raise ValueError("path_gradient needs at least one anchor")
     size = sum(math.prod(shape) for _, shape in shapes)
-    bad = [tuple(a.shape) for a in anchors if a.dim() != 1 or a.numel() != size]
+    batch = tuple(anchors[0].shape[:-1])  # () for one client, (N,) for N clients
+    if len(batch) > 1:
+        raise ValueError(f"anchors must be (P,) or (N, P) weight vectors, got shape {tuple(anchors[0].shape)}")
+    bad = [tuple(a.shape) for a in anchors if tuple(a.shape) != (*batch, size)]
     if bad:
-        raise ValueError(f"anchors must be flat vectors of the layout's {size} weights, got shapes {bad}")
-    m = len(anchors) if basis is None else basis.shape[0]
-    if basis is not None and (basis.dim() != 2 or basis.shape[1] != len(anchors) or m < 1):
-        raise ValueError(f"basis must have shape (m >= 1, {len(anchors)}), got {tuple(basis.shape)}")
-    if basis is not None and not torch.allclose(basis.detach().sum(1), basis.new_ones(m), atol=1e-6):
+        raise ValueError(
+            f"anchors must be flat vectors of the layout's {size} weights, all of shape {(*batch, size)}, "
+            f"got shapes {bad}"
+        )
+    if basis is None:
+        m = len(anchors)
+    else:
+        if basis.dim() < 2 or tuple(basis.shape[:-2]) not in ((), batch) or basis.shape[-1] != len(anchors):
+            shape = f"(m >= 1, {len(anchors)})" + (f" or ({batch[0]}, m >= 1, {len(anchors)})" if batch else "")
+            raise ValueError(f"basis must have shape {shape}, got {tuple(basis.shape)}")
+        m = basis.shape[-2]
+        if m < 1:
+            raise ValueError(f"basis must have shape (m >= 1, {len(anchors)}), got {tuple(basis.shape)}")
+    if basis is not None and not torch.allclose(basis.detach().sum(-1), basis.new_ones(()), atol=1e-6):
         raise ValueError("each row of the path basis must sum to 1 (nodes are affine combinations of the anchors)")
     if not isinstance(coeffs, torch.Tensor) or coeffs.shape != (m,):
         raise ValueError(f"coeffs must be a tensor of shape ({m},), got {getattr(coeffs, 'shape', type(coeffs))}")
-    if y.dtype != torch.int64 or y.dim() != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"labels must be int64 of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}")
+    samples = tuple(x.shape[: len(batch) + 1])  # (k,) or (N, k)
+    if y.dtype != torch.int64 or tuple(y.shape) != samples:
+        raise ValueError(f"labels must be int64 of shape {samples}, got {y.dtype} {tuple(y.shape)}")
     create_graph = torch.is_grad_enabled() and (
         x.requires_grad or any(a.requires_grad for a in anchors) or (basis is not None and basis.requires_grad)
     )
-    engine = _cnn_path_gradient if _is_paper_cnn(model, shapes, x) else _generic_path_gradient
+    if batch:
+        engine = _batched_path_gradient
+    else:
+        engine = _cnn_path_gradient if _is_paper_cnn(model, shapes, x) else _generic_path_gradient
     with torch.enable_grad():  # the node gradients need autograd even under no_grad
         g = engine(model, shapes, anchors, basis, coeffs, x, y, create_graph)
     return g if create_graph else g.detach()
@@ -156,6 +181,30 @@ def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_g
         for k, g in zip(keys, torch.autograd.grad(loss, list(w_i.values()), create_graph=create_graph)):
             total[k] = g if k not in total else total[k] + g
     return torch.cat([total[k].reshape(-1) for k in keys])
+
+
+def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True):
+    """(N, P): each client's G, as torch.func.vmap over the clients (anchors, x, y) and, inside, over
+    the nodes (their weights; x and y shared) of one node's gradient torch.func.grad(CE at w).
+
+    The outer autograd differentiates through the transforms (torch.func composes with it), so G
+    keeps its graph to X_hat, the anchors and the basis whether or not ``create_graph`` is asked;
+    ``path_gradient`` detaches it when not. Nothing is reduced over the clients.
+    """
+    stacked = torch.stack(list(anchors), dim=1)  # (N, J, P)
+    if basis is None:
+        weights = stacked  # node i is anchor i
+    elif basis.dim() == 2:
+        weights = torch.einsum("mj,njp->nmp", basis, stacked)  # (N, m, P)
+    else:
+        weights = torch.einsum("nmj,njp->nmp", basis, stacked)
+
+    def node_loss(w, xn, yn):  # CE of one client at one node's flat weights w, (P,)
+        return F.cross_entropy(functional_call(model, unflatten(w, shapes), (xn,)), yn)
+
+    node_grad = torch.func.grad(node_loss)
+    per_node = torch.func.vmap(torch.func.vmap(node_grad, in_dims=(0, None, None)))(weights, x, y)  # (N, m, P)
+    return torch.einsum("m,nmp->np", coeffs, per_node)
 
 
 def _node_weight(params, key, row, basis, i):

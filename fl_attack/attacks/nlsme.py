@@ -24,21 +24,16 @@ class NonLinearSME(BezierMixin, Attack):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_bezier()
-        self.position = torch.tensor(0.5, dtype=self.w0.dtype, device=self.w0.device, requires_grad=True)
+        # t, one per client: shape batch_shape
+        self.position = torch.full(self.batch_shape, 0.5, dtype=self.w0.dtype, device=self.w0.device).requires_grad_()
 
     def param_groups(self):
         return self._bezier_groups() + [{"params": [self.position], "lr": self.config.lr_position}]
 
     def surrogate_gradient(self, x, y):
-        basis = bezier_coefficients(self.position.reshape(1))  # (1, 3), differentiable in t
+        basis = bezier_coefficients(self.position.unsqueeze(-1))  # (1, 3) or (N, 1, 3), differentiable in t
         return path_gradient(
-            self.model,
-            self.shapes,
-            [self.w0, self.control_point, self.wT],
-            basis,
-            torch.ones_like(self.position).reshape(1),
-            x,
-            y,
+            self.model, self.shapes, [self.w0, self.control_point, self.wT], basis, self.w0.new_ones(1), x, y
         )
 
     @torch.no_grad()
@@ -47,4 +42,4 @@ class NonLinearSME(BezierMixin, Attack):
         self._project_calibration()
 
     def summary(self):
-        return {"position": float(self.position.detach()), **self._bezier_summary()}
+        return {"position": self.position.detach(), **self._bezier_summary()}

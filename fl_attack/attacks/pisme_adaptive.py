@@ -90,6 +90,7 @@ class AdaptivePathIntegralSME(PathIntegralSME):
     """PI-SME whose m is re-chosen at each phase from ``config.node_tolerance`` (at most config.nodes)."""
 
     name = "pisme-adaptive"
+    batchable = False  # each client would choose its own m
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -19,20 +19,19 @@ class SurrogateModelExtension(Attack):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.alpha = torch.tensor(0.5, dtype=self.w0.dtype, device=self.w0.device, requires_grad=True)
+        # alpha, one per client: shape batch_shape
+        self.alpha = torch.full(self.batch_shape, 0.5, dtype=self.w0.dtype, device=self.w0.device).requires_grad_()
 
     def param_groups(self):
         return [{"params": [self.alpha], "lr": self.config.lr_position}]
 
     def surrogate_gradient(self, x, y):
-        basis = torch.stack([1 - self.alpha, self.alpha]).reshape(1, 2)  # w0 + alpha (wT - w0)
-        return path_gradient(
-            self.model, self.shapes, [self.w0, self.wT], basis, torch.ones_like(self.alpha).reshape(1), x, y
-        )
+        basis = torch.stack([1 - self.alpha, self.alpha], -1).unsqueeze(-2)  # w0 + alpha (wT - w0): (1, 2) or (N, 1, 2)
+        return path_gradient(self.model, self.shapes, [self.w0, self.wT], basis, self.w0.new_ones(1), x, y)
 
     @torch.no_grad()
     def project(self):
         self.alpha.clamp_(0.0, 1.0)
 
     def summary(self):
-        return {"alpha": float(self.alpha.detach())}
+        return {"alpha": self.alpha.detach()}
