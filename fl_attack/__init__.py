@@ -4,6 +4,7 @@ The library is usable without Flower:
 
     from fl_attack import ObservedUpdate, reconstruct
     rec = reconstruct(update, method="pisme", iterations=300)
+    recs = reconstruct_batch([update_1, update_2], method="pisme", iterations=300)  # one batched run
 
 Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
 (``attacks``, ``api``) -> evaluation against the ground truth (``evaluation``, ``metrics``).
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Reconstruction": "api",
     "reconstruct": "api",
+    "reconstruct_batch": "api",
     "resolve_device": "api",
     "ATTACKS": "attacks",
     "AttackConfig": "attacks",
@@ -42,6 +44,7 @@ __all__ = [
     "TrainingProtocol",
     "local_steps",
     "reconstruct",
+    "reconstruct_batch",
     "resolve_device",
     "__version__",
 ]

@@ -1,10 +1,15 @@
-"""``reconstruct``: the library's entry point, from an observed update to images and a trace."""
+"""``reconstruct``: the library's entry point, from an observed update to images and a trace;
+``reconstruct_batch``: the same attack on N clients of one architecture as one batched computation.
+
+Both drive the one optimisation loop of every attack (``_optimise``: Adam over X_hat and the
+attack's variables, the box clamp, the learning-rate schedule, the trace; PISME.md, "Optimisation").
+"""
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -26,6 +31,7 @@ class Reconstruction:
     lsim_honest / lsim_calibrated: final Lsim(G, delta_w) with d = 1 and with the learned d.
     trace: one dict every ``trace_every`` iterations (iteration, loss, lsim_honest,
     lsim_calibrated, tv, the attack's own variables, and whatever ``callback`` returned).
+    seconds: wall time of the attack; from ``reconstruct_batch``, the batch's wall time / N.
     """
 
     method: str
@@ -62,6 +68,7 @@ def reconstruct(
     time_limit: float | None = None,
     model: torch.nn.Module | str | None = None,
     label_aux: AuxiliaryData | None = None,
+    dtype: torch.dtype = torch.float32,
     **overrides,
 ) -> Reconstruction:
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata).
@@ -80,6 +87,8 @@ def reconstruct(
     the update), a spec for ``fl_attack.models.resolve_model`` ("paper" or "package.module:factory"),
     or None for the paper's CNN of the update's dataset. The paper's CNNs take the structured fast
     path of ``fl_attack.attacks.gradients``, any other model the generic one.
+    dtype: the attack's working precision, torch.float32 (default) or torch.float64 (for exactness
+    checks; X_hat is drawn in float32 either way, so both start from the same images).
     Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, a model that
     breaks the contract (``fl_attack.models.check_model``), an update that is not the model's
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
@@ -88,87 +97,46 @@ def reconstruct(
     """
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
+    _check_dtype(dtype)
     if not isinstance(update, ObservedUpdate):
         raise TypeError(f"update must be an ObservedUpdate, got {type(update).__name__}")
-    meta = update.metadata
-    spec = get_spec(meta.dataset)
-    if model is None or isinstance(model, str):
-        model = resolve_model(model or "", meta.dataset, seed=0)  # seeded: the global RNG is left as it was
-    else:
-        check_model(model, meta.dataset)
-        model = copy.deepcopy(model).eval()
+    spec = get_spec(update.metadata.dataset)
+    model = _victim_model(model, update.metadata.dataset)
     update.check_against(model)
-    k = meta.num_samples
-    if isinstance(labels, str):
-        if labels != "recovered":
-            raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
-        if config.label_estimator in NEEDS_AUX and label_aux is None:
-            raise ValueError(
-                f"label_estimator '{config.label_estimator}' needs public auxiliary data: "
-                "pass label_aux=fl_attack.labels.AuxiliaryData(images, labels)"
-            )
+    oracle = _check_labels(labels, update.metadata.num_samples, spec.num_classes, config, label_aux)
+    if oracle is None:
         y = recover_labels(update, model, seed=config.seed, estimator=config.label_estimator, aux=label_aux)
-        label_source = "recovered"
     else:
-        y, label_source = torch.as_tensor(labels).long().reshape(-1), "oracle"
-        if y.numel() != k or y.min() < 0 or y.max() >= spec.num_classes:
-            raise ValueError(f"oracle labels must be {k} class ids in [0,{spec.num_classes}), got {y.numel()} labels")
+        y = oracle
+    label_source = "recovered" if oracle is None else "oracle"
     dev = resolve_device(device)
     start = time.perf_counter()
 
-    model = model.to(dev)
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = _frozen(model, dev)
     shapes = layout(update.w0)
-    w0, wT = flatten(update.w0).to(dev), flatten(update.wT).to(dev)
+    w0, wT = (flatten(w).to(device=dev, dtype=dtype) for w in (update.w0, update.wT))
     attack = attack_cls(model, w0, wT, shapes, config)
-    y = y.to(dev)
-    gen = torch.Generator().manual_seed(config.seed)
-    x = torch.randn(k, *spec.image_shape, generator=gen).to(dev).requires_grad_(True)
-    lo, hi = (b.to(dev) for b in spec.pixel_box())
-    optimizers = build_optimizers(x, attack, config)
-    schedulers = (
-        [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
-        if config.lr_decay
-        else []
+    x = _initial_images(config.seed, update.metadata.num_samples, spec, dev, dtype).requires_grad_(True)
+
+    def refine(x_now, y_now):  # once, on the current reconstruction (AttackConfig.label_refine)
+        return refine_labels(update, x_now.detach().to(torch.float32), y_now, model)
+
+    y, (trace,), final = _optimise(
+        attack,
+        x,
+        y.to(dev),
+        spec,
+        config,
+        method=method,
+        refine=refine if label_source == "recovered" else None,
+        callback=callback,
+        progress=progress,
+        time_limit=time_limit,
+        start=start,
     )
-
-    trace = []
-    steps = range(config.iterations)
-    if progress:
-        from tqdm.auto import tqdm
-
-        steps = tqdm(steps, desc=method, leave=False)
-    refine_at = round(config.label_refine * config.iterations) if label_source == "recovered" else 0
-    for it in steps:
-        if refine_at and it == refine_at:  # once, on the current reconstruction (AttackConfig.label_refine)
-            y = refine_labels(update, x.detach(), y, model)
-        if time_limit is not None and time.perf_counter() - start > time_limit:
-            raise TimeoutError(f"attack '{method}' exceeded its time limit of {time_limit:g} s at iteration {it}")
-        for o in optimizers:
-            o.zero_grad(set_to_none=True)
-        terms = attack.objective(x, y)
-        terms["loss"].backward()
-        for o in optimizers:
-            o.step()
-        for s in schedulers:
-            s.step()
-        with torch.no_grad():
-            if config.box_clamp:
-                x.copy_(torch.maximum(torch.minimum(x, hi), lo))
-            attack.project()
-        last = it == config.iterations - 1
-        if it % config.trace_every == 0 or last:
-            row = {"iteration": it, **{k_: float(v.detach()) for k_, v in terms.items()}, **attack.summary()}
-            if callback is not None:
-                row.update(callback(it, spec.denormalize(x.detach()).clamp(0, 1).cpu()) or {})
-            trace.append(row)
-    # Final Lsim at the returned images, with and without the calibration.
-    final = attack.objective(x, y)
-    images = spec.denormalize(x.detach()).clamp(0, 1).cpu()
     return Reconstruction(
         method=method,
-        images=images,
+        images=spec.denormalize(x.detach()).clamp(0, 1).to(device="cpu", dtype=torch.float32),
         labels=y.cpu(),
         label_source=label_source,
         lsim_honest=float(final["lsim_honest"]),
@@ -177,3 +145,272 @@ def reconstruct(
         config=asdict(config),
         trace=trace,
     )
+
+
+def reconstruct_batch(
+    updates: Sequence[ObservedUpdate],
+    method: str = "pisme",
+    *,
+    labels: str | torch.Tensor | Sequence[torch.Tensor] = "recovered",
+    config: AttackConfig | None = None,
+    device: str | torch.device = "auto",
+    callback: Callable[[int, torch.Tensor], list[dict] | None] | None = None,
+    progress: bool = False,
+    time_limit: float | None = None,
+    model: torch.nn.Module | str | None = None,
+    label_aux: AuxiliaryData | None = None,
+    dtype: torch.dtype = torch.float32,
+    **overrides,
+) -> list[Reconstruction]:
+    """N attacks of one method and config on N clients of one architecture, as ONE optimisation.
+
+    Equal to ``[reconstruct(u, method, ...) for u in updates]`` up to rounding (tests/test_batched.py:
+    1e-6 in float64 after several steps), in one loop whose tensors are stacked over the clients:
+    X_hat (N,k,C,H,W), w0 and wT (N,P) (each client its own w0 and wT; in one FedAvg round they share
+    w0), P1 and d (N,P) (eqs. 4 and 10), SME's alpha and NL-SME's t (N,). The surrogate gradients of
+    all clients and all nodes (eq. 8) are one vmapped pass (``fl_attack.attacks.gradients``); each
+    client's objective (eq. 10: Lsim, TV, R_p, R_d) is computed on its own and the N losses are
+    summed, so each client's gradient is exactly its own, and Adam, the clamps and the learning-rate
+    schedule act element-wise, so each client takes exactly its own steps. On a GPU this is where the
+    speed is; on a few CPU cores N sequential attacks are faster (docs/performance.md, "Batched
+    attacks"), because the unbatched paper-CNN path is hand-fused for the CPU and the vmapped one is not.
+
+    updates: N >= 1 ObservedUpdates of one dataset and one state-dict layout, each with the same
+    number of samples k. method, config, overrides, model, label_aux, device, dtype, progress: as
+    ``reconstruct`` (one value for all clients; pisme-adaptive cannot be batched).
+    labels: "recovered" (each client's own, from its update) or oracle labels for every client,
+    an (N, k) int64 tensor, or N entries, each a (k,) tensor or "recovered".
+    callback(iteration, images in [0,1], (N,k,C,H,W)) may return N dicts, one per client, to add to
+    the clients' traces.
+    time_limit: seconds for the whole batch; past it every attack stops with TimeoutError.
+    Returns N Reconstructions in the order of ``updates``; ``seconds`` is each client's share of the
+    batch's wall time (wall time / N).
+    Raises, before any work: TypeError for a non-ObservedUpdate (naming its index), ValueError for an
+    empty list, an unknown or unbatchable method, bad settings, updates of different datasets,
+    layouts or k (naming the first offending client index and the value it differs from), an update
+    that is not the model's, or oracle labels of the wrong number or shape (naming the client);
+    KeyError for recovered labels without an output-layer bias.
+    """
+    attack_cls = get_attack(method)
+    if not attack_cls.batchable:
+        raise ValueError(f"method '{method}' cannot be batched: its clients cannot share one computation")
+    config = AttackConfig.from_overrides(config, **overrides)
+    _check_dtype(dtype)
+    updates = list(updates)
+    if not updates:
+        raise ValueError("reconstruct_batch needs at least one update")
+    for i, update in enumerate(updates):
+        if not isinstance(update, ObservedUpdate):
+            raise TypeError(f"updates[{i}] must be an ObservedUpdate, got {type(update).__name__}")
+    first = updates[0].metadata
+    for i, update in enumerate(updates[1:], start=1):
+        meta = update.metadata
+        if meta.dataset != first.dataset:
+            raise ValueError(
+                f"client {i} is a '{meta.dataset}' update, client 0 a '{first.dataset}' one; "
+                "a batch attacks one architecture"
+            )
+        if meta.num_samples != first.num_samples:
+            raise ValueError(
+                f"client {i} has k={meta.num_samples} samples, client 0 has k={first.num_samples}; "
+                "a batch needs one k (X_hat is stacked as (N,k,C,H,W))"
+            )
+        if layout(update.w0) != layout(updates[0].w0):
+            raise ValueError(f"client {i}'s update has another state-dict layout (keys, order, shapes) than client 0's")
+    spec = get_spec(first.dataset)
+    model = _victim_model(model, first.dataset)
+    for i, update in enumerate(updates):
+        try:
+            update.check_against(model)
+        except ValueError as error:
+            raise ValueError(f"client {i}: {error}") from None
+    n, k = len(updates), first.num_samples
+    if isinstance(labels, str):
+        oracle = [_check_labels(labels, k, spec.num_classes, config, label_aux)] * n
+    else:
+        if isinstance(labels, torch.Tensor) and labels.dim() != 2:
+            raise ValueError(
+                f"oracle labels for a batch must be (N={n}, k={k}) or N entries, got {tuple(labels.shape)}"
+            )
+        given = list(labels.unbind(0)) if isinstance(labels, torch.Tensor) else list(labels)
+        if len(given) != n:
+            raise ValueError(f"oracle labels for {len(given)} clients were given, the batch has N={n}")
+        oracle = []
+        for i, y in enumerate(given):
+            try:
+                oracle.append(_check_labels(y, k, spec.num_classes, config, label_aux))
+            except ValueError as error:
+                raise ValueError(f"client {i}: {error}") from None
+    ys = [
+        recover_labels(u, model, seed=config.seed, estimator=config.label_estimator, aux=label_aux) if o is None else o
+        for u, o in zip(updates, oracle)
+    ]
+    sources = ["recovered" if o is None else "oracle" for o in oracle]
+    dev = resolve_device(device)
+    start = time.perf_counter()
+
+    model = _frozen(model, dev)
+    shapes = layout(updates[0].w0)
+    w0 = torch.stack([flatten(u.w0) for u in updates]).to(device=dev, dtype=dtype)  # (N, P)
+    wT = torch.stack([flatten(u.wT) for u in updates]).to(device=dev, dtype=dtype)
+    attack = attack_cls(model, w0, wT, shapes, config)
+    one = _initial_images(config.seed, k, spec, dev, dtype)  # every client starts where it would alone
+    x = one.expand(n, *one.shape).clone().requires_grad_(True)  # (N, k, C, H, W)
+
+    def refine(x_now, y_now):  # each client on its own reconstruction (AttackConfig.label_refine)
+        return torch.stack(
+            [
+                refine_labels(u, x_now[i].detach().to(torch.float32), y_now[i], model)
+                if sources[i] == "recovered"
+                else y_now[i]
+                for i, u in enumerate(updates)
+            ]
+        )
+
+    y, traces, final = _optimise(
+        attack,
+        x,
+        torch.stack(ys).to(dev),
+        spec,
+        config,
+        method=method,
+        refine=refine if "recovered" in sources else None,
+        callback=callback,
+        progress=progress,
+        time_limit=time_limit,
+        start=start,
+    )
+    seconds = (time.perf_counter() - start) / n
+    images = spec.denormalize(x.detach()).clamp(0, 1).to(device="cpu", dtype=torch.float32)
+    return [
+        Reconstruction(
+            method=method,
+            images=images[i].clone(),  # not a view of the whole batch's storage
+            labels=y[i].cpu().clone(),
+            label_source=sources[i],
+            lsim_honest=float(final["lsim_honest"][i]),
+            lsim_calibrated=float(final["lsim_calibrated"][i]),
+            seconds=seconds,
+            config=asdict(config),
+            trace=traces[i],
+        )
+        for i in range(n)
+    ]
+
+
+def _check_dtype(dtype) -> None:
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+
+
+def _victim_model(model, dataset: str) -> torch.nn.Module:
+    """The victim's architecture from ``reconstruct``'s ``model`` argument (a copy, in eval mode)."""
+    if model is None or isinstance(model, str):
+        return resolve_model(model or "", dataset, seed=0)  # seeded: the global RNG is left as it was
+    check_model(model, dataset)
+    return copy.deepcopy(model).eval()
+
+
+def _frozen(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    model = model.to(device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _check_labels(labels, k: int, num_classes: int, config: AttackConfig, label_aux) -> torch.Tensor | None:
+    """None for "recovered" (after checking the estimator has what it needs), else the oracle labels
+    as (k,) int64. ValueError for another string, missing auxiliary data or bad oracle labels."""
+    if isinstance(labels, str):
+        if labels != "recovered":
+            raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
+        if config.label_estimator in NEEDS_AUX and label_aux is None:
+            raise ValueError(
+                f"label_estimator '{config.label_estimator}' needs public auxiliary data: "
+                "pass label_aux=fl_attack.labels.AuxiliaryData(images, labels)"
+            )
+        return None
+    y = torch.as_tensor(labels).long().reshape(-1)
+    if y.numel() != k or y.min() < 0 or y.max() >= num_classes:
+        raise ValueError(f"oracle labels must be {k} class ids in [0,{num_classes}), got {y.numel()} labels")
+    return y
+
+
+def _initial_images(seed: int, k: int, spec, device, dtype) -> torch.Tensor:
+    """X_hat's start, (k,C,H,W) ~ N(0, I) in normalised space (PISME.md), drawn in float32 from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(k, *spec.image_shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def _row(iteration: int, values: dict, client: int | None) -> dict:
+    """One trace row of one client: tensors of the batch shape are indexed, numbers pass through."""
+    row = {"iteration": iteration}
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            row[name] = float(v if client is None or v.dim() == 0 else v[client])
+        else:
+            row[name] = v
+    return row
+
+
+def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress, time_limit, start):
+    """The one optimisation loop of every attack (PISME.md, "Optimisation"), on one client or a batch.
+
+    x: X_hat, a leaf of shape (k,C,H,W) or (N,k,C,H,W), updated in place; y: (k,) or (N,k) labels.
+    Minimises the sum of the clients' losses (each client's gradient is its own), with Adam (or SGD
+    for P1), the pixel-box clamp, the attack's projection and SME's schedule, all element-wise.
+    refine(x, y) -> y: the label re-estimation at ``label_refine`` (None: labels stay fixed).
+    Returns (y, one trace per client, the final objective terms at the returned X_hat).
+    Raises TimeoutError past ``time_limit`` seconds since ``start``.
+    """
+    batched = bool(attack.batch_shape)
+    clients = list(range(attack.batch_shape[0])) if batched else [None]
+    lo, hi = (b.to(device=x.device, dtype=x.dtype) for b in spec.pixel_box())
+    optimizers = build_optimizers(x, attack, config)
+    schedulers = (
+        [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
+        if config.lr_decay
+        else []
+    )
+    traces = [[] for _ in clients]
+    steps = range(config.iterations)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc=method, leave=False)
+    refine_at = round(config.label_refine * config.iterations) if refine is not None else 0
+    for it in steps:
+        if refine_at and it == refine_at:
+            y = refine(x, y)
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            raise TimeoutError(f"attack '{method}' exceeded its time limit of {time_limit:g} s at iteration {it}")
+        for o in optimizers:
+            o.zero_grad(set_to_none=True)
+        terms = attack.objective(x, y)
+        terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
+        for o in optimizers:
+            o.step()
+        for s in schedulers:
+            s.step()
+        with torch.no_grad():
+            if config.box_clamp:
+                x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+            attack.project()
+        if it % config.trace_every == 0 or it == config.iterations - 1:
+            values = {**terms, **attack.summary()}
+            rows = [_row(it, values, n) for n in clients]
+            if callback is not None:
+                extra = callback(it, spec.denormalize(x.detach()).clamp(0, 1).cpu())
+                if extra and batched:
+                    if len(extra) != len(clients):
+                        raise ValueError(f"the callback returned {len(extra)} dicts for {len(clients)} clients")
+                    for row, more in zip(rows, extra):
+                        row.update(more or {})
+                elif extra:
+                    rows[0].update(extra)
+            for trace, row in zip(traces, rows):
+                trace.append(row)
+    # Final Lsim at the returned images, with and without the calibration.
+    final = attack.objective(x, y)
+    return y, traces, final
