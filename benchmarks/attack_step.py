@@ -11,6 +11,12 @@ torch.utils.flop_counter on the real step), the fraction of an fp32 GEMM peak me
 process (the best of a measurement before and after the grid), peak memory, and the largest relative
 difference of the step's gradients (dL/dX_hat, dL/dP1, dL/dd) between the two implementations, in
 float64 (where rounding cannot flip a ReLU) and in float32.
+
+With ``--batched N`` it times instead N whole attacks on N real clients of one FedAvg round (one w0,
+partitions 0..N-1, oracle labels so label recovery does not dilute the figure): N sequential
+``fl_attack.reconstruct`` calls against one ``fl_attack.reconstruct_batch`` call, alternated, and
+reports attacks per second of both, their ratio and the largest difference of the final Lsim
+between the two (float32: rounding only).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fl_attack.api import resolve_device
+from fl_attack.api import reconstruct, reconstruct_batch, resolve_device
 from fl_attack.attacks import AttackConfig
 from fl_attack.attacks.pisme import PathIntegralSME
 from fl_attack.config import PAPER
@@ -358,6 +364,167 @@ def summarize(result: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class BatchRow:
+    dataset: str
+    method: str
+    nodes: int
+    samples: int
+    clients: int
+    iterations: int
+    sequential_seconds: float  # median wall time of the N sequential attacks
+    batched_seconds: float  # median wall time of the one batched call
+    sequential_attacks_per_second: float
+    batched_attacks_per_second: float
+    throughput_ratio: float  # batched / sequential attacks per second
+    sequential_peak_mb: float
+    batched_peak_mb: float
+    max_lsim_diff: float  # largest |Lsim_batched - Lsim_sequential| over clients, honest and calibrated
+    width: int = 0
+
+
+def bench_batched(
+    dataset: str,
+    nodes: int,
+    samples: int,
+    clients: int,
+    iterations: int,
+    device: torch.device,
+    repeats: int,
+    width: int | None = None,
+    method: str = "pisme",
+) -> BatchRow:
+    """N attacks of ``iterations`` steps on N real clients, sequential against batched, alternated."""
+    victims = [
+        train_victim(
+            dataset,
+            i,
+            samples=samples,
+            batch_size=min(PAPER.batch_size, samples),
+            local_epochs=1,
+            lr=PAPER.lr,
+            seed=0,
+            width=width,
+        )
+        for i in range(clients)
+    ]
+    model = build_model(dataset, width=width)
+    settings = dict(nodes=nodes, iterations=iterations, device=device, model=model)
+
+    def sequential(steps: int):
+        return [reconstruct(v.update, method, labels=v.labels, **{**settings, "iterations": steps}) for v in victims]
+
+    def batched(steps: int):
+        updates, labels = [v.update for v in victims], [v.labels for v in victims]
+        return reconstruct_batch(updates, method, labels=labels, **{**settings, "iterations": steps})
+
+    sequential(1), batched(1)  # warm-up
+    times, memory, results = {"sequential": [], "batched": []}, {"sequential": 0.0, "batched": 0.0}, {}
+    for _ in range(repeats):
+        for name, run in (("sequential", sequential), ("batched", batched)):
+            _reset_peak(device)
+            _sync(device)
+            t = time.perf_counter()
+            results[name] = run(iterations)
+            _sync(device)
+            times[name].append(time.perf_counter() - t)
+            memory[name] = max(memory[name], _peak_mb(device))
+    diff = max(
+        max(abs(a.lsim_honest - b.lsim_honest), abs(a.lsim_calibrated - b.lsim_calibrated))
+        for a, b in zip(results["sequential"], results["batched"])
+    )
+    seq, bat = statistics.median(times["sequential"]), statistics.median(times["batched"])
+    return BatchRow(
+        dataset,
+        method,
+        nodes,
+        samples,
+        clients,
+        iterations,
+        seq,
+        bat,
+        clients / seq,
+        clients / bat,
+        seq / bat,
+        memory["sequential"],
+        memory["batched"],
+        diff,
+        model.conv1.out_channels,
+    )
+
+
+BATCH_HEADER = (
+    f"{'dataset':9} {'width':>5} {'k':>3} {'m':>3} {'N':>3} {'iters':>5} {'seq s':>8} {'batch s':>8} "
+    f"{'seq att/s':>9} {'bat att/s':>9} {'ratio':>6} {'seqMB':>7} {'batMB':>7} {'dLsim':>8}"
+)
+
+
+def format_batch_row(r: BatchRow | dict) -> str:
+    r = BatchRow(**r) if isinstance(r, dict) else r
+    return (
+        f"{r.dataset:9} {r.width:>5} {r.samples:>3} {r.nodes:>3} {r.clients:>3} {r.iterations:>5} "
+        f"{r.sequential_seconds:8.2f} {r.batched_seconds:8.2f} {r.sequential_attacks_per_second:9.3f} "
+        f"{r.batched_attacks_per_second:9.3f} {r.throughput_ratio:6.2f} {r.sequential_peak_mb:7.0f} "
+        f"{r.batched_peak_mb:7.0f} {r.max_lsim_diff:8.1e}"
+    )
+
+
+def run_batched(
+    datasets=("cifar100",),
+    nodes=(3,),
+    samples=(10,),
+    clients: int = 4,
+    iterations: int = 5,
+    device="auto",
+    repeats: int = 3,
+    threads: int | None = None,
+    widths=(None,),
+    progress=print,
+) -> dict:
+    """The batched-against-sequential grid; returns {"device", "threads", "torch", "rows": [...]}.
+    Raises ValueError on bad arguments (as run_bench, plus clients and iterations >= 1)."""
+    validate_bench(datasets, nodes, samples, repeats, threads, widths)
+    if clients < 1 or iterations < 1:
+        raise ValueError(f"--batched N and --iterations must be >= 1, got {clients} and {iterations}")
+    samples = (samples,) if isinstance(samples, int) else tuple(samples)
+    for dataset in datasets:
+        for k in samples:
+            client_partition(load_pool(dataset), clients - 1, k)  # N clients of k samples exist
+    device = resolve_device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    rows = []
+    progress(BATCH_HEADER)
+    for dataset in datasets:
+        for width in widths:
+            for k in samples:
+                for m in nodes:
+                    row = bench_batched(dataset, int(m), int(k), clients, iterations, device, repeats, width)
+                    rows.append(row)
+                    progress(format_batch_row(row))
+    return {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+def summarize_batched(result: dict) -> str:
+    lines = [
+        f"device {result['device']}, {result['threads']} threads, torch {result['torch']}",
+        BATCH_HEADER,
+    ] + [format_batch_row(r) for r in result["rows"]]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['dataset']} width={r['width']} k={r['samples']} m={r['nodes']} N={r['clients']}: "
+            f"sequential {r['sequential_attacks_per_second']:.3f} attacks/s, batched "
+            f"{r['batched_attacks_per_second']:.3f} attacks/s, batched/sequential throughput "
+            f"x{r['throughput_ratio']:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: prints the table (or --json); exit status 2 with one line for a bad argument."""
     parser = argparse.ArgumentParser(
@@ -369,9 +536,9 @@ def main(argv=None) -> int:
         "peak memory and the largest relative gradient difference (float64 and float32).",
     )
     add = parser.add_argument
-    add("--datasets", default="cifar100,femnist", help="comma-separated (default: cifar100,femnist)")
-    add("--nodes", default="1,3,7,12", help="comma-separated m values (default: 1,3,7,12)")
-    add("--samples", default="50", metavar="K", help="comma-separated batch sizes k (default: 50)")
+    add("--datasets", help="comma-separated (default: cifar100,femnist; with --batched: cifar100)")
+    add("--nodes", help="comma-separated m values (default: 1,3,7,12; with --batched: 3)")
+    add("--samples", metavar="K", help="comma-separated batch sizes k (default: 50; with --batched: 10)")
     add(
         "--widths",
         default="",
@@ -381,17 +548,51 @@ def main(argv=None) -> int:
     add("--repeats", type=int, default=3, help="timed steps per configuration, median reported (default: 3)")
     add("--threads", type=int, default=0, help="torch threads, >= 1 (default 0: torch's choice)")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)")
+    add(
+        "--batched",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time N whole PI-SME attacks on N clients, batched (reconstruct_batch) against sequential "
+        "(reconstruct), instead of the step grid",
+    )
+    add("--iterations", type=int, default=5, help="attack iterations with --batched (default: 5)")
     add("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
+    defaults = ("cifar100", "3", "10") if args.batched else ("cifar100,femnist", "1,3,7,12", "50")
+    args.datasets, args.nodes, args.samples = (
+        given or default for given, default in zip((args.datasets, args.nodes, args.samples), defaults)
+    )
     datasets = tuple(args.datasets.split(","))
     try:
         nodes = tuple(int(m) for m in args.nodes.split(","))
         samples = tuple(int(k) for k in args.samples.split(","))
         widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else (None,)
         validate_bench(datasets, nodes, samples, args.repeats, args.threads or None, widths)
+        if args.batched < 0 or args.iterations < 1:
+            raise ValueError(f"--batched must be >= 1 and --iterations >= 1, got {args.batched} and {args.iterations}")
     except (ValueError, FileNotFoundError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    if args.batched:
+        try:
+            result = run_batched(
+                datasets,
+                nodes,
+                samples,
+                args.batched,
+                args.iterations,
+                args.device,
+                args.repeats,
+                args.threads or None,
+                widths,
+                progress=(lambda s: None) if args.json else print,
+            )
+        except ValueError as exc:
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(result, indent=2) if args.json else summarize_batched(result))
+        return 0
     result = run_bench(
         datasets,
         nodes,
