@@ -24,8 +24,8 @@ Two implementations compute the same G:
 tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
 
 A third computes G for N clients at once (``fl_attack.reconstruct_batch``): anchors of shape (N, P),
-images (N, k, C, H, W); torch.func.vmap over the clients and the nodes of one per-node gradient
-(torch.func.grad of a functional call), so every node of every client is one batched pass (on a GPU,
+images (N, k, C, H, W); at each node, torch.func.vmap over the clients of one node gradient
+(torch.func.grad of a functional call), so each node of all N clients is one batched pass (on a GPU,
 where the speed is; docs/performance.md, "Batched attacks"). Each client's G is its own: nothing is
 reduced over the clients. tests/test_batched.py checks it against N unbatched computations.
 """
@@ -184,27 +184,31 @@ def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_g
 
 
 def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True):
-    """(N, P): each client's G, as torch.func.vmap over the clients (anchors, x, y) and, inside, over
-    the nodes (their weights; x and y shared) of one node's gradient torch.func.grad(CE at w).
+    """(N, P): each client's G. Node by node, one torch.func.vmap over the clients (node weights,
+    x, y) of one node's gradient torch.func.grad(CE at w), scaled by c_i and summed over the nodes.
 
     The outer autograd differentiates through the transforms (torch.func composes with it), so G
     keeps its graph to X_hat, the anchors and the basis whether or not ``create_graph`` is asked;
-    ``path_gradient`` detaches it when not. Nothing is reduced over the clients.
+    ``path_gradient`` detaches it when not. Nothing is reduced over the clients. Vmapping the nodes
+    too (one pass over all N*m) was 1.3x slower on the CPU (docs/performance.md, "Batched attacks").
     """
     stacked = torch.stack(list(anchors), dim=1)  # (N, J, P)
-    if basis is None:
-        weights = stacked  # node i is anchor i
-    elif basis.dim() == 2:
-        weights = torch.einsum("mj,njp->nmp", basis, stacked)  # (N, m, P)
-    else:
-        weights = torch.einsum("nmj,njp->nmp", basis, stacked)
 
     def node_loss(w, xn, yn):  # CE of one client at one node's flat weights w, (P,)
         return F.cross_entropy(functional_call(model, unflatten(w, shapes), (xn,)), yn)
 
-    node_grad = torch.func.grad(node_loss)
-    per_node = torch.func.vmap(torch.func.vmap(node_grad, in_dims=(0, None, None)))(weights, x, y)  # (N, m, P)
-    return torch.einsum("m,nmp->np", coeffs, per_node)
+    node_grad = torch.func.vmap(torch.func.grad(node_loss))
+    total = None
+    for i in range(len(coeffs)):
+        if basis is None:
+            w_i = anchors[i]  # (N, P)
+        elif basis.dim() == 2:
+            w_i = torch.einsum("j,njp->np", basis[i], stacked)
+        else:
+            w_i = torch.einsum("nj,njp->np", basis[:, i], stacked)
+        g = coeffs[i] * node_grad(w_i, x, y)
+        total = g if total is None else total + g
+    return total
 
 
 def _node_weight(params, key, row, basis, i):
