@@ -172,9 +172,18 @@ def test_inputs_are_checked_before_any_work(victims, monkeypatch):
 
 
 def test_default_precision_and_labels(victims):
-    """float32 (the default) runs too, and returns each client's own recovered labels."""
+    """float32 (the default) runs too, returns each client's own recovered labels, and the callback
+    sees the whole batch and feeds each client's trace."""
     updates = [v.update for v in victims[:2]]
-    recs = reconstruct_batch(updates, "sme", iterations=2, device="cpu")
+    seen = []
+
+    def callback(iteration, images):  # all clients' images at once, one dict back per client
+        seen.append((iteration, tuple(images.shape)))
+        return [{"probe": 10 * iteration + i} for i in range(2)]
+
+    recs = reconstruct_batch(updates, "sme", iterations=2, trace_every=1, device="cpu", callback=callback)
+    assert seen == [(0, (2, K, 1, 28, 28)), (1, (2, K, 1, 28, 28))]
+    assert [[row["probe"] for row in rec.trace] for rec in recs] == [[0, 10], [1, 11]]
     assert [r.images.shape for r in recs] == [(K, 1, 28, 28)] * 2
     for rec in recs:
         assert rec.label_source == "recovered" and rec.labels.shape == (K,)
