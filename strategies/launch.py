@@ -1,6 +1,8 @@
 """The checked entry point: run one federation, wait for it, and clean up.
 
     python -m strategies.launch [--run-config 'key=value ...'] [--federation-config '...']
+    python -m strategies.launch --deployment N [--run-config 'key=value ...']
+    python -m strategies.launch --superlink HOST:PORT [--run-config 'key=value ...']
 
 Plain ``flwr run`` returns 0 even when the run failed and leaves a detached SuperLink behind
 (measured on Flower 1.42). This launcher:
@@ -14,6 +16,12 @@ Plain ``flwr run`` returns 0 even when the run failed and leaves a detached Supe
 4. adds its clock (launch, ``flwr run`` exit) to the run's summary.json timings and prints where the
    time went (strategies/timings.py);
 5. exits 0 only when the run completed and wrote its leakage record.
+
+``--deployment N`` runs on Flower's deployment engine instead of the simulation: a SuperLink and N
+SuperNodes on localhost (partition-id 0..N-1 from each SuperNode's --node-config,
+strategies/deploy.py), stopped with their process groups at the end; their logs stay in
+$FLWR_HOME/deployments/ when the run fails. ``--superlink HOST:PORT`` submits to a SuperLink that
+is already running (started with --insecure, e.g. on another machine) and leaves it running.
 
 ``--run-config`` takes what ``flwr run`` takes (key=value strings, or one TOML file, dotted keys
 included), parsed by Flower's own parser. The launcher adds the federation's
@@ -30,8 +38,8 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,14 +47,10 @@ import threading
 import time
 from pathlib import Path
 
+from .deploy import CONNECTION, DeploymentError, free_port, kill_group, start_local, write_connection
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FEDERATION = "num-supernodes=6 client-resources-num-cpus=1 client-resources-num-gpus=0.0"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _environment() -> dict:
@@ -57,8 +61,8 @@ def _environment() -> dict:
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"  # offline: no `uv sync` per run
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env["FL_ATTACK_HOME"] = str(ROOT)
-    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
-    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
     env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     return env
 
@@ -93,10 +97,11 @@ def _parse_overrides(overrides: list[str]) -> dict:
         raise ValueError(str(getattr(exc, "message", None) or exc).strip()) from None
 
 
-def _check_run_config(pairs: dict, federation: str) -> None:
+def _check_run_config(pairs: dict, federation: str | None) -> None:
     """Every check the ServerApp makes before round 1 that needs no federation, here in a second:
     unknown keys (Flower would only say "Invalid run configuration"), then each value's type and
-    range (RunSettings), then attack-clients against num-supernodes. ValueError naming the key."""
+    range (RunSettings), then attack-clients against num-supernodes (not for ``federation`` None:
+    a SuperLink elsewhere, whose nodes the ServerApp counts). ValueError naming the key."""
     import tomllib
 
     from .settings import RunSettings
@@ -109,18 +114,20 @@ def _check_run_config(pairs: dict, federation: str) -> None:
             "[tool.flwr.app.config] (README: Running federations)"
         )
     settings = RunSettings.from_run_config({**defaults, **pairs})
+    if federation is None:
+        return
     nodes = re.search(r"num-supernodes=(\d+)", federation)
     settings.check_nodes(int(nodes.group(1)) if nodes else 2)  # Flower's default: 2 SuperNodes
 
 
-def _run_config(overrides: list[str], federation: str, folder: Path) -> tuple[Path, str]:
+def _run_config(overrides: list[str], federation: str | None, folder: Path) -> tuple[Path, str]:
     """The user's ``--run-config`` values (key=value strings or one TOML file, dotted keys included),
     parsed by Flower's own parser and checked (``_check_run_config``), plus the federation's client
     CPUs as client-num-cpus when the user did not set it. Written to a new TOML file in ``folder``,
     the one file handed to ``flwr run`` (the caller deletes it). Returns (that file, the run-name or "").
     Raises ValueError for a malformed or invalid run config, before anything starts."""
     pairs = _parse_overrides(overrides)
-    cpus = re.search(r"client-resources-num-cpus=(\d+)(?![.\d])", federation)
+    cpus = re.search(r"client-resources-num-cpus=(\d+)(?![.\d])", federation or "")
     if cpus and "client-num-cpus" not in pairs:
         pairs["client-num-cpus"] = int(cpus.group(1))
     _check_run_config(pairs, federation)
@@ -148,25 +155,13 @@ def _stop_superlink(control_port: str) -> None:
                 pass
 
 
-def _flwr_command(config_file: Path, federation: str) -> list[str]:
-    """The command that runs the federation (a test may put another one in its place)."""
+def _flwr_command(config_file: Path, federation: str | None, superlink: str | None = None) -> list[str]:
+    """The command that runs the federation (a test may put another one in its place): on the
+    local simulation SuperLink with the ``federation`` options, or on the SuperLink connection
+    named ``superlink`` (deployment engine)."""
+    if superlink:
+        return ["flwr", "run", str(ROOT), superlink, "--stream", "--run-config", str(config_file)]
     return ["flwr", "run", str(ROOT), "--stream", "--run-config", str(config_file), "--federation-config", federation]
-
-
-def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace`` seconds."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the leader or children that ignored SIGTERM
-    except ProcessLookupError:
-        pass
 
 
 def stream(cmd: list[str], env: dict, timeout: float, silence_timeout: float, on_line) -> str:
@@ -212,15 +207,15 @@ def stream(cmd: list[str], env: dict, timeout: float, silence_timeout: float, on
             on_line(line)
     finally:
         if not ended:  # abandoned, or interrupted (Ctrl-C)
-            _kill_group(proc)
+            kill_group(proc)
         proc.wait()
         reader.join(timeout=5)
     return reason
 
 
-def _final_status(run_id: str, env: dict) -> str:
+def _final_status(run_id: str, env: dict, superlink: str | None = None) -> str:
     out = subprocess.run(
-        ["flwr", "ls", "--run-id", run_id, "--format", "json"],
+        ["flwr", "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"],
         env=env,
         capture_output=True,
         text=True,
@@ -246,7 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         "(repeatable) or one .toml file",
     )
     parser.add_argument(
-        "--federation-config", default=DEFAULT_FEDERATION, help=f"simulation options (default: '{DEFAULT_FEDERATION}')"
+        "--federation-config", default=None, help=f"simulation options (default: '{DEFAULT_FEDERATION}')"
+    )
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument(
+        "--deployment",
+        type=int,
+        metavar="N",
+        help="run on Flower's deployment engine: a SuperLink and N SuperNodes on localhost (partition-id 0..N-1)",
+    )
+    engine.add_argument(
+        "--superlink",
+        metavar="HOST:PORT",
+        help="run on the SuperLink already running at HOST:PORT (started with --insecure); it keeps running",
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is abandoned")
     parser.add_argument(
@@ -271,17 +278,30 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    simulation = args.deployment is None and args.superlink is None
+    if not simulation and args.federation_config is not None:
+        print(
+            "fl-attack: error: --federation-config sets simulation options; on the deployment engine each "
+            "SuperNode's partition comes from its --node-config",
+            file=sys.stderr,
+        )
+        return 2
+    if args.deployment is not None and args.deployment < 1:
+        print(f"fl-attack: error: --deployment needs at least 1 SuperNode, got {args.deployment}", file=sys.stderr)
+        return 2
+    if simulation:
+        federation = args.federation_config or DEFAULT_FEDERATION
+    else:  # the deployment engine has no simulation options; its node count is known only for --deployment
+        federation = f"num-supernodes={args.deployment}" if args.deployment else None
 
     env = _environment()
     if args.ray_address:
         env["RAY_ADDRESS"] = args.ray_address  # Flower's ray.init() joins this cluster
     try:
-        config_file, _ = _run_config(args.run_config, args.federation_config, Path(env["FLWR_HOME"]) / "launch")
+        config_file, _ = _run_config(args.run_config, federation, Path(env["FLWR_HOME"]) / "launch")
     except (ValueError, OSError) as exc:
         print(f"fl-attack: error: --run-config: {exc}", file=sys.stderr)
         return 2
-    cmd = _flwr_command(config_file, args.federation_config)
-    print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
     found = {"run_id": None, "run_dir": None}
     started = time.time()
 
@@ -293,20 +313,48 @@ def main(argv: list[str] | None = None) -> int:
         folder = re.search(r"fl-attack: leakage record in (.+)$", line.rstrip())
         found["run_dir"] = found["run_dir"] or (Path(folder.group(1)) if folder else None)
 
+    connection, deployment, deploy_dir, cli_home = None, None, None, None
     try:
+        if args.deployment:
+            deploy_dir = Path(tempfile.mkdtemp(prefix="run-", dir=_mkdir(Path(env["FLWR_HOME"]) / "deployments")))
+            print(f"fl-attack: starting a SuperLink and {args.deployment} SuperNode(s) on localhost", flush=True)
+            deployment = start_local(args.deployment, env, deploy_dir)
+            print(f"fl-attack: SuperLink on {deployment.address}; logs in {deploy_dir}", flush=True)
+            connection, env = deployment.connection, deployment.cli_env
+        elif args.superlink:
+            cli_home = Path(tempfile.mkdtemp(prefix="cli-", dir=_mkdir(Path(env["FLWR_HOME"]) / "superlinks")))
+            write_connection(cli_home, args.superlink)
+            connection, env = CONNECTION, {**env, "FLWR_HOME": str(cli_home)}
+        cmd = (
+            _flwr_command(config_file, federation, superlink=connection)
+            if connection
+            else _flwr_command(config_file, federation)
+        )
+        print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
         abandoned = stream(cmd, env, args.timeout, args.silence_timeout, on_line)
         flwr_exited = time.time()
         run_id, run_dir = found["run_id"], found["run_dir"]
         if abandoned:
             print(f"fl-attack: error: run abandoned: {abandoned}; the flwr process group was killed", file=sys.stderr)
-        status = _final_status(run_id, env) if run_id else "not started"
+        status = _final_status(run_id, env, connection) if run_id else "not started"
+    except DeploymentError as exc:
+        print(f"fl-attack: error: the local deployment did not start: {exc}", file=sys.stderr)
+        print(f"fl-attack: SuperLink and SuperNode logs in {deploy_dir}", file=sys.stderr)
+        return 1
     finally:
-        _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
+        if deployment is not None:
+            deployment.stop()
+        elif simulation:
+            _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
         config_file.unlink(missing_ok=True)
+        if cli_home is not None:
+            shutil.rmtree(cli_home, ignore_errors=True)
     if abandoned:
         print(
             f"fl-attack: run {run_id} abandoned after {time.time() - started:.0f} s (status: {status})", file=sys.stderr
         )
+        if deploy_dir is not None:
+            print(f"fl-attack: SuperLink and SuperNode logs in {deploy_dir}", file=sys.stderr)
         return 1
     seconds = time.time() - started
     ok = status.endswith("completed") and run_dir is not None and (run_dir / "rounds.csv").exists()
@@ -314,15 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(
             f"fl-attack: error: the federation did not complete (status: {status}); see the log above"
-            + (f" and {run_dir}" if run_dir is not None and run_dir.exists() else ""),
+            + (f" and {run_dir}" if run_dir is not None and run_dir.exists() else "")
+            + (f"; SuperLink and SuperNode logs in {deploy_dir}" if deploy_dir is not None else ""),
             file=sys.stderr,
         )
         return 1
+    if deploy_dir is not None:  # the logs of a deployment that worked are not needed
+        shutil.rmtree(deploy_dir, ignore_errors=True)
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
     _report_timings(run_dir, started, flwr_exited)
     if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)
         Path(args.run_dir_file).write_text(f"{run_dir}\n")
     return 0
+
+
+def _mkdir(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> None:

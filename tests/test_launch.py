@@ -33,7 +33,9 @@ def fake_flwr(monkeypatch, tmp_path):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
 
     def use(script: str):
-        monkeypatch.setattr(launch, "_flwr_command", lambda config_file, federation: [sys.executable, "-c", script])
+        monkeypatch.setattr(
+            launch, "_flwr_command", lambda config_file, federation, superlink=None: [sys.executable, "-c", script]
+        )
 
     return use
 
@@ -77,3 +79,55 @@ def test_a_run_that_ends_by_itself_is_not_abandoned(fake_flwr, capsys):
 def test_timeouts_must_be_finite_and_positive(flag, value, capsys):
     assert launch.main([flag, value]) == 2
     assert f"fl-attack: error: {flag} must be a finite number of seconds > 0, got " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--deployment", "2", "--federation-config", "num-supernodes=2"], "--federation-config sets simulation"),
+        (["--deployment", "0"], "--deployment needs at least 1 SuperNode, got 0"),
+        (["--deployment", "2", "--run-config", 'attack-clients="2"'], "the federation has 2 node(s)"),
+    ],
+)
+def test_deployment_options_are_checked_before_anything_starts(argv, message, fake_flwr, capsys):
+    fake_flwr("raise SystemExit('flwr must not run')")
+    assert launch.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_deployment_and_superlink_exclude_each_other(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--deployment", "2", "--superlink", "127.0.0.1:9093"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_superlink_submits_to_that_address_through_a_connection_of_its_own(fake_flwr, monkeypatch, capsys):
+    """--superlink HOST:PORT: flwr run gets a connection name, whose address and insecure flag are
+    in the config.toml of the FLWR_HOME the command runs with; nothing is started or stopped."""
+    seen = {}
+    script = "import os, pathlib; print((pathlib.Path(os.environ['FLWR_HOME']) / 'config.toml').read_text())"
+
+    def command(config_file, federation, superlink=None):
+        seen.update(federation=federation, superlink=superlink)
+        return [sys.executable, "-c", script]
+
+    monkeypatch.setattr(launch, "_flwr_command", command)
+    monkeypatch.setattr(launch, "_stop_superlink", lambda port: seen.setdefault("stopped", port))
+    assert launch.main(["--superlink", "10.0.0.5:9093", "--silence-timeout", "30"]) == 1  # no run started
+    out = capsys.readouterr().out
+    assert seen == {"federation": None, "superlink": launch.CONNECTION}
+    assert f'default = "{launch.CONNECTION}"' in out and 'address = "10.0.0.5:9093"' in out and "insecure = true" in out
+
+
+def test_a_superlink_that_does_not_come_up_is_reported_with_its_log(tmp_path, monkeypatch):
+    """start_local raises DeploymentError with the log's end when the SuperLink exits at once."""
+    from strategies.deploy import DeploymentError, start_local
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "flower-superlink"
+    fake.write_text("#!/bin/sh\necho 'address already in use' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    with pytest.raises(DeploymentError, match=r"(?s)superlink exited with status 3.*address already in use"):
+        start_local(2, env, tmp_path / "deployment", timeout=20)
