@@ -1,7 +1,8 @@
 """The Flower ClientApp (Message API): real FedAvg local epochs on one private partition.
 
-Each simulated node takes partition ``context.node_config["partition-id"]``: a FEMNIST writer, or
-a CIFAR-100 k-sample (optionally class-restricted) client. ``train`` runs E local epochs of plain
+Each node takes partition ``context.node_config["partition-id"]``: a FEMNIST writer, or a CIFAR-100
+k-sample (optionally class-restricted) client. The simulation sets it; on the deployment engine each
+SuperNode is started with ``--node-config "partition-id=i num-partitions=N"``. ``train`` runs E local epochs of plain
 SGD from the received global weights (fl_attack.training, the paper protocol) and returns the new
 weights plus public metrics. ``evaluate`` scores the global model on the client's held-out samples.
 
@@ -29,6 +30,18 @@ from strategies.settings import RunSettings
 from .defenses import TRAIN_MODS
 
 app = ClientApp()
+
+
+def node_partition(context: Context) -> int:
+    """The node's partition: its node config's ``partition-id``. ValueError saying how to set it."""
+    try:
+        return int(context.node_config["partition-id"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"this node has no usable partition-id in its node config ({dict(context.node_config)}); "
+            'start each SuperNode with --node-config "partition-id=I num-partitions=N" (README: Running on '
+            "Flower's deployment engine)"
+        ) from None
 
 
 def _load_split(settings: RunSettings, partition_id: int):
@@ -97,10 +110,9 @@ def train(msg: Message, context: Context) -> Message:
     settings = RunSettings.from_run_config(context.run_config)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
-    partition_id = int(context.node_config["partition-id"])
     server_round = int(msg.content["config"]["server-round"])
     wT, metrics, simulation = local_training(
-        settings, partition_id, server_round, msg.content["arrays"].to_torch_state_dict()
+        settings, node_partition(context), server_round, msg.content["arrays"].to_torch_state_dict()
     )
     # Simulation bookkeeping for the evaluator role only; the strategy never hands it to the attacker.
     content = RecordDict(
@@ -115,9 +127,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     settings = RunSettings.from_run_config(context.run_config)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
-    metrics = local_evaluation(
-        settings, int(context.node_config["partition-id"]), msg.content["arrays"].to_torch_state_dict()
-    )
+    metrics = local_evaluation(settings, node_partition(context), msg.content["arrays"].to_torch_state_dict())
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
@@ -131,7 +141,7 @@ class SecAggClient(NumPyClient):
 
     def __init__(self, context: Context):
         self.settings = RunSettings.from_run_config(context.run_config)
-        self.partition_id = int(context.node_config["partition-id"])
+        self.partition_id = node_partition(context)
         self.keys = list(self.settings.new_model().state_dict())
 
     def _state(self, parameters) -> dict:
