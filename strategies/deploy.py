@@ -16,8 +16,9 @@ simulation's Ray actors:
 Every process gets its own FLWR_HOME under the deployment's folder, as on separate machines (each
 installs its own packaged copy of the app there), runtime dependency installation off, and
 FL_ATTACK_HOME, so the packaged apps find the bundled data and the results folder. Each process
-leads its own process group (its ServerApp, SuperExec and ClientApp children are in it), so
-``LocalDeployment.stop`` ends everything it started.
+leads its own process group, and ``LocalDeployment.stop`` ends those groups and then every
+descendant that left them: the SuperLink starts its SuperExec in a session of its own, and that
+SuperExec's ServerApp outlives a killed SuperLink while it waits for nodes (measured, Flower 1.42).
 """
 
 from __future__ import annotations
@@ -126,10 +127,59 @@ class LocalDeployment:
             return 0
         return sum(n.get("status") == "online" for n in nodes)
 
-    def stop(self) -> None:
-        """End every process this deployment started, SuperNodes first, each with its process group."""
+    def stop(self, grace: float = 5.0) -> None:
+        """End every process this deployment started, SuperNodes first, each with its process group,
+        then their descendants outside those groups (SIGTERM, SIGKILL after ``grace`` seconds)."""
+        strays = [d for proc in self.processes for d in _descendants(proc.pid)]
         for proc in reversed(self.processes):
-            kill_group(proc)
+            kill_group(proc, grace)
+        _end(strays, grace)
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, start time) of every live descendant of ``pid`` (the start time tells a reused pid)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append((int(entry.name), stat[2]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def _end(processes: list[tuple[int, str]], grace: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, each (pid, start time) still alive as itself."""
+
+    def alive() -> list[int]:
+        out = []
+        for pid, started in processes:
+            stat = _stat(pid)
+            if stat is not None and stat[2] == started and stat[1] not in ("Z", "X"):
+                out.append(pid)
+        return out
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = alive()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while pids and alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def start_local(num_nodes: int, env: dict, folder: Path, timeout: float = 120.0) -> LocalDeployment:

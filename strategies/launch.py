@@ -400,4 +400,6 @@ def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the finally blocks stop what was started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sys.exit(main())

@@ -117,17 +117,3 @@ def test_superlink_submits_to_that_address_through_a_connection_of_its_own(fake_
     out = capsys.readouterr().out
     assert seen == {"federation": None, "superlink": launch.CONNECTION}
     assert f'default = "{launch.CONNECTION}"' in out and 'address = "10.0.0.5:9093"' in out and "insecure = true" in out
-
-
-def test_a_superlink_that_does_not_come_up_is_reported_with_its_log(tmp_path, monkeypatch):
-    """start_local raises DeploymentError with the log's end when the SuperLink exits at once."""
-    from strategies.deploy import DeploymentError, start_local
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "flower-superlink"
-    fake.write_text("#!/bin/sh\necho 'address already in use' >&2\nexit 3\n")
-    fake.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
-    with pytest.raises(DeploymentError, match=r"(?s)superlink exited with status 3.*address already in use"):
-        start_local(2, env, tmp_path / "deployment", timeout=20)
