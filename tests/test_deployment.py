@@ -93,7 +93,6 @@ def test_the_federation_completes_on_a_local_superlink_with_two_supernodes(deplo
     assert all((run / a["image"]).is_file() for a in attacks)
 
 
-@pytest.mark.xfail(strict=True, reason="attacks run inline without Ray until fl_attack.workers lands")
 def test_round_2_starts_while_round_1s_attacks_are_still_running(deployed_run):
     proc, run, _ = deployed_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
