@@ -321,8 +321,8 @@ With --missing the rows of the attacks an interrupted run left undone go to RUN_
 The attacks run in this process one after another (--workers 0), or on N local processes
 (--workers N) or N Ray actors (--ray-address ADDR --workers N); this process scores each one and
 writes its row as it finishes (in finishing order; worker_node and worker_id say where it ran).
-The same method, settings, seed and --threads as the run reproduce its rows' PSNR exactly,
-whatever --workers.
+The same method, settings, seed and --threads as the run reproduce its rows' PSNR exactly, in
+this process and on local --workers alike.
 Exit status: 0, 1 when every attack failed, 2 for bad input (found before any attack).
 
 examples:
