@@ -318,13 +318,19 @@ outputs (under RUN_DIR/replays/NAME/, a run folder of its own):
   images/, events.log, summary.json
 With --missing the rows of the attacks an interrupted run left undone go to RUN_DIR/attacks.csv.
 
-The same method, settings, seed and --threads as the run reproduce its rows' PSNR exactly.
+The attacks run in this process one after another (--workers 0), or on N local processes
+(--workers N) or N Ray actors (--ray-address ADDR --workers N); this process scores each one and
+writes its row as it finishes (in finishing order; worker_node and worker_id say where it ran).
+The same method, settings, seed and --threads as the run reproduce its rows' PSNR exactly, in
+this process and on local --workers alike.
 Exit status: 0, 1 when every attack failed, 2 for bad input (found before any attack).
 
 examples:
   fl-attack replay results/run-a --methods pisme,sme
   fl-attack replay results/run-a --methods ig --labels oracle --rounds 1,5 --threads 2
   fl-attack replay results/run-a --methods pisme --nodes 7 --iterations 1000 --options tv_weight=0.02
+  fl-attack replay results/run-a --methods pisme,ig --workers 4 --threads 1
+  fl-attack replay results/run-a --methods pisme --ray-address 10.0.0.5:6379 --workers 16 --threads 2
   fl-attack replay results/run-a --missing
 """
 
@@ -399,8 +405,24 @@ def _add_replay_parser(sub) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="torch threads for the attacks; the run's attack-threads reproduces its rows exactly "
-        "(default: 0, torch's own choice)",
+        help="torch threads for each attack (per worker); the run's attack-threads reproduces its rows "
+        "exactly (default: 0, torch's own choice; with --workers N this process's count split over "
+        "the N processes, 1 per Ray actor)",
+    )
+    r.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the attacks on N local processes (with --ray-address: N Ray actors, at least 1), "
+        "each with --threads torch threads, at most 2N queued (default: 0, this process, one after another)",
+    )
+    r.add_argument(
+        "--ray-address",
+        default="",
+        metavar="ADDR",
+        help="run the attacks on the running Ray cluster at ADDR: auto, HOST:PORT or ray://HOST:PORT "
+        "(from `ray start --head`) (default: none)",
     )
     r.add_argument(
         "--device",
@@ -439,13 +461,18 @@ def _replay(args) -> int:
             device=args.device,
             name=args.name,
             missing=args.missing,
+            workers=args.workers,
+            ray_address=args.ray_address,
         )
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
     if not replay.work:
         print(f"{PROG}: replay: nothing to attack in {args.run_dir}", file=sys.stderr)
         return 0
-    rows = run_replay(replay)
+    try:
+        rows = run_replay(replay)
+    except ReplayError as exc:  # the Ray cluster could not be joined; nothing written
+        raise UsageError(str(exc)) from None
     failed = sum(r["status"] != "ok" for r in rows)
     print(
         f"{PROG}: replay: {len(rows)} attack(s), {failed} failed; rows in {replay.out / 'attacks.csv'}", file=sys.stderr

@@ -11,6 +11,13 @@ the model did not change), attacks.csv (one row per attack, appended atomically 
 images/, events.log and summary.json. ``python -m analysis.report RUN RUN/replays/NAME`` then
 compares the two.
 
+The attacks run on the project's worker pool (``fl_attack.workers``): this process (``workers=0``,
+one attack after another), N local processes, or N actors of a Ray cluster (``ray_address``). A
+worker gets only what the attacker sees (the recorded update; the true labels only with
+labels=oracle); this process scores each reconstruction against the ground truth and appends its
+row as it comes back, so with several workers the rows' order is the order the attacks finished
+(``analysis.load`` sorts them). Each row names where its attack ran (worker_node, worker_id).
+
 With ``missing=True`` it completes the run itself instead: the recorded updates whose
 (round, partition, method) has no row in the run's attacks.csv are attacked with the run's own
 methods and settings, and their rows appended to the run's attacks.csv.
@@ -21,7 +28,9 @@ app's parser and sits above this layer).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import platform
 import re
 import sys
@@ -33,13 +42,14 @@ from typing import TextIO
 import torch
 
 from . import __version__
-from .api import reconstruct, resolve_device
+from .api import resolve_device
 from .attacks import ATTACKS, AttackConfig
 from .config import parse_key_values, typed_value
 from .evaluation import DataSettings, attack_row, ground_truth, nodes_per_iteration, save_grid, score
 from .models import resolve_model
 from .records import ATTACK_COLUMNS, append_csv_row, read_csv, write_bytes_atomic, write_json_atomic
 from .update import AttackTarget, load_update, read_update_index, verify_update
+from .workers import AttackJob, AttackOutcome, InlineWorkers, RayWorkers, make_workers
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -176,6 +186,8 @@ class Replay:
     out: where the rows go (``<run>/replays/<name>``, or the run itself when ``missing``).
     work: per recorded update (its index row and target), the methods to run on it.
     truths: the ground truth (images (N,C,H,W) in [0,1], labels) of each target's partition ids.
+    threads: torch threads of each attack (0: this process's setting, with workers=0 only).
+    workers: 0 = this process, else that many local processes, or Ray actors with ray_address.
     """
 
     run: RecordedRun
@@ -191,10 +203,18 @@ class Replay:
     missing: bool
     work: list[tuple[dict, AttackTarget, tuple[str, ...]]]
     truths: dict
+    workers: int = 0
+    ray_address: str = ""
 
     @property
     def attacks(self) -> int:
         return sum(len(methods) for _, _, methods in self.work)
+
+    def where(self) -> str:
+        """Where the attacks run, in words (for events.log)."""
+        if self.ray_address:
+            return f"{max(1, self.workers)} Ray actor(s) at {self.ray_address}"
+        return f"{self.workers} local process(es)" if self.workers else "this process"
 
 
 def _default_name(methods, labels, iterations, nodes, options: dict, rounds) -> str:
@@ -204,6 +224,30 @@ def _default_name(methods, labels, iterations, nodes, options: dict, rounds) -> 
     parts += [f"{k}{v}" for k, v in options.items()]
     parts += ["rounds" + "_".join(map(str, rounds))] if rounds else []
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
+
+
+# A Ray cluster address as RayWorkers takes it: auto, host:port or ray://host:port.
+_RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9._-]+:(\d{1,5})")
+
+
+def _check_workers(workers, ray_address: str, threads: int) -> int:
+    """ReplayError for a bad ``workers`` or ``ray_address``; returns the torch threads per attack:
+    ``threads``, or for threads=0 with workers torch's count here split over the local processes
+    (at least 1), and 1 per Ray actor (its CPU request). 0 stays 0 in this process (torch's setting)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ReplayError(f"--workers must be an integer >= 0 (0: this process), got {workers!r}")
+    if ray_address:
+        match = _RAY_ADDRESS.fullmatch(ray_address)
+        if ray_address != "auto" and not (match and 1 <= int(match.group(2)) <= 65535):
+            raise ReplayError(
+                f"--ray-address must be auto, HOST:PORT or ray://HOST:PORT (a running Ray cluster), got {ray_address!r}"
+            )
+        if importlib.util.find_spec("ray") is None:
+            raise ReplayError("--ray-address needs Ray, which is not installed here (pip install 'ray[default]')")
+        return threads or 1
+    if workers and not threads:
+        return max(1, torch.get_num_threads() // workers)
+    return threads
 
 
 def _done_attacks(path: Path) -> set[tuple[int, str, str]]:
@@ -228,6 +272,8 @@ def prepare_replay(
     device: str = "auto",
     name: str | None = None,
     missing: bool = False,
+    workers: int = 0,
+    ray_address: str = "",
 ) -> Replay:
     """Check everything a replay needs, before any attack: the run folder, the settings, the
     recorded updates' checksums and the ground truth of every target.
@@ -237,7 +283,11 @@ def prepare_replay(
     overrides on top of the run's attack_config; rounds: the rounds to replay (default: every
     recorded one); threads: torch threads (0: leave torch's setting); name: the folder under
     ``<run>/replays/`` (default: built from the settings). missing: complete the run's own
-    attacks instead (no methods, labels, iterations, nodes, options or name then).
+    attacks instead (no methods, labels, iterations, nodes, options or name then). workers: where
+    the attacks run (``fl_attack.workers.make_workers``): 0 = this process, one after another; N =
+    N local processes, or N Ray actors (at least 1) on the cluster at ``ray_address``, each with
+    ``threads`` torch threads (0 there: this process's torch threads split over the N processes,
+    1 per Ray actor).
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)
@@ -277,6 +327,7 @@ def prepare_replay(
         raise ReplayError(str(exc)) from None
     if isinstance(threads, bool) or int(threads) < 0:
         raise ReplayError(f"threads must be an integer >= 0 (0: torch's default), got {threads}")
+    threads = _check_workers(workers, ray_address or "", int(threads))
 
     recorded = sorted({int(r["round"]) for r in run.index})
     if rounds is not None:
@@ -336,6 +387,8 @@ def prepare_replay(
         missing=missing,
         work=work,
         truths=truths,
+        workers=workers,
+        ray_address=ray_address or "",
     )
 
 
@@ -388,6 +441,8 @@ def _start_record(replay: Replay) -> None:
                 "rounds": list(replay.rounds) if replay.rounds else None,
                 "threads": replay.threads,
                 "device": str(replay.device),
+                "workers": replay.workers,
+                "ray_address": replay.ray_address,
                 "options": replay.options,
             },
         },
@@ -402,45 +457,61 @@ def _event(folder: Path, text: str) -> None:
 
 
 def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
-    """Run every attack of ``replay`` and append each attack's row (``ATTACK_COLUMNS``) to
-    ``replay.out``/attacks.csv as it finishes; images under ``replay.out``/images/.
+    """Run every attack of ``replay`` on its workers and append each attack's row
+    (``ATTACK_COLUMNS``) to ``replay.out``/attacks.csv as it finishes; images under
+    ``replay.out``/images/.
 
-    A failing attack is a row with status "failed" and its error; the others go on. Returns the rows.
-    Oracle labels are the ground truth's labels handed to the attack (an explicit leak, labels=oracle).
+    Jobs go to the workers at most 2 x workers ahead (one at a time in this process); the workers
+    get the recorded update (and the true labels only with labels=oracle), and each outcome is
+    scored here against the ground truth. A failing attack is a row with status "failed" and its
+    error; the others go on. An interrupt stops the workers and leaves no row for the attacks it
+    cut short (``missing=True`` completes them). Returns the rows, in the order they finished.
+    ReplayError, before anything is written, when the Ray cluster cannot be joined.
     """
     log = sys.stderr if log is None else log
+    if replay.workers == 0 and not replay.ray_address:
+        workers = InlineWorkers(str(replay.device))  # torch's threads as set below, as before the pool
+    else:
+        workers = make_workers(
+            replay.workers, address=replay.ray_address or None, threads=replay.threads, device=str(replay.device)
+        )
+    if isinstance(workers, RayWorkers):
+        try:
+            workers.start()
+        except Exception as exc:
+            workers.shutdown()
+            raise ReplayError(f"cannot join the Ray cluster at {replay.ray_address}: {exc}") from None
     previous_threads = torch.get_num_threads()
-    if replay.threads:
+    if replay.threads:  # this process's attacks (workers=0) and the scoring
         torch.set_num_threads(replay.threads)
     started = time.time()
     what = "missing attacks" if replay.missing else f"replay '{replay.name}'"
-    if not replay.missing:
-        _start_record(replay)
-    _event(
-        replay.out,
-        f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
-        f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
-        f"{torch.get_num_threads()} torch thread(s) on {replay.device}",
-    )
     rows = []
     try:
-        for index_row, target, methods in replay.work:
-            update, _ = load_update(replay.run.updates, index_row)
-            images, labels = replay.truths[target.partition_ids]
-            for method in methods:
-                row = _attack(replay, update, target, method, images, labels)
-                append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS)
-                rows.append(row)
-                text = (
-                    f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
-                    if row["status"] == "ok"
-                    else f"{target.describe()} {method} failed: {row['error']}"
-                )
-                _event(replay.out, f"attack done: {text}")
-                print(f"fl-attack: {text}", file=log, flush=True)
-    finally:
-        torch.set_num_threads(previous_threads)
         if not replay.missing:
+            _start_record(replay)
+        _event(
+            replay.out,
+            f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
+            f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
+            f"{replay.threads or torch.get_num_threads()} torch thread(s) on {replay.device}, in {replay.where()}",
+        )
+        for row, target, method in _run_jobs(replay, workers):
+            append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS)
+            rows.append(row)
+            text = (
+                f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
+                if row["status"] == "ok"
+                else f"{target.describe()} {method} failed: {row['error']}"
+            )
+            _event(replay.out, f"attack done: {text}")
+            print(f"fl-attack: {text}", file=log, flush=True)
+    finally:
+        if workers.in_flight:  # interrupted: stop the attacks still running, record none of them
+            workers.drain(0)
+        workers.shutdown()
+        torch.set_num_threads(previous_threads)
+        if not replay.missing and (replay.out / "config.json").is_file():
             ok = sum(r["status"] == "ok" for r in rows)
             write_json_atomic(
                 replay.out / "summary.json",
@@ -453,13 +524,54 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                     "replay_of": str(replay.run.path.resolve()),
                 },
             )
-        _event(replay.out, f"{what}: {len(rows)} of {replay.attacks} attack(s) recorded")
+        if replay.out.is_dir():
+            _event(replay.out, f"{what}: {len(rows)} of {replay.attacks} attack(s) recorded")
     return rows
 
 
-def _attack(replay: Replay, update, target: AttackTarget, method: str, images, labels) -> dict:
-    """One attack of the replay, scored, as its attacks.csv row (status failed on any exception)."""
-    config = replay.config
+def _jobs(replay: Replay):
+    """(AttackJob, index row) of every attack of the replay, in the record's order; each update is
+    read from disk when its first job is made."""
+    job_id = 0
+    for index_row, target, methods in replay.work:
+        update, _ = load_update(replay.run.updates, index_row)
+        for method in methods:
+            if replay.labels == "oracle":  # an explicit leak the replay asked for, recorded as such
+                labels = replay.truths[target.partition_ids][1].clone()
+            else:
+                labels = "recovered"
+            yield AttackJob(job_id, update, method, replay.config, target, labels=labels, model=replay.run.model)
+            job_id += 1
+
+
+def _run_jobs(replay: Replay, workers):
+    """Submit the replay's jobs to ``workers``, a bounded look-ahead at a time, and yield (row,
+    target, method) for each outcome as it comes back, scored here."""
+    ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
+    jobs = _jobs(replay)
+    running: dict[int, AttackJob] = {}
+    more = True
+    while more or running:
+        while more and len(running) < ahead:
+            job = next(jobs, None)
+            if job is None:
+                more = False
+                break
+            running[job.job_id] = job
+            workers.submit(job)
+        outcomes = workers.poll()
+        if not outcomes and running:
+            time.sleep(0.05)
+        for outcome in outcomes:
+            job = running.pop(outcome.job_id)
+            yield _row(replay, job, outcome), job.target, job.method
+
+
+def _row(replay: Replay, job: AttackJob, outcome: AttackOutcome) -> dict:
+    """One attack's attacks.csv row: the outcome scored against the ground truth of its target
+    (status failed when the attack or the scoring failed)."""
+    config, target, method = replay.config, job.target, job.method
+    seconds = round(outcome.seconds, 3) if math.isfinite(outcome.seconds) else math.nan
     common = dict(
         round=target.round,
         node_id=target.node_id,
@@ -468,33 +580,37 @@ def _attack(replay: Replay, update, target: AttackTarget, method: str, images, l
         method=method,
         dataset=replay.run.data.dataset,
         defense=replay.run.defense,
-        local_steps=update.metadata.local_steps,
+        local_steps=job.update.metadata.local_steps,
         iterations=config.iterations,
         label_estimator=config.label_estimator,
+        worker_node=outcome.worker_node,
+        worker_id=outcome.worker_id,
     )
-    start = time.perf_counter()
-    try:
-        given = labels.clone() if replay.labels == "oracle" else "recovered"
-        rec = reconstruct(update, method, labels=given, config=config, device=replay.device, model=replay.run.model)
-        scores = score(rec.images, rec.labels, images, labels, replay.run.data.dataset)
-        rel = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
-        save_grid(images, scores, replay.out / rel)
-    except Exception as exc:  # recorded; the other attacks go on
-        return attack_row(
-            **common,
-            nodes=nodes_per_iteration(method, config),
-            labels=replay.labels,
-            status="failed",
-            error=f"{type(exc).__name__}: {exc}",
-            attack_seconds=round(time.perf_counter() - start, 3),
-        )
+    error = outcome.error
+    if outcome.status == "ok":
+        try:
+            images, labels = replay.truths[target.partition_ids]
+            scores = score(outcome.images, outcome.labels, images, labels, replay.run.data.dataset)
+            rel = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
+            save_grid(images, scores, replay.out / rel)
+        except Exception as exc:  # recorded; the other attacks go on
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            return attack_row(
+                **common,
+                nodes=outcome.nodes,
+                labels=outcome.label_source,
+                lsim_honest=outcome.lsim_honest,
+                lsim_calibrated=outcome.lsim_calibrated,
+                attack_seconds=seconds,
+                scores=scores,
+                image=rel.as_posix(),
+            )
     return attack_row(
         **common,
-        nodes=nodes_per_iteration(method, config, rec.trace),
-        labels=rec.label_source,
-        lsim_honest=rec.lsim_honest,
-        lsim_calibrated=rec.lsim_calibrated,
-        attack_seconds=round(rec.seconds, 3),
-        scores=scores,
-        image=rel.as_posix(),
+        nodes=nodes_per_iteration(method, config),
+        labels=replay.labels,
+        status="failed",
+        error=error or "failed",
+        attack_seconds=seconds,
     )

@@ -427,6 +427,11 @@ class RayWorkers:
     def in_flight(self) -> int:
         return len(self._pending) + len(self._waiting)
 
+    def start(self) -> None:
+        """Join the runtime and start the actors now rather than at the first submit, so that a
+        cluster that cannot be joined is known before any work; raises what ``ray.init`` raises."""
+        self._ray()
+
     def submit(self, job: AttackJob) -> None:
         self._ray()
         self._assign(job, 0)

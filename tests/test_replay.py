@@ -7,13 +7,16 @@ is copied for the tests that change it.
 from __future__ import annotations
 
 import csv
+import json
+import os
 import shutil
+import socket
 
 import pytest
 import torch
 from flwr.supercore.task_identity import TaskIdentity
 
-import fl_attack.replay as replay_module
+import fl_attack.workers as workers_module
 from analysis.aggregate import differing_keys
 from analysis.load import load_run
 from analysis.report import main as report_main
@@ -83,6 +86,30 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
     assert "2 attack(s), 0 failed" in capsys.readouterr().err
 
 
+def test_local_worker_processes_reproduce_this_process_rows_exactly(run_dir):
+    """--workers 2 (spawned processes, --threads 1 each) gives the rows --workers 0 gives, apart from
+    the time and where it ran, and the run's own scores."""
+    common = ["replay", str(run_dir), "--methods", "pisme,ig", "--threads", "1", "--device", "cpu"]
+    assert main([*common, "--name", "inline"]) == 0
+    assert main([*common, "--name", "pool", "--workers", "2"]) == 0
+    key = lambda r: (r["round"], r["partition_id"], r["method"])  # noqa: E731
+    inline, pool = (sorted(read_csv(run_dir / "replays" / n / "attacks.csv")[1], key=key) for n in ("inline", "pool"))
+    assert len(inline) == len(pool) == 4 and all(r["status"] == "ok" for r in inline + pool)
+    where = ("attack_seconds", "worker_node", "worker_id")
+    for mine, theirs in zip(pool, inline):
+        assert {k: v for k, v in mine.items() if k not in where} == {k: v for k, v in theirs.items() if k not in where}
+    _, original = read_csv(run_dir / "attacks.csv")
+    for mine, theirs in zip([r for r in pool if r["method"] == "pisme"], sorted(original, key=key)):
+        assert [mine[c] for c in SCORES] == [theirs[c] for c in SCORES]
+    # where each attack ran: this process, or the spawned ones
+    assert {(r["worker_node"], r["worker_id"]) for r in inline} == {(socket.gethostname(), f"pid{os.getpid()}")}
+    assert {r["worker_node"] for r in pool} == {socket.gethostname()}
+    assert all(r["worker_id"].startswith("pid") and r["worker_id"] != f"pid{os.getpid()}" for r in pool)
+    config = json.loads((run_dir / "replays" / "pool" / "config.json").read_text())
+    assert config["replay"]["workers"] == 2 and config["replay"]["threads"] == 1
+    assert "in 2 local process(es)" in (run_dir / "replays" / "pool" / "events.log").read_text()
+
+
 def test_the_report_compares_a_run_with_its_replay(run_dir, tmp_path, capsys):
     assert main(["replay", str(run_dir), "--methods", "ig", "--iterations", "3", "--name", "ig-short"]) == 0
     out = tmp_path / "compare"
@@ -144,14 +171,15 @@ def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path
     )
 
 
-def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys):
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys, workers):
     columns, rows = read_csv(copy_of / "attacks.csv")
     kept = [r for r in rows if r["round"] != "2"]
     with open(copy_of / "attacks.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(kept)
-    assert main(["replay", str(copy_of), "--missing", "--threads", "1"]) == 0
+    assert main(["replay", str(copy_of), "--missing", "--threads", "1", "--workers", workers]) == 0
     _, after = read_csv(copy_of / "attacks.csv")
     assert after[: len(kept)] == kept
     restored = after[len(kept) :]
@@ -159,6 +187,7 @@ def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys
     lost = [r for r in rows if r["round"] == "2"][0]
     for column in ("partition_id", "method", "labels", "image", *SCORES):
         assert restored[0][column] == lost[column], column
+    assert restored[0]["worker_node"] == socket.gethostname() and restored[0]["worker_id"].startswith("pid")
     assert not (copy_of / "replays").exists()
     capsys.readouterr()
     assert main(["replay", str(copy_of), "--missing"]) == 0  # nothing left to do
@@ -192,6 +221,9 @@ BAD = [
     (lambda run, tmp: [str(run), "--options", "tv_weigth=1"], "unknown attack setting 'tv_weigth'"),
     (lambda run, tmp: [str(run), "--nodes", "0"], "quadrature nodes m must be an integer >= 1"),
     (lambda run, tmp: [str(run), "--name", "../x"], "--name must be a plain folder name"),
+    (lambda run, tmp: [str(run), "--workers", "-1"], "--workers must be an integer >= 0"),
+    (lambda run, tmp: [str(run), "--ray-address", "head-node"], "--ray-address must be auto, HOST:PORT"),
+    (lambda run, tmp: [str(run), "--ray-address", "ray://h:99999"], "--ray-address must be auto, HOST:PORT"),
 ]
 
 
@@ -200,6 +232,16 @@ def test_bad_input_exits_2_with_one_line(copy_of, tmp_path, capsys, args, messag
     (tmp_path / "empty").mkdir()
     assert main(["replay", *args(copy_of, tmp_path / "empty")]) == 2
     assert message in _one_error_line(capsys)
+    assert not (copy_of / "replays").exists()
+
+
+def test_a_ray_cluster_that_cannot_be_joined_is_refused_before_anything_is_written(copy_of, capsys, monkeypatch):
+    def refused(self):
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(workers_module.RayWorkers, "start", refused)
+    assert main(["replay", str(copy_of), "--methods", "ig", "--ray-address", "127.0.0.1:6379", "--workers", "2"]) == 2
+    assert "cannot join the Ray cluster at 127.0.0.1:6379: connection refused" in _one_error_line(capsys)
     assert not (copy_of / "replays").exists()
 
 
@@ -213,7 +255,7 @@ def test_every_attack_failing_exits_1_with_the_failures_recorded(copy_of, monkey
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(replay_module, "reconstruct", boom)
+    monkeypatch.setattr(workers_module, "reconstruct", boom)  # where this process runs the attack
     assert main(["replay", str(copy_of), "--methods", "sme", "--name", "broken"]) == 1
     _, rows = read_csv(copy_of / "replays" / "broken" / "attacks.csv")
     assert [(r["status"], r["error"]) for r in rows] == [("failed", "RuntimeError: boom")] * 2
