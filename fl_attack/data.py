@@ -438,6 +438,16 @@ def _femnist_eligible(pool: Pool, k: int) -> tuple[np.ndarray, np.ndarray]:
     return eligible[order], counts
 
 
+def partition_writers(pool: Pool, num_samples: int) -> np.ndarray:
+    """FEMNIST: the writer index (into ``pool.writer_names``) of each client partition of k =
+    ``num_samples``: partition p is writer ``partition_writers(pool, k)[p]``. For keeping a public
+    pool disjoint from a federation's writers. ValueError for a non-FEMNIST pool or k < 1."""
+    spec, k, _, _ = _check_args(pool, num_samples, None)
+    if spec.name != "femnist":
+        raise ValueError(f"partition_writers is for femnist pools (one client per writer), not {spec.name}")
+    return _femnist_eligible(pool, k)[0]
+
+
 def _cifar_test_size(k: int, test_samples: int | None) -> int:
     return max(1, k // 5) if test_samples is None else test_samples
 

@@ -317,3 +317,15 @@ def test_partition_errors(femnist, cifar):
         client_partition(cifar, 0, 50, test_samples=-1)
     with pytest.raises(TypeError, match="num_samples must be an integer"):
         client_partition(cifar, 0, 2.5)
+
+
+def test_partition_writers_names_each_partitions_writer():
+    from fl_attack.data import partition_writers
+
+    pool = load_pool("femnist")
+    writers = partition_writers(pool, 10)
+    for p in (0, 3, 7):
+        split = client_partition(pool, p, 10, seed=0)
+        assert split.train.client_id == pool.writer_names[writers[p]]
+    with pytest.raises(ValueError, match="for femnist pools"):
+        partition_writers(load_pool("cifar100"), 10)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fl_attack.attacks import AttackConfig
-from fl_attack.data import _femnist_eligible, client_partition, load_pool
+from fl_attack.data import client_partition, load_pool, partition_writers
 from fl_attack.labels import (
     AuxiliaryData,
     class_support,
@@ -65,7 +65,7 @@ def federation():
             out[rnd] = updates[:TRACKED]
         global_w = OrderedDict((k, torch.stack([u.wT[k] for u, _ in updates]).mean(0)) for k in global_w)
     # The public pool: writers outside the federation, at most 30 images per class.
-    writers, _ = _femnist_eligible(pool, K)
+    writers = partition_writers(pool, K)
     outside = ~np.isin(pool.writers, writers[:FEDERATION])
     rng = np.random.default_rng(0)
     idx = np.sort(

@@ -36,11 +36,11 @@ from torch.func import functional_call
 
 from fl_attack.api import reconstruct
 from fl_attack.data import (
-    _femnist_eligible,  # the writer of each partition, to keep aux disjoint
     client_partition,
     get_spec,
     load_pool,
     num_partitions,
+    partition_writers,  # the writer of each partition, to keep aux disjoint
 )
 from fl_attack.labels import (
     AuxiliaryData,
@@ -86,7 +86,7 @@ COLUMNS = [
 
 def _aux_pool(pool, federation: int, samples: int, seed: int = 0) -> AuxiliaryData:
     """Samples of the writers outside the federation, at most AUX_PER_CLASS per class."""
-    writers, _ = _femnist_eligible(pool, samples)
+    writers = partition_writers(pool, samples)
     outside = ~np.isin(pool.writers, writers[:federation])
     rng = np.random.default_rng(seed)
     idx = []
