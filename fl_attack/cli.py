@@ -286,6 +286,7 @@ def _settings(args) -> AttackSettings:
         data_dir=args.data_dir,
         model=args.model,
         overrides=options,
+        preset=args.preset or "",
         **values,
     )
 

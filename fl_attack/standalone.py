@@ -99,6 +99,7 @@ class AttackSettings:
     device: str = "auto"
     data_dir: str | None = None
     trace_every: int = 10
+    preset: str = ""  # the fl_attack.config.PRESETS name the sizes came from ("" = none given), for the record
     overrides: dict = field(default_factory=dict)
     model: str = ""
 

@@ -304,6 +304,6 @@ def test_a_tiny_preset_run_records_its_options(tmp_path):
     recorded = json.loads((out / "settings.json").read_text())
     protocol = (recorded["samples"], recorded["batch_size"], recorded["local_epochs"], recorded["lr"])
     assert protocol == (4, 2, 2, 0.004) and recorded["iterations"] == 3 and recorded["nodes"] == 3
-    assert recorded["overrides"] == {"tv_weight": 0.02}
+    assert recorded["overrides"] == {"tv_weight": 0.02} and recorded["preset"] == "tiny"
     rows = (out / "results.csv").read_text().splitlines()
     assert len(rows) == 2 and ",4," in rows[1]  # local_steps T = 2 * ceil(4/2)
