@@ -120,6 +120,16 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     settings.check_nodes(int(nodes.group(1)) if nodes else 2)  # Flower's default: 2 SuperNodes
 
 
+def _check_federation(federation: str) -> None:
+    """ValueError for client resources Flower 1.42 rejects only after the SuperLink has started
+    (a fractional client-resources-num-cpus fails there with "'float' object cannot be interpreted
+    as an integer")."""
+    for key in ("client-resources-num-cpus", "num-supernodes"):
+        found = re.search(rf"(?:^|\s){key}=(\S+)", federation or "")
+        if found and not re.fullmatch(r"[1-9]\d*", found.group(1)):
+            raise ValueError(f"{key} must be a whole number >= 1 (Flower takes no fractions), got {found.group(1)}")
+
+
 def _run_config(overrides: list[str], federation: str | None, folder: Path) -> tuple[Path, str]:
     """The user's ``--run-config`` values (key=value strings or one TOML file, dotted keys included),
     parsed by Flower's own parser and checked (``_check_run_config``), plus the federation's client
@@ -294,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     else:  # the deployment engine has no simulation options; its node count is known only for --deployment
         federation = f"num-supernodes={args.deployment}" if args.deployment else None
 
+    try:
+        _check_federation(args.federation_config)
+    except ValueError as exc:
+        print(f"fl-attack: error: --federation-config: {exc}", file=sys.stderr)
+        return 2
     env = _environment()
     if args.ray_address:
         env["RAY_ADDRESS"] = args.ray_address  # Flower's ray.init() joins this cluster

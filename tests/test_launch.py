@@ -95,6 +95,13 @@ def test_deployment_options_are_checked_before_anything_starts(argv, message, fa
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("federation", ["num-supernodes=2 client-resources-num-cpus=0.5", "num-supernodes=1.5"])
+def test_fractional_federation_resources_are_refused_before_anything_starts(federation, fake_flwr, capsys):
+    fake_flwr("raise SystemExit('flwr must not run')")
+    assert launch.main(["--federation-config", federation]) == 2
+    assert "must be a whole number >= 1 (Flower takes no fractions)" in capsys.readouterr().err
+
+
 def test_deployment_and_superlink_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         launch.main(["--deployment", "2", "--superlink", "127.0.0.1:9093"])
