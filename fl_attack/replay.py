@@ -471,6 +471,7 @@ def _attack(replay: Replay, update, target: AttackTarget, method: str, images, l
         local_steps=update.metadata.local_steps,
         iterations=config.iterations,
         label_estimator=config.label_estimator,
+        device=replay.device.type,
     )
     start = time.perf_counter()
     try:
