@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow lint attack clean
+.PHONY: setup demo test test-slow lint attack gpu-check gpu-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,18 @@ test-slow: setup
 
 attack: setup
 	$(VENV)/bin/fl-attack attack --iterations 200 --clients 2 --out results/attack
+
+# The GPU check (docs/gpu-check.md): CUDA tests, benchmarks and a federation with attacker actors on
+# the GPU, written to docs/gpu-check/. No setup step: the GPU machine has no package index, so it runs
+# with that machine's python3 (and .gpu-deps/site.tar.xz for what it lacks). Here, a dry run:
+# make gpu-check GPU_CHECK_ARGS='--device cpu --quick --out /tmp/gpu-check'
+GPU_PY := $(shell test -x $(PY) && echo $(PY) || echo python3)
+gpu-check:
+	$(GPU_PY) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# .gpu-deps/site.tar.xz: flwr, ray, lpips, piq and their needs for the GPU machine's Python 3.12 (about 30 MB)
+gpu-deps: setup
+	PY=$(PY) bash benchmarks/gpu_deps.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -288,6 +288,7 @@ def attack_row(
     lag_rounds: int | None = None,
     worker_node: str = "",
     worker_id: str = "",
+    device: str = "",
 ) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
@@ -295,7 +296,8 @@ def attack_row(
     metrics NaN (a failed attack). nodes: ``nodes_per_iteration``. labels: "recovered" or
     "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
-    worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``).
+    worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
+    device it ran on (cpu, cuda), empty where unknown.
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -319,6 +321,7 @@ def attack_row(
         lag_rounds=lag_rounds,
         worker_node=worker_node,
         worker_id=worker_id,
+        device=device,
         image=image,
         **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
     )

@@ -68,6 +68,7 @@ ATTACK_COLUMNS = [
     "lag_rounds",
     "worker_node",
     "worker_id",
+    "device",
     "image",
 ]
 log = logging.getLogger(__name__)

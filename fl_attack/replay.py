@@ -585,6 +585,7 @@ def _row(replay: Replay, job: AttackJob, outcome: AttackOutcome) -> dict:
         label_estimator=config.label_estimator,
         worker_node=outcome.worker_node,
         worker_id=outcome.worker_id,
+        device=outcome.device or replay.device.type,
     )
     error = outcome.error
     if outcome.status == "ok":

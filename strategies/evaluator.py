@@ -97,6 +97,7 @@ class Evaluator:
             error=outcome.error,
             worker_node=outcome.worker_node,
             worker_id=outcome.worker_id,
+            device=outcome.device,
         )
         if outcome.status == "ok":
             try:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -70,6 +72,7 @@ def test_tiny_federation_end_to_end(tmp_path):
     )
     for row in attacks:
         assert row["status"] == "ok", row["error"]
+        assert row["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # attack-device auto
         for metric in ("psnr", "ssim", "lpips", "lsim_honest"):
             assert math.isfinite(float(row[metric])), (metric, row)
         assert (run / row["image"]).is_file()

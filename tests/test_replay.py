@@ -60,7 +60,7 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
     assert columns == ATTACK_COLUMNS and len(rows) == len(original) == 2
     key = lambda r: (r["round"], r["partition_id"], r["method"])  # noqa: E731
     for mine, theirs in zip(sorted(rows, key=key), sorted(original, key=key)):
-        assert mine["status"] == theirs["status"] == "ok"
+        assert mine["status"] == theirs["status"] == "ok" and mine["device"] == "cpu"
         for column in (
             "round",
             "node_id",
