@@ -7,13 +7,17 @@ attacks in process and keeps every job it was given.
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
 import tomllib
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.client_app import app as client_app
+from fl_attack.models import build_model
+from fl_attack.update import ObservedUpdate, TrainingMetadata
 from fl_attack.workers import InlineWorkers
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
@@ -116,3 +120,13 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
         )
     strategy.drain(120)
     return settings, strategy, result, dispatcher.jobs
+
+
+def small_update() -> ObservedUpdate:
+    """A FEMNIST update without training: w0 = the paper's CNN (seed 0), wT = w0 minus 1e-3 x N(0, 1)
+    noise (seed 1), k=2; for attack-plumbing tests (workers, actor faults), not attack quality."""
+    w0 = OrderedDict(build_model("femnist", seed=0).state_dict())
+    gen = torch.Generator().manual_seed(1)
+    wT = OrderedDict((k, v - 1e-3 * torch.randn(v.shape, generator=gen)) for k, v in w0.items())
+    meta = TrainingMetadata(dataset="femnist", lr=0.004, batch_size=2, local_epochs=1, num_samples=2)
+    return ObservedUpdate(w0, wT, meta, {"round": 1})

@@ -8,28 +8,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections import OrderedDict
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from fl_attack import AttackConfig
-from fl_attack.models import build_model
-from fl_attack.update import AttackTarget, ObservedUpdate, TrainingMetadata
+from fl_attack.update import AttackTarget
 from fl_attack.workers import AttackJob, AttackWorker, RayWorkers
-
-
-def _update() -> ObservedUpdate:
-    w0 = OrderedDict(build_model("femnist", seed=0).state_dict())
-    gen = torch.Generator().manual_seed(1)
-    wT = OrderedDict((k, v - 1e-3 * torch.randn(v.shape, generator=gen)) for k, v in w0.items())
-    meta = TrainingMetadata(dataset="femnist", lr=0.004, batch_size=2, local_epochs=1, num_samples=2)
-    return ObservedUpdate(w0, wT, meta, {"round": 1})
+from tests.inprocess import small_update
 
 
 def _job(job_id: int) -> AttackJob:
-    return AttackJob(job_id, _update(), "sme", AttackConfig(iterations=1, trace_every=1), AttackTarget(1, (0,)))
+    return AttackJob(job_id, small_update(), "sme", AttackConfig(iterations=1, trace_every=1), AttackTarget(1, (0,)))
 
 
 def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs():

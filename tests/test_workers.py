@@ -12,31 +12,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
 
 from fl_attack import AttackConfig
-from fl_attack.models import build_model
-from fl_attack.update import AttackTarget, ObservedUpdate, TrainingMetadata
+from fl_attack.update import AttackTarget
 from fl_attack.workers import AttackJob, InlineWorkers, ProcessWorkers, RayWorkers, make_workers, run_job
+from tests.inprocess import small_update
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _update() -> ObservedUpdate:
-    w0 = OrderedDict(build_model("femnist", seed=0).state_dict())
-    gen = torch.Generator().manual_seed(1)
-    wT = OrderedDict((k, v - 1e-3 * torch.randn(v.shape, generator=gen)) for k, v in w0.items())
-    meta = TrainingMetadata(dataset="femnist", lr=0.004, batch_size=2, local_epochs=1, num_samples=2)
-    return ObservedUpdate(w0, wT, meta, {"round": 1})
-
-
 def _job(job_id: int, iterations: int = 3, seed: int = 0) -> AttackJob:
     config = AttackConfig(iterations=iterations, trace_every=iterations, seed=seed)
-    return AttackJob(job_id, _update(), "sme", config, AttackTarget(1, (job_id,)))
+    return AttackJob(job_id, small_update(), "sme", config, AttackTarget(1, (job_id,)))
 
 
 def _wait_until(condition, timeout: float = 120.0) -> None:

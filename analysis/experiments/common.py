@@ -17,6 +17,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -431,6 +432,20 @@ class Task:
     labels: str = "recovered"
     overrides: dict = field(default_factory=dict)
     extra: object = field(default_factory=dict)
+
+
+def victims(ctx: Context, datasets: tuple, steps: tuple):
+    """(client, seed, dataset, paper_T, Lazy victim) for every cell of a dataset x paper_T grid, in
+    client-major order: a stopped run has whole clients done in every cell."""
+    sc = ctx.scale
+    for client in range(max(sc.clients_for(d) for d in datasets)):
+        for seed in range(sc.seeds):
+            for dataset in datasets:
+                if client >= sc.clients_for(dataset):
+                    continue
+                for paper_T in steps:
+                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, sc.local_epochs(paper_T)))
+                    yield client, seed, dataset, paper_T, victim
 
 
 def run_tasks(ctx: Context, recorder: Recorder, tasks: list[Task]) -> None:

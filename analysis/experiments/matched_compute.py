@@ -10,12 +10,9 @@ Dataset: FEMNIST (cpu, tiny) for speed, CIFAR-100 at the paper's scale.
 
 from __future__ import annotations
 
-from functools import partial
-
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    Lazy,
     Recorder,
     Task,
     check_clients,
@@ -29,7 +26,7 @@ from .common import (
     run_tasks,
     save_figure,
     spread,
-    train_victim,
+    victims,
     write_markdown,
 )
 from .table1 import LABELS
@@ -54,21 +51,14 @@ def run(ctx: Context) -> None:
     recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     plan = [("pisme", 1)] + [("nlsme", k) for k in MULTIPLES]
     tasks = []
-    # Client-major order: a stopped run has whole clients done in every cell.
-    for client in range(max(sc.clients_for(d) for d in datasets)):
-        for seed in range(sc.seeds):
-            for dataset in datasets:
-                if client >= sc.clients_for(dataset):
-                    continue
-                for paper_T in steps:
-                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, sc.local_epochs(paper_T)))
-                    for labels in label_sources:
-                        for method, k in plan:
-                            iterations = k * sc.iterations
-                            key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels)
-                            key.update(method=method, iterations=iterations)
-                            extra = {"multiple": k, "paper_T": paper_T}
-                            tasks.append(Task(key, victim, method, labels, {"iterations": iterations}, extra))
+    for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
+        for labels in label_sources:
+            for method, k in plan:
+                iterations = k * sc.iterations
+                key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels)
+                key.update(method=method, iterations=iterations)
+                extra = {"multiple": k, "paper_T": paper_T}
+                tasks.append(Task(key, victim, method, labels, {"iterations": iterations}, extra))
     run_tasks(ctx, recorder, tasks)
     _report(ctx, recorder.rows)
 

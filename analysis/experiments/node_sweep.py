@@ -7,12 +7,9 @@ double-backward pass per node). The paper finds PSNR flat within about 0.4 dB ov
 
 from __future__ import annotations
 
-from functools import partial
-
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    Lazy,
     Recorder,
     Task,
     check_clients,
@@ -26,7 +23,7 @@ from .common import (
     run_tasks,
     save_figure,
     spread,
-    train_victim,
+    victims,
     write_markdown,
 )
 
@@ -47,20 +44,11 @@ def run(ctx: Context) -> None:
         check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
     recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
-    # Client-major order: a stopped run has whole clients done in every cell.
-    for client in range(max(sc.clients_for(d) for d in datasets)):
-        for seed in range(sc.seeds):
-            for dataset in datasets:
-                if client >= sc.clients_for(dataset):
-                    continue
-                for paper_T in steps:
-                    victim = Lazy(partial(train_victim, ctx, dataset, client, seed, sc.local_epochs(paper_T)))
-                    for labels in label_sources:
-                        for m in nodes:
-                            key = dict(
-                                dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels, nodes=m
-                            )
-                            tasks.append(Task(key, victim, "pisme", labels, {"nodes": m}, {"paper_T": paper_T}))
+    for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
+        for labels in label_sources:
+            for m in nodes:
+                key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels, nodes=m)
+                tasks.append(Task(key, victim, "pisme", labels, {"nodes": m}, {"paper_T": paper_T}))
     run_tasks(ctx, recorder, tasks)
     _report(ctx, recorder.rows)
 
