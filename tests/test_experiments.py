@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from analysis.experiments import EXPERIMENTS, main
-from analysis.experiments.common import SCALES, make_context, paired_differences, spread
+from analysis.experiments.common import SCALES, make_context, paired_differences, spread, wall_time
 from analysis.experiments.path_consistency import true_path_control_point
 from analysis.experiments.table1 import PAPER_PSNR
 
@@ -263,6 +263,24 @@ def test_a_rerun_skips_recorded_rows_and_adds_the_new_grid_values(tmp_path):
     assert all(num(r["label_accuracy"]) == 1 for r in second if r["labels"] == "oracle")
     md = (tmp_path / "node-sweep.md").read_text()
     assert "Attack time over all 6 rows" in md and "| oracle |" in md
+    # The wall time and caption cover both invocations' rows, not only the last one's.
+    assert len({r["invocation"] for r in second}) == 2
+    assert "the last of 2 invocation(s)" in md and "1 femnist client(s)" in md
+    seconds, invocations, unstamped = wall_time(second)
+    assert invocations == 2 and unstamped == 0
+    assert seconds == pytest.approx(max(num(r["elapsed"]) for r in first) + max(num(r["elapsed"]) for r in second[2:]))
+    assert f"Wall time: {seconds:.0f} s" in md
+
+
+def test_wall_time_counts_each_invocation_to_its_last_row_and_the_unstamped_rows():
+    rows = [
+        {"invocation": "a", "elapsed": 10.0},
+        {"invocation": "a", "elapsed": 25.0},
+        {"invocation": "b", "elapsed": 7.5},
+        {"invocation": None, "elapsed": None},
+    ]
+    assert wall_time(rows) == (32.5, 2, 1)
+    assert wall_time([]) == (0.0, 0, 0)
 
 
 def test_a_rerun_at_another_scale_is_refused_before_any_work(tmp_path, capsys):
@@ -320,18 +338,16 @@ def test_paired_differences_pair_the_same_victim():
     assert spread([1.5, -1.0]) == "-1.00 .. 1.50"
 
 
-def test_two_workers_finish_a_grid_faster_and_write_the_same_rows(tmp_path):
-    """--workers: the grid's attacks fan out over local processes; the rows do not depend on how many."""
+def test_two_workers_share_a_grid_and_write_the_same_rows(tmp_path):
+    """--workers: the grid's attacks fan out over local processes; the rows do not depend on how many.
+    (The speed-up is measured in docs/scale-out.md, not asserted here: timings vary with load.)"""
     grid = ["--iterations", "60", "--grid", "dataset=cifar100", "--grid", "nodes=1,2,3,4,5,6"]
-    seconds, rows = {}, {}
+    rows = {}
     for workers in (1, 2):
-        start = time.perf_counter()
         assert main(_tiny("node-sweep", tmp_path / str(workers), "--workers", str(workers), *grid)) == 0
-        seconds[workers] = time.perf_counter() - start
         rows[workers] = sorted(read(tmp_path / str(workers), "node-sweep")[1], key=lambda r: int(r["nodes"]))
-    timing = {"seconds", "seconds_per_iteration", "worker"}
+    timing = {"seconds", "seconds_per_iteration", "worker", "invocation", "elapsed"}
     assert [{k: v for k, v in r.items() if k not in timing} for r in rows[1]] == [
         {k: v for k, v in r.items() if k not in timing} for r in rows[2]
     ]
     assert len({r["worker"] for r in rows[2]}) == 2 and all("/pid" in r["worker"] for r in rows[2])
-    assert seconds[2] < seconds[1], seconds

@@ -25,6 +25,7 @@ from .common import (
     mean_var,
     paired_differences,
     pm,
+    recorded_clients,
     run_tasks,
     save_figure,
     spread,
@@ -118,7 +119,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     T = rows[0]["local_steps"] if rows else "-"
     caption = "Fig. 2 (class deficiency). " + sc.caption(
         f"CIFAR-100, T={T}",
-        clients=f"{sc.clients_for(DATASET)} client(s) per C",
+        clients=f"up to {recorded_clients(rows)} per C (n in the table)",
         epochs=[(PAPER_T, sc.local_epochs(PAPER_T))],
         extra=f"C scaled by k/{PAPER_K} below k={PAPER_K}; PSNR in dB, mean ± variance over (client, seed)",
     )

@@ -17,6 +17,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
@@ -142,8 +143,8 @@ SCALES = {
         clients=5,
         seeds=5,
         trace_every=50,
-        note="the paper's protocol (PISME.md); meant for a GPU. 5 clients is our choice, the paper "
-        "does not state its number of clients per cell.",
+        note="the paper's protocol (PISME.md); meant for a GPU. The paper does not state its clients per "
+        "cell: 5 by default here (--clients sets it).",
     ),
     "cpu": _scale(
         "cpu",
@@ -183,6 +184,7 @@ class Context:
     threads: int = 1  # torch threads per worker
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
+    invocation: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="microseconds"))
     log_file: object = None
 
     def log(self, message: str) -> None:
@@ -191,6 +193,10 @@ class Context:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+    def stamp(self) -> dict:
+        """A row's wall-clock columns: this invocation's UTC start and the seconds since then (s)."""
+        return {"invocation": self.invocation, "elapsed": round(self.elapsed(), 1)}
 
     def axis(self, name: str, default: tuple) -> tuple:
         """The values of grid axis ``name`` (``AXES``): the --grid override, else ``default``."""
@@ -455,6 +461,7 @@ def run_tasks(ctx: Context, recorder: Recorder, tasks: list[Task]) -> None:
     Victims are trained here, at most 2 x workers jobs ahead of the workers; the workers get only
     the update, and the rows are scored here against the victims' private images. A failed
     attack is not recorded (a rerun retries it); RuntimeError names them after the others finish.
+    Each row carries ``ctx.stamp()``, so a run resumed over several invocations knows its wall time.
     """
     todo = [t for t in tasks if not recorder.done(**t.key)]
     if len(todo) < len(tasks):
@@ -482,7 +489,7 @@ def run_tasks(ctx: Context, recorder: Recorder, tasks: list[Task]) -> None:
                     continue
                 victim = task.victim()
                 extra = task.extra(victim) if callable(task.extra) else task.extra
-                recorder.add({**score_outcome(ctx, victim, job, outcome), **extra})
+                recorder.add({**score_outcome(ctx, victim, job, outcome), **extra, **ctx.stamp()})
     finally:
         workers.shutdown()
     if failed:
@@ -651,6 +658,29 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def wall_time(rows: list[dict]) -> tuple[float, int, int]:
+    """(seconds, invocations, unstamped) of the rows' wall time: per invocation (``Context.stamp``),
+    the elapsed seconds at its last recorded row, summed over the invocations; ``unstamped`` counts
+    the rows that carry no stamp. Time an invocation spent after its last row (a stopped run's
+    unfinished attacks) is not counted: nothing came of it."""
+    last: dict = {}
+    unstamped = 0
+    for row in rows:
+        if row.get("invocation") in (None, "") or row.get("elapsed") in (None, ""):
+            unstamped += 1
+            continue
+        last[row["invocation"]] = max(last.get(row["invocation"], 0.0), float(row["elapsed"]))
+    return sum(last.values()), len(last), unstamped
+
+
+def recorded_clients(rows: list[dict]) -> str:
+    """The clients the rows hold per dataset, for a caption: '3 femnist client(s), 2 cifar100 client(s)'.
+    A resumed run's table holds the rows of every invocation, not only this one's --clients."""
+    return ", ".join(
+        f"{len({r['client'] for r in cell})} {d} client(s)" for (d,), cell in group(rows, "dataset").items()
+    )
+
+
 def write_markdown(
     ctx: Context,
     title: str,
@@ -662,28 +692,32 @@ def write_markdown(
 ) -> Path:
     """NAME.md: title, the caption (scale), the table(s), notes, the command and its wall time.
 
-    rows: the table's attack rows; their summed attack seconds are reported too (for a run
-    resumed over several invocations, the wall time is only the last one's)."""
+    rows: the table's attack rows. When they carry ``Context.stamp`` columns (a resumable
+    experiment), the wall time is that of every invocation that recorded them (``wall_time``), and
+    their summed attack seconds are reported too."""
     command = ctx.command or f"python -m analysis.experiments {ctx.name} --scale {ctx.scale.name}"
     text = [f"# {title}", "", f"*{caption}*", "", body, ""]
     for note in notes or []:
         text.append(f"- {note}")
     if notes:
         text.append("")
-    text += [
-        f"Scale note: {ctx.scale.note if scale_note is None else scale_note}",
-        "",
-        f"Command: `{command}`  ",
-        f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}.",
-        "",
-    ]
-    if rows:
-        seconds = sum(float(r["seconds"]) for r in rows if r.get("seconds") is not None)
-        text[-1:] = [
-            f"Attack time over all {len(rows)} rows (summed, every invocation): {seconds:.0f} s "
-            f"({seconds / 3600:.2f} h).",
-            "",
+    text += [f"Scale note: {ctx.scale.note if scale_note is None else scale_note}", ""]
+    seconds, invocations, unstamped = wall_time(rows or [])
+    if invocations:
+        text += [
+            f"Command (the last of {invocations} invocation(s) that recorded these rows): `{command}`  ",
+            f"Wall time: {seconds:.0f} s ({seconds / 3600:.2f} h) over those invocations, each to its last "
+            f"recorded row, on {ctx.environment()}"
+            + (f"; {unstamped} older row(s) carry no wall time." if unstamped else "."),
         ]
+    else:
+        text += [f"Command: `{command}`  ", f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}."]
+    if rows:
+        attack = sum(float(r["seconds"]) for r in rows if r.get("seconds") is not None)
+        text.append(
+            f"Attack time over all {len(rows)} rows (summed over the attacks): {attack:.0f} s ({attack / 3600:.2f} h)."
+        )
+    text.append("")
     path = ctx.out / f"{ctx.name}.md"
     write_text_atomic(path, "\n".join(text))
     return path

@@ -23,6 +23,7 @@ from .common import (
     mean_var,
     paired_differences,
     pm,
+    recorded_clients,
     run_tasks,
     save_figure,
     spread,
@@ -110,7 +111,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     datasets = ", ".join(sorted({str(r["dataset"]) for r in rows}))
     caption = "Matched compute (section 4.2). " + sc.caption(
         datasets,
-        clients=", ".join(f"{sc.clients_for(d)} {d} client(s)" for d in sorted({str(r["dataset"]) for r in rows})),
+        clients=recorded_clients(rows),
         iterations=None,
         extra=f"PI-SME at {sc.iterations} iterations; NL-SME at "
         + "/".join(str(k * sc.iterations) for k in MULTIPLES)

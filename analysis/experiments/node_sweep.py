@@ -20,6 +20,7 @@ from .common import (
     mean_var,
     paired_differences,
     pm,
+    recorded_clients,
     run_tasks,
     save_figure,
     spread,
@@ -119,6 +120,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     ms = sorted({r["nodes"] for r in rows})
     caption = "Table 2 (node sweep). " + sc.caption(
         ", ".join(sorted({str(r["dataset"]) for r in rows})),
+        clients=recorded_clients(rows),
         nodes=", ".join(str(m) for m in ms),
     )
     notes += [
