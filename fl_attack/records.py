@@ -204,6 +204,17 @@ def _cut_partial_line(fd: int, path) -> int:
     return keep
 
 
+def _header(fd: int) -> list[str]:
+    """The column names on the first line of the open CSV file ``fd``."""
+    head, offset = b"", 0
+    while b"\n" not in head:
+        chunk = os.pread(fd, 65536, offset)
+        if not chunk:
+            break
+        head, offset = head + chunk, offset + len(chunk)
+    return next(csv.reader([head.split(b"\n", 1)[0].decode()]), [])
+
+
 def read_csv(path: str | os.PathLike) -> tuple[list[str], list[dict]]:
     """(header, rows as dicts of text) of the CSV at ``path``; ([], []) when it does not exist."""
     path = Path(path)
@@ -219,6 +230,8 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
     the file (and missing folders) with a header line first; then fsync the file, and its folder
     when the file was new.
 
+    Never a misaligned row: when the file exists, its header must equal ``columns``; otherwise
+    ValueError (it was written by another version of the schema), and nothing is written.
     Never half a row: the row is one buffer written under an exclusive flock (other appenders wait);
     if the file does not end in "\n" (a partial line an earlier crash left), that partial line is
     TRUNCATED before the row is written, so the file only ever holds whole lines; a row that still
@@ -243,6 +256,13 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = _cut_partial_line(fd, path)
+        found = _header(fd) if size else columns
+        if found != list(columns):
+            raise ValueError(
+                f"{path} has other columns than this version writes (missing: "
+                f"{[c for c in columns if c not in found]}, unknown: {[c for c in found if c not in columns]}); "
+                "nothing was appended, so that no row lands under the wrong header"
+            )
         data = line.getvalue().encode() if size else (header.getvalue() + line.getvalue()).encode()
         try:
             _write_all(fd, data, path)

@@ -33,8 +33,8 @@ from flwr.serverapp.strategy import (
 from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions, server_test_set
 from fl_attack.paths import resolve_in_project
-from fl_attack.records import csv_text, read_csv, write_json_atomic, write_text_atomic
-from fl_attack.update import UPDATE_INDEX
+from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS, csv_text, read_csv, write_json_atomic, write_text_atomic
+from fl_attack.update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
 from .settings import RunSettings
@@ -139,14 +139,24 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, 
         raise ValueError(
             f"invalid run config: resume: {folder} has finished all {done} rounds; raise num-server-rounds to go on"
         )
-    for path, key in (
-        (folder / "rounds.csv", "round"),
-        (folder / "attacks.csv", "round"),
-        (folder / "updates" / UPDATE_INDEX, "round"),
-    ):
-        if path.exists():
-            columns, found = read_csv(path)
-            write_text_atomic(path, csv_text([r for r in found if r.get(key) and int(r[key]) <= done], columns))
+    records = (
+        (folder / "rounds.csv", ROUND_COLUMNS),
+        (folder / "attacks.csv", ATTACK_COLUMNS),
+        (folder / "updates" / UPDATE_INDEX, UPDATE_INDEX_COLUMNS),
+    )
+    found = {path: read_csv(path) for path, _ in records if path.exists()}
+    for path, columns in records:
+        unknown = [c for c in found.get(path, ([], []))[0] if c not in columns]
+        if unknown:
+            raise ValueError(
+                f"invalid run config: resume: {path} has columns this version does not write ({unknown}); "
+                "resume it with the version that recorded it"
+            )
+    # Written with this version's columns: a run recorded before a column was added gets it, empty.
+    for path, columns in records:
+        if path in found:
+            kept = [r for r in found[path][1] if r.get("round") and int(r["round"]) <= done]
+            write_text_atomic(path, csv_text(kept, columns))
     return folder, done, checkpoint["arrays"]
 
 

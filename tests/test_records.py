@@ -65,6 +65,18 @@ def test_append_csv_row_keeps_earlier_rows_and_rejects_unknown_columns(tmp_path)
     assert [(r["round"], r["psnr"]) for r in rows] == [("1", "20.0"), ("2", "")]
 
 
+def test_append_csv_row_refuses_a_file_with_another_header_and_leaves_it_alone(tmp_path):
+    """A run recorded by an older version (fewer columns): appending would shift every cell."""
+    path = tmp_path / "attacks.csv"
+    append_csv_row(path, {"round": 1, "psnr": 20.0}, ["round", "psnr"])
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"missing: \['device'\]"):
+        append_csv_row(path, {"round": 2, "psnr": 21.0, "device": "cpu"}, ["round", "psnr", "device"])
+    with pytest.raises(ValueError, match=r"unknown: \['psnr'\]"):
+        append_csv_row(path, {"round": 2}, ["round"])
+    assert path.read_bytes() == before
+
+
 def test_written_files_get_the_usual_permissions(tmp_path):
     """Result files are shared: like open(), the writers give 0o666 less the umask (not mkstemp's 0o600)."""
     old = os.umask(0o022)

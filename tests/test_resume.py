@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fl_attack.records import ATTACK_COLUMNS
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = (
     'num-server-rounds=3 samples-per-client=10 batch-size=5 local-epochs=1 lr=0.05 attack-clients="0" '
@@ -44,6 +46,13 @@ def rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+
+
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     whole = launch(tmp_path, 'run-name="whole"')
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
@@ -54,8 +63,32 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     # The same folder cannot be started again by mistake, only resumed.
     again = launch(tmp_path, 'run-name="cut"')
     assert again.returncode != 0 and "already holds a run" in again.stdout + again.stderr
+    # A record with a column this version does not know is refused before any round, untouched.
+    attacks_csv = run / "attacks.csv"
+    # (The crash may have left rounds 1-2's attacks in flight: then an older version's row stands in.)
+    recorded = rows(attacks_csv) if attacks_csv.exists() else []
+    recorded = recorded or [
+        {**dict.fromkeys(ATTACK_COLUMNS, ""), "round": "1", "partition_id": "0", "method": "ig", "psnr": "12.5"}
+    ]
+    write_rows(attacks_csv, [{**r, "future": "x"} for r in recorded], [*ATTACK_COLUMNS, "future"])
+    before = attacks_csv.read_bytes()
+    refused = launch(tmp_path, f'resume="{run}"')
+    assert (
+        refused.returncode != 0
+        and "columns this version does not write (['future'])" in refused.stdout + refused.stderr
+    )
+    assert attacks_csv.read_bytes() == before
+    # One recorded before a column was added (as by an older version) gets the column, empty.
+    write_rows(attacks_csv, recorded, [c for c in ATTACK_COLUMNS if c != "device"])
     resumed = launch(tmp_path, f'resume="{run}"')
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    with open(attacks_csv) as f:
+        assert next(csv.reader(f)) == ATTACK_COLUMNS
+    migrated = {(r["round"], r["partition_id"], r["method"]): r for r in rows(attacks_csv)}
+    for old in recorded:
+        if int(old["round"]) <= 2:
+            assert migrated[(old["round"], old["partition_id"], old["method"])] == {**old, "device": ""}
+    assert migrated[("3", "0", "ig")]["device"] == "cpu"
     expected, got = rows(tmp_path / "results" / "whole" / "rounds.csv"), rows(run / "rounds.csv")
     assert [r["round"] for r in got] == ["1", "2", "3"]
     for want, have in zip(expected, got):
