@@ -348,6 +348,14 @@ def prepare_replay(
         if (out / "attacks.csv").exists() or (out / "config.json").exists():
             raise ReplayError(f"replay folder {out} already holds a replay; choose another --name")
 
+    if missing:
+        header = read_csv(run.path / "attacks.csv")[0]
+        if header and header != ATTACK_COLUMNS:
+            raise ReplayError(
+                f"{run.path / 'attacks.csv'} has other columns than this version writes (missing: "
+                f"{[c for c in ATTACK_COLUMNS if c not in header]}, unknown: "
+                f"{[c for c in header if c not in ATTACK_COLUMNS]}); replay into a new folder (no --missing)"
+            )
     done = _done_attacks(run.path / "attacks.csv") if missing else set()
     work, truths = [], {}
     for row in run.index:

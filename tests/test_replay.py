@@ -194,6 +194,19 @@ def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys
     assert "nothing to attack" in capsys.readouterr().err and len(read_csv(copy_of / "attacks.csv")[1]) == 2
 
 
+def test_missing_refuses_a_record_with_other_columns_before_any_attack(copy_of, capsys):
+    """A run recorded before a column was added: appending would misalign every cell."""
+    columns, rows = read_csv(copy_of / "attacks.csv")
+    with open(copy_of / "attacks.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, [c for c in columns if c != "device"], extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows[:1])
+    before = (copy_of / "attacks.csv").read_bytes()
+    assert main(["replay", str(copy_of), "--missing"]) == 2
+    assert "has other columns than this version writes (missing: ['device']" in _one_error_line(capsys)
+    assert (copy_of / "attacks.csv").read_bytes() == before
+
+
 def _one_error_line(capsys) -> str:
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
