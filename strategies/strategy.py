@@ -525,7 +525,17 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
     # -- attacks --------------------------------------------------------------------------------
     def _dispatch(self, server_round: int, replies: list[Message]) -> None:
         w0 = self.global_arrays.get(server_round)
-        by_partition = {partition_of(r): r for r in replies if partition_of(r) is not None}
+        nodes: dict[int, list[Message]] = {}
+        for reply in replies:
+            if partition_of(reply) is not None:
+                nodes.setdefault(partition_of(reply), []).append(reply)
+        shared = {p: [int(r.metadata.src_node_id) for r in rs] for p, rs in nodes.items() if len(rs) > 1}
+        if shared:  # a deployment's SuperNodes started with the same partition-id: whose data is it?
+            self._event(
+                f"round {server_round}: partition-id(s) {sorted(shared)} came from more than one node "
+                f"(node ids {shared}): aggregated but not attacked; give each SuperNode its own partition-id"
+            )
+        by_partition = {p: rs[0] for p, rs in nodes.items() if len(rs) == 1}
         for partition_id in self._plan(server_round, list(by_partition)):
             reply = by_partition[partition_id]
             target = AttackTarget(

@@ -46,7 +46,7 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
     w0 = ArrayRecord(w0_model.state_dict())
     pool = load_pool(settings.dataset)
     replies, truth = [], {}
-    for p in partitions:
+    for i, p in enumerate(partitions):
         split = client_partition(pool, p, settings.samples)
         model = build_model(settings.dataset)
         model.load_state_dict(w0.to_torch_state_dict())
@@ -66,7 +66,7 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
         instruction = Message(
             content=RecordDict({"arrays": w0, "config": ConfigRecord({"server-round": 1})}),
             message_type="train",
-            dst_node_id=100 + p,
+            dst_node_id=100 + p + 1000 * list(partitions[:i]).count(p),  # a repeated partition: another node
         )
         meta = res.update.metadata
         metrics = {
@@ -178,6 +178,19 @@ def test_selection_by_partition_ids(tmp_path):
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
     assert [j.target.partition_id for j in dispatcher.jobs] == [1]
+
+
+def test_a_partition_id_sent_by_two_nodes_is_aggregated_but_not_attacked(tmp_path):
+    """A deployment whose SuperNodes share a partition-id: whose data an attack saw is unknowable."""
+    settings, strategy, dispatcher = _strategy(tmp_path)
+    w0, replies, _ = _round(settings, partitions=(0, 0, 1))
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    assert [j.target.partition_id for j in dispatcher.jobs] == [1]
+    assert (
+        "partition-id(s) [0] came from more than one node (node ids {0: [100, 1100]})"
+        in (tmp_path / "events.log").read_text()
+    )
 
 
 def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
