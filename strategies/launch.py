@@ -239,7 +239,8 @@ def _final_status(run_id: str, env: dict, superlink: str | None = None) -> str:
         return "unknown"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher's command line (also what analysis.defenses builds its runs' arguments for)."""
     parser = argparse.ArgumentParser(
         prog="python -m strategies.launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -279,7 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run the simulation (clients and attacker actors) on this existing Ray cluster, e.g. "
         "127.0.0.1:6379 from `ray start --head` (sets RAY_ADDRESS for the SuperLink it starts)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     for name in ("timeout", "silence_timeout"):
         value = getattr(args, name)
         if not (value > 0 and value != float("inf")):

@@ -370,3 +370,22 @@ def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
     assert proc.returncode != 0
     assert "secagg needs at least 3 clients per round" in proc.stdout + proc.stderr
     assert not (run / "rounds.csv").exists()
+
+
+def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, monkeypatch):
+    """Every setting's launcher command line and run config pass the launcher's own checks (no run)."""
+    import strategies.launch as launch
+    from analysis import defenses
+
+    accepted = []
+
+    def check_only(argv):
+        args = launch.build_parser().parse_args(argv)  # SystemExit for a flag it does not have
+        launch._check_federation(args.federation_config)
+        launch._check_run_config(launch._parse_overrides(args.run_config), args.federation_config)
+        accepted.append(args)
+        return 1  # no federation here: the study records the setting as failed
+
+    monkeypatch.setattr(launch, "main", check_only)
+    assert defenses.main(["--out", str(tmp_path), "--rounds", "1"]) == 1
+    assert len(accepted) == len(defenses.GRID)
