@@ -198,6 +198,7 @@ def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():
         "attack-method": "pisme",
         "attack-iterations": 200,
         "attack-nodes": 3,
+        "attack-options": "label_estimator=paper",
         "server-test-samples": 1000,
         "seed": 0,
     }
