@@ -7,11 +7,11 @@ attacks in process and keeps every job it was given.
 from __future__ import annotations
 
 import copy
+import tomllib
 from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
-import tomllib
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 

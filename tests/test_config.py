@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from fl_attack.attacks import AttackConfig
 from fl_attack.config import PAPER, PRESETS, Preset, TrainingProtocol

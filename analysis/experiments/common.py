@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -184,7 +184,7 @@ class Context:
     threads: int = 1  # torch threads per worker
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
-    invocation: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="microseconds"))
+    invocation: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="microseconds"))
     log_file: object = None
 
     def log(self, message: str) -> None:
