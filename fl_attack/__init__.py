@@ -2,7 +2,7 @@
 
 The library is usable without Flower:
 
-    from fl_attack import ObservedUpdate, reconstruct
+    from fl_attack import ObservedUpdate, reconstruct, reconstruct_batch
     rec = reconstruct(update, method="pisme", iterations=300)
     recs = reconstruct_batch([update_1, update_2], method="pisme", iterations=300)  # one batched run
 

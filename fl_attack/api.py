@@ -2,7 +2,7 @@
 ``reconstruct_batch``: the same attack on N clients of one architecture as one batched computation.
 
 Both drive the one optimisation loop of every attack (``_optimise``: Adam over X_hat and the
-attack's variables, the box clamp, the learning-rate schedule, the trace; PISME.md, "Optimisation").
+attack's variables, the box clamp, the learning-rate schedule, the trace; docs/PISME.md, "Optimisation").
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def reconstruct(
 ) -> Reconstruction:
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata).
 
-    method: "pisme" (default), "nlsme", "sme" or "ig" (see ``fl_attack.attacks.ATTACKS``).
+    method: "pisme" (default), "nlsme", "sme", "ig" or "pisme-adaptive" (``fl_attack.attacks.ATTACKS``).
     labels: "recovered" (from the output-bias update, fl_attack.labels) or an (k,) int64 tensor of
     oracle labels, recorded as label_source "oracle".
     config / overrides: AttackConfig fields, e.g. ``iterations=300, nodes=7``.
@@ -337,7 +337,7 @@ def _check_labels(labels, k: int, num_classes: int, config: AttackConfig, label_
 
 
 def _initial_images(seed: int, k: int, spec, device, dtype) -> torch.Tensor:
-    """X_hat's start, (k,C,H,W) ~ N(0, I) in normalised space (PISME.md), drawn in float32 from ``seed``."""
+    """X_hat's start, (k,C,H,W) ~ N(0, I) in normalised space (docs/PISME.md), drawn in float32 from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(k, *spec.image_shape, generator=gen).to(device=device, dtype=dtype)
 
@@ -355,7 +355,7 @@ def _row(iteration: int, values: dict, client: int | None) -> dict:
 
 
 def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress, time_limit, start):
-    """The one optimisation loop of every attack (PISME.md, "Optimisation"), on one client or a batch.
+    """The one optimisation loop of every attack (docs/PISME.md, "Optimisation"), on one client or a batch.
 
     x: X_hat, a leaf of shape (k,C,H,W) or (N,k,C,H,W), updated in place; y: (k,) or (N,k) labels.
     Minimises the sum of the clients' losses (each client's gradient is its own), with Adam (or SGD

@@ -123,7 +123,7 @@ def check_training(samples, batch_size, local_epochs, lr, *, samples_name: str =
 
 @dataclass(frozen=True)
 class TrainingProtocol:
-    """The victims' local training (PISME.md, "Victim training"): E epochs of plain SGD on k samples.
+    """The victims' local training (docs/PISME.md, "Victim training"): E epochs of plain SGD on k samples.
 
     samples: k, private samples per client, integer >= 1. batch_size: B, 1 <= B <= k.
     local_epochs: E, integer >= 1. lr: eta, the SGD learning rate, a finite number > 0.
@@ -164,7 +164,7 @@ class TrainingProtocol:
         }
 
 
-# The paper's protocol (PISME.md): k=50, B=10, E=20 (T=100), eta=0.004; E=50 gives its T=250.
+# The paper's protocol (docs/PISME.md): k=50, B=10, E=20 (T=100), eta=0.004; E=50 gives its T=250.
 PAPER = TrainingProtocol(samples=50, batch_size=10, local_epochs=20, lr=0.004)
 
 
@@ -195,7 +195,7 @@ class Preset:
 
 
 PRESETS = {
-    "paper": Preset("paper", PAPER, iterations=1000, nodes=7, note="the paper's protocol (PISME.md); a GPU job"),
+    "paper": Preset("paper", PAPER, iterations=1000, nodes=7, note="the paper's protocol (docs/PISME.md); a GPU job"),
     "cpu": Preset(
         "cpu",
         TrainingProtocol(samples=8, batch_size=4, local_epochs=50, lr=PAPER.lr),

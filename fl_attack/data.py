@@ -53,7 +53,7 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 class DatasetSpec:
     """Static description of a dataset: shape, classes and input normalisation.
 
-    ``mean``/``std`` are the per-channel statistics of the paper protocol (PISME.md,
+    ``mean``/``std`` are the per-channel statistics of the paper protocol (docs/PISME.md,
     "Input normalisation"): CIFAR-100 (0.5071, 0.4866, 0.4409) / (0.2673, 0.2564, 0.2762);
     FEMNIST in LEAF format (white background, x/255) 0.9642 / 0.1577.
     """

@@ -1,4 +1,4 @@
-"""Label recovery from a multi-step update via the output layer (PISME.md; the core of RLU,
+"""Label recovery from a multi-step update via the output layer (docs/PISME.md; the core of RLU,
 Chen & Vikalo, ICML 2024), with estimators for models that have already learned (docs/label-recovery.md).
 
 For SGD on mean cross-entropy, bT - b0 = -(eta/B) sum_steps sum_batch (p_ij - y_ij), hence the count
@@ -6,7 +6,7 @@ of class j among the k samples is n_j ~= k * (p_bar_j + delta_b_j / (eta * T)), 
 (an UPDATE, of the opposite sign of a gradient) and p_bar_j the mean softmax probability of class j
 over the trajectory. The estimators differ in how they get p_bar (``LABEL_ESTIMATORS``):
 
-- "paper": p_bar from the models at w0 and wT on N(0, I) dummy inputs (PISME.md).
+- "paper": p_bar from the models at w0 and wT on N(0, I) dummy inputs (docs/PISME.md).
 - "support" (the default): as "paper", but the counts are restricted to the classes present in the batch, read
   exactly from the signs of the output-weight update (``class_support``), one sample at least each.
   Data-free. Not in the paper.
@@ -202,7 +202,7 @@ def round_counts_on_support(raw: np.ndarray, support: np.ndarray, total: int) ->
 
 
 def output_bias_residual(update: ObservedUpdate) -> np.ndarray:
-    """r = k * delta_b / (eta * T), float64 (num_classes,): n = k * p_bar + r (PISME.md). Sums to ~0."""
+    """r = k * delta_b / (eta * T), float64 (num_classes,): n = k * p_bar + r (docs/PISME.md). Sums to ~0."""
     bias = _require_output_bias(update)
     meta = update.metadata
     delta_b = (update.wT[bias] - update.w0[bias]).double()
@@ -331,7 +331,7 @@ def recover_counts(
     """The recovered label multiset as counts, int64 (num_classes,) summing to k.
 
     estimator (``LABEL_ESTIMATORS``, docs/label-recovery.md):
-    - "paper": round_counts of ``estimate_class_counts`` (p_bar on dummy inputs at w0 and wT; PISME.md).
+    - "paper": round_counts of ``estimate_class_counts`` (p_bar on dummy inputs at w0 and wT; docs/PISME.md).
     - "support": the same raw counts rounded on ``class_support`` (each present class >= 1, absent 0).
     - "aux": start from the support estimate with M at the endpoints on ``aux`` (``endpoint_confusion``);
       then ``iterations`` times: M's columns from ``proxies`` simulated clients with the current
@@ -369,7 +369,7 @@ def recover_labels(
 ) -> torch.Tensor:
     """Recovered labels, int64 shape (k,), sorted by class (their order is arbitrary to the attack).
 
-    estimator / aux: see ``recover_counts``; "paper" is PISME.md's estimator, "support" (the
+    estimator / aux: see ``recover_counts``; "paper" is docs/PISME.md's estimator, "support" (the
     default, as in AttackConfig) the same counts restricted to the classes present.
     """
     counts = recover_counts(update, estimator, aux, model, seed=seed)

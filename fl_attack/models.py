@@ -1,4 +1,4 @@
-"""The paper's victim CNNs (PISME.md, "Victim training"; following SME, Zhu et al. ICML 2023).
+"""The paper's victim CNNs (docs/PISME.md, "Victim training"; following SME, Zhu et al. ICML 2023).
 
 Both models take normalised NCHW input, use ReLU and average pooling and have no batch norm, so
 train and eval mode compute the same function. ``OUTPUT_BIAS`` names the output-layer bias used

@@ -1,6 +1,6 @@
 """Standalone attack experiments, without Flower: train real victims, attack them, score, write.
 
-The three roles of the threat model (PISME.md) stay apart here as in the federation:
+The three roles of the threat model (docs/PISME.md) stay apart here as in the federation:
 
 * victim: ``train_victim`` runs one client's local epochs (``fl_attack.evaluation.train_victim``)
   on its real private samples and keeps them, as the ground truth, in a ``Victim``;
@@ -69,7 +69,7 @@ GRID_COLUMNS = 10
 
 @dataclass(frozen=True)
 class AttackSettings:
-    """One standalone experiment. Defaults are the "paper" preset (``fl_attack.config.PRESETS``, PISME.md).
+    """One standalone experiment. Defaults are the "paper" preset (``fl_attack.config.PRESETS``, docs/PISME.md).
 
     dataset: "femnist" or "cifar100". methods: attack names (fl_attack.attacks.ATTACKS).
     clients: N victims, partition ids 0..N-1 of ``fl_attack.data.client_partition``.

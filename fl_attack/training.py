@@ -1,4 +1,4 @@
-"""Victim training: one client's FedAvg local epochs under the paper protocol (PISME.md).
+"""Victim training: one client's FedAvg local epochs under the paper protocol (docs/PISME.md).
 
 Plain SGD (no momentum), mean cross-entropy, batches reshuffled every epoch, model in eval mode.
 """
@@ -45,7 +45,8 @@ def train_local(
     record_states: bool = False,
     client: dict | None = None,
 ) -> LocalResult:
-    """Run E local epochs of SGD on one client's k samples and return (w0, wT, metadata).
+    """Run E local epochs of SGD on one client's k samples. Returns a ``LocalResult``: ``.update``
+    is the ObservedUpdate (w0, wT, metadata), with the training loss (and the states when asked).
 
     images: (k,C,H,W) float in [0,1] (normalised here with the dataset's mean/std); labels: (k,)
     int64. The model is trained in place, starting from its current weights (w0). lr, batch_size

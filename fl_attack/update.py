@@ -27,7 +27,7 @@ PUBLIC_CLIENT_KEYS = frozenset({"round", "node_id", "partition_id", "client_id",
 
 @dataclass(frozen=True)
 class TrainingMetadata:
-    """Public training metadata of one client update (PISME.md, "Threat model").
+    """Public training metadata of one client update (docs/PISME.md, "Threat model").
 
     lr is eta (plain SGD), batch_size B, local_epochs E, num_samples k; local_steps T defaults to
     E * ceil(k/B). Raises ValueError for non-positive values or B > k.

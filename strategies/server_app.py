@@ -66,6 +66,7 @@ RESUMABLE_KEYS = {
     "attack-actors",
     "attack-num-gpus",
     "attack-device",
+    "attack-ray-address",
     "client-num-cpus",
 }
 

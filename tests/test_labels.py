@@ -1,4 +1,4 @@
-"""Label recovery from the output-bias update (PISME.md "Label recovery"; the core of RLU)."""
+"""Label recovery from the output-bias update (docs/PISME.md "Label recovery"; the core of RLU)."""
 
 from __future__ import annotations
 

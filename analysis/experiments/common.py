@@ -1,6 +1,6 @@
 """What every paper experiment shares: scales, victims, one scored attack, and the output files.
 
-Roles stay apart as in the rest of fl-attack (PISME.md, "Threat model"): a ``Victim`` keeps its
+Roles stay apart as in the rest of fl-attack (docs/PISME.md, "Threat model"): a ``Victim`` keeps its
 private images and labels for the evaluator; the attack (``fl_attack.reconstruct``) is handed only
 ``victim.update`` (w0, wT and public metadata) and recovers the labels itself from the update.
 
@@ -143,7 +143,7 @@ SCALES = {
         clients=5,
         seeds=5,
         trace_every=50,
-        note="the paper's protocol (PISME.md); meant for a GPU. The paper does not state its clients per "
+        note="the paper's protocol (docs/PISME.md); meant for a GPU. The paper does not state its clients per "
         "cell: 5 by default here (--clients sets it).",
     ),
     "cpu": _scale(

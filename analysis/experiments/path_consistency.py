@@ -19,7 +19,7 @@ Diagnostics the paper does not report, to read the numbers by:
   states (w_tau at t = tau/T), i.e. the Bezier path closest to the real one;
 - ``sme-best-alpha``: the best single point of SME's straight line (a grid of alpha).
 
-P1's optimiser (PISME.md, "Measured here"): Adam at the paper's 1e-3 blows the honest loss up;
+P1's optimiser (docs/PISME.md, "Measured here"): Adam at the paper's 1e-3 blows the honest loss up;
 the fit here uses normalised gradient descent with a step of s * ||delta_w|| and backtracking
 (s starts at 0.05, x1.5 after an accepted step, halved on a rejected one, so the loss never rises).
 At m = 2 the experiment also records Adam at 1e-3 and 1e-5 for the same number of steps.

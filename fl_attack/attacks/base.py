@@ -26,7 +26,7 @@ _EPS = 1e-12
 
 @dataclass
 class AttackConfig:
-    """Every hyperparameter of the attacks. Defaults are the paper's (PISME.md) unless noted.
+    """Every hyperparameter of the attacks. Defaults are the paper's (docs/PISME.md) unless noted.
 
     iterations: Adam steps K. nodes: Gauss-Legendre nodes m (PI-SME). lr_images, lr_control_point,
     lr_calibration, lr_position: Adam learning rates of X_hat, P1, d and the path position
@@ -46,7 +46,7 @@ class AttackConfig:
     label_estimator: how recovered labels are estimated from the output-layer update, one of
     ``fl_attack.labels.LABEL_ESTIMATORS`` (docs/label-recovery.md): "support" (default; data-free:
     the paper's counts restricted to the classes present, read exactly from the signs of the
-    output-weight update, each present class >= 1), "paper" (PISME.md: p_bar on dummy inputs at w0
+    output-weight update, each present class >= 1), "paper" (docs/PISME.md: p_bar on dummy inputs at w0
     and wT) or "aux" (p_bar class-conditional on public auxiliary data along simulated local
     training, solved jointly with the counts; needs ``reconstruct(..., label_aux=AuxiliaryData(...))``).
     "support" is the default because it lost nothing against "paper" on any measured client: an

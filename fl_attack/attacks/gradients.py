@@ -1,4 +1,4 @@
-"""The surrogate gradient of every attack: G = sum_i c_i grad_w CE(f_{w_i}(X_hat), Y) (PISME.md, eq. 8).
+"""The surrogate gradient of every attack: G = sum_i c_i grad_w CE(f_{w_i}(X_hat), Y) (docs/PISME.md, eq. 8).
 
 The nodes w_i lie on a weight path given by J anchors (w0, P1, wT for the Bezier path of eq. 4) and
 an (m, J) basis: w_i = sum_j basis[i, j] * anchor_j. G stays differentiable in X_hat, the anchors

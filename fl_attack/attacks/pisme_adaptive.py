@@ -1,6 +1,6 @@
 """pisme-adaptive: PI-SME with the number of nodes m chosen per phase from an error tolerance.
 
-Beyond the paper, which fixes m by a sweep (PISME.md, "Open question"). At the start of every phase
+Beyond the paper, which fixes m by a sweep (docs/PISME.md, "Open question"). At the start of every phase
 the attack estimates the quadrature error of G at the current X_hat and control point P1 by
 comparing the m-node Gauss-Legendre rule with the (2m+1)-node one, in direction:
 
