@@ -265,7 +265,7 @@ def test_a_rerun_skips_recorded_rows_and_adds_the_new_grid_values(tmp_path):
     assert "Attack time over all 6 rows" in md and "| oracle |" in md
     # The wall time and caption cover both invocations' rows, not only the last one's.
     assert len({r["invocation"] for r in second}) == 2
-    assert "the last of 2 invocation(s)" in md and "1 femnist client(s)" in md
+    assert "2 invocation(s) recorded these rows" in md and "1 femnist client(s)" in md
     seconds, invocations, unstamped = wall_time(second)
     assert invocations == 2 and unstamped == 0
     assert seconds == pytest.approx(max(num(r["elapsed"]) for r in first) + max(num(r["elapsed"]) for r in second[2:]))

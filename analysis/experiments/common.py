@@ -705,7 +705,8 @@ def write_markdown(
     seconds, invocations, unstamped = wall_time(rows or [])
     if invocations:
         text += [
-            f"Command (the last of {invocations} invocation(s) that recorded these rows): `{command}`  ",
+            f"Command (rerunning it resumes or re-renders; {invocations} invocation(s) recorded these rows): "
+            f"`{command}`  ",
             f"Wall time: {seconds:.0f} s ({seconds / 3600:.2f} h) over those invocations, each to its last "
             f"recorded row, on {ctx.environment()}"
             + (f"; {unstamped} older row(s) carry no wall time." if unstamped else "."),
