@@ -94,7 +94,8 @@ def breakdown(record: dict) -> list[tuple[str, float | None, str]]:
             "start-up: launch to the first client fit",
             startup,
             f"Flower + SuperLink {_span(main_started, launched):.1f}, ServerApp set-up "
-            f"{_span(configured, main_started):.1f}, Ray + client actors {_span(fit_started, configured):.1f}",
+            f"{_span(configured, main_started):.1f}, client start-up (Ray actors or ClientApp processes) "
+            f"{_span(fit_started, configured):.1f}",
         ),
         (
             f"client training, wall span of {len(rounds)} round(s)",

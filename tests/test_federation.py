@@ -425,7 +425,10 @@ def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
     rows = {label.split(":")[0].split(",")[0]: (value, note) for label, value, note in breakdown(record)}
     assert rows["flwr run"][0] == 70.0
     assert rows["start-up"][0] == 20.0 and "Flower + SuperLink 10.0" in rows["start-up"][1]
-    assert "ServerApp set-up 2.0" in rows["start-up"][1] and "Ray + client actors 8.0" in rows["start-up"][1]
+    assert (
+        "ServerApp set-up 2.0" in rows["start-up"][1]
+        and "client start-up (Ray actors or ClientApp processes) 8.0" in rows["start-up"][1]
+    )
     assert rows["client training"][0] == pytest.approx(10 + 5.5)
     assert "busy 10.0 s summed over 2 fits" in rows["client training"][1]
     assert rows["federated evaluation"][0] == pytest.approx(2 + 1)
