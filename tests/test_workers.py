@@ -219,3 +219,12 @@ def test_a_federation_attached_to_a_ray_cluster_attacks_in_its_workers(ray_clust
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows), rows
     assert {r["worker_node"] for r in rows} == {node}
     assert all(len(r["worker_id"]) > 20 for r in rows)  # Ray worker ids, not pid<N>
+    # fl-attack replay --ray-address: the recorded updates attacked again on the same cluster.
+    from fl_attack.cli import main as cli
+
+    argv = ["replay", str(results / "ray"), "--methods", "sme", "--workers", "1", "--ray-address", address]
+    assert cli([*argv, "--threads", "1", "--name", "on-ray"]) == 0
+    with open(results / "ray" / "replays" / "on-ray" / "attacks.csv") as f:
+        replayed = list(csv.DictReader(f))
+    assert len(replayed) == 2 and all(r["status"] == "ok" for r in replayed), replayed
+    assert {r["worker_node"] for r in replayed} == {node} and all(len(r["worker_id"]) > 20 for r in replayed)
