@@ -256,7 +256,7 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = _cut_partial_line(fd, path)
-        found = _header(fd) if size else columns
+        found = _header(fd) if size else list(columns)
         if found != list(columns):
             raise ValueError(
                 f"{path} has other columns than this version writes (missing: "
