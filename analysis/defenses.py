@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.resume and (run_dir / "summary.json").is_file() and (run_dir / "rounds.csv").is_file()):
             started = time.time()
             print(f"analysis.defenses: running {name}", flush=True)
-            argv = ["--run-config", run_config(setting, args.dataset, args.rounds, results, name, scale)]
+            config = run_config(setting, args.dataset, args.rounds, results, name, scale)
             try:
-                code = launch([*argv, "--federation-config", federation])
+                code = launch(["--run-config", config, "--federation-config", federation])
             except SystemExit as exc:  # the launcher refused its arguments: this setting fails, not the study
                 code = exc.code if isinstance(exc.code, int) else 2
             print(f"analysis.defenses: {name} finished with code {code} in {time.time() - started:.0f} s", flush=True)

@@ -204,6 +204,15 @@ def _cut_partial_line(fd: int, path) -> int:
     return keep
 
 
+def header_mismatch(header: list[str], columns) -> str:
+    """ "" when a CSV's ``header`` is exactly ``columns``; else what differs, as
+    "missing: [...], unknown: [...]" (for the error that refuses to append to it)."""
+    columns = list(columns)
+    if header == columns:
+        return ""
+    return f"missing: {[c for c in columns if c not in header]}, unknown: {[c for c in header if c not in columns]}"
+
+
 def _header(fd: int) -> list[str]:
     """The column names on the first line of the open CSV file ``fd``."""
     head, offset = b"", 0
@@ -256,11 +265,10 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = _cut_partial_line(fd, path)
-        found = _header(fd) if size else list(columns)
-        if found != list(columns):
+        differs = header_mismatch(_header(fd), columns) if size else ""
+        if differs:
             raise ValueError(
-                f"{path} has other columns than this version writes (missing: "
-                f"{[c for c in columns if c not in found]}, unknown: {[c for c in found if c not in columns]}); "
+                f"{path} has other columns than this version writes ({differs}); "
                 "nothing was appended, so that no row lands under the wrong header"
             )
         data = line.getvalue().encode() if size else (header.getvalue() + line.getvalue()).encode()

@@ -47,7 +47,7 @@ from .attacks import ATTACKS, AttackConfig
 from .config import parse_key_values, typed_value
 from .evaluation import DataSettings, attack_row, ground_truth, nodes_per_iteration, save_grid, score
 from .models import resolve_model
-from .records import ATTACK_COLUMNS, append_csv_row, read_csv, write_bytes_atomic, write_json_atomic
+from .records import ATTACK_COLUMNS, append_csv_row, header_mismatch, read_csv, write_bytes_atomic, write_json_atomic
 from .update import AttackTarget, load_update, read_update_index, verify_update
 from .workers import AttackJob, AttackOutcome, InlineWorkers, RayWorkers, make_workers
 
@@ -350,11 +350,11 @@ def prepare_replay(
 
     if missing:
         header = read_csv(run.path / "attacks.csv")[0]
-        if header and header != ATTACK_COLUMNS:
+        differs = header_mismatch(header, ATTACK_COLUMNS) if header else ""
+        if differs:
             raise ReplayError(
-                f"{run.path / 'attacks.csv'} has other columns than this version writes (missing: "
-                f"{[c for c in ATTACK_COLUMNS if c not in header]}, unknown: "
-                f"{[c for c in header if c not in ATTACK_COLUMNS]}); replay into a new folder (no --missing)"
+                f"{run.path / 'attacks.csv'} has other columns than this version writes ({differs}); "
+                "replay into a new folder (no --missing)"
             )
     done = _done_attacks(run.path / "attacks.csv") if missing else set()
     work, truths = [], {}

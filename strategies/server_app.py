@@ -140,24 +140,23 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, 
         raise ValueError(
             f"invalid run config: resume: {folder} has finished all {done} rounds; raise num-server-rounds to go on"
         )
-    records = (
-        (folder / "rounds.csv", ROUND_COLUMNS),
-        (folder / "attacks.csv", ATTACK_COLUMNS),
-        (folder / "updates" / UPDATE_INDEX, UPDATE_INDEX_COLUMNS),
-    )
-    found = {path: read_csv(path) for path, _ in records if path.exists()}
-    for path, columns in records:
-        unknown = [c for c in found.get(path, ([], []))[0] if c not in columns]
+    schema = {
+        folder / "rounds.csv": ROUND_COLUMNS,
+        folder / "attacks.csv": ATTACK_COLUMNS,
+        folder / "updates" / UPDATE_INDEX: UPDATE_INDEX_COLUMNS,
+    }
+    found = {path: read_csv(path) for path in schema if path.exists()}
+    for path, (header, _) in found.items():
+        unknown = [c for c in header if c not in schema[path]]
         if unknown:
             raise ValueError(
                 f"invalid run config: resume: {path} has columns this version does not write ({unknown}); "
                 "resume it with the version that recorded it"
             )
     # Written with this version's columns: a run recorded before a column was added gets it, empty.
-    for path, columns in records:
-        if path in found:
-            kept = [r for r in found[path][1] if r.get("round") and int(r["round"]) <= done]
-            write_text_atomic(path, csv_text(kept, columns))
+    for path, (_, rows) in found.items():
+        kept = [r for r in rows if r.get("round") and int(r["round"]) <= done]
+        write_text_atomic(path, csv_text(kept, schema[path]))
     return folder, done, checkpoint["arrays"]
 
 
