@@ -4,7 +4,7 @@
 
 Each run of ``RUNS`` is a real federation through the checked launcher (``strategies.launch``:
 Flower simulation, Ray attacker actors, the server's centralised evaluation), 15 rounds
-(strategies/presets/learning-*.toml), with its tracked clients attacked by PI-SME in every round
+(strategies/run_configs/learning-*.toml), with its tracked clients attacked by PI-SME in every round
 and every attacked update recorded. Each entry of ``REPLAYS`` then attacks those recorded updates
 again offline (``fl-attack replay``) with another method (SME, IG) or with the true labels
 (oracle), so all methods see exactly the same updates.
@@ -29,12 +29,12 @@ from pathlib import Path
 import pandas as pd
 
 from fl_attack.records import write_text_atomic
-from strategies.settings import preset_run_config
+from strategies import run_configs
 
 # The learning regime (FedAvg on real writers at lr 0.05, the paper's local protocol shape at a CPU
-# size) lives in the run-config presets strategies/presets/learning-{femnist,cifar100}.toml, which
-# also run on their own: python -m strategies.launch --run-config strategies/presets/learning-femnist.toml
-FEMNIST, CIFAR100 = preset_run_config("learning-femnist"), preset_run_config("learning-cifar100")
+# size) lives in the run-config presets strategies/run_configs/learning-{femnist,cifar100}.toml, which
+# also run on their own: python -m strategies.launch --run-config strategies/run_configs/learning-femnist.toml
+FEMNIST, CIFAR100 = run_configs.load("learning-femnist"), run_configs.load("learning-cifar100")
 RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
     ("femnist", FEMNIST, 20),
     ("cifar100", CIFAR100, 20),

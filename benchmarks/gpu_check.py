@@ -5,7 +5,7 @@ the next ones:
 
 1. ``environment``: nvidia-smi, Python, torch, CUDA, cuDNN, the GPU, the versions of flwr, ray,
    lpips and piq (``env.txt``);
-2. ``cuda-tests``: the test functions of tests/ that mention CUDA (``pytest -k cuda`` over the files
+2. ``cuda-tests``: the test functions of tests/ and benchmarks/ that mention CUDA (``pytest -k cuda`` over the files
    that do): on a GPU the CUDA tests run, on a CPU they are skipped and the CPU-side checks run;
 3. ``bench``: ``python -m benchmarks.attack_step`` (one PI-SME step, ours against the literal loop);
 4. ``batched``: ``python -m benchmarks.attack_step --batched N`` for several N: the throughput of
@@ -78,7 +78,7 @@ class Sizes:
             batched_clients=(1, 4, 16),
             batched=["--datasets", "cifar100", "--nodes", "7", "--samples", "50", "--iterations", "10"]
             + ["--repeats", "3"],
-            run_config={  # strategies/presets/paper.toml's protocol, 2 rounds, 300 iterations
+            run_config={  # strategies/run_configs/paper.toml's protocol, 2 rounds, 300 iterations
                 "dataset": "cifar100",
                 "num-server-rounds": 2,
                 "samples-per-client": 50,
@@ -486,15 +486,14 @@ def _git_commit() -> str:
 
 
 def cuda_test_files() -> list[str]:
-    """The test files that mention CUDA; their tests are selected with ``-k cuda``."""
-    return sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "cuda" in p.read_text().lower()
-    )
+    """The test files (tests/, benchmarks/) that mention CUDA; their tests are selected with ``-k cuda``."""
+    paths = [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "benchmarks").glob("test_*.py")]
+    return sorted(str(p.relative_to(ROOT)) for p in paths if "cuda" in p.read_text().lower())
 
 
 def stage_cuda_tests(check: Check, stage: Stage, timeout: float) -> None:
     log = check.out / "logs" / "cuda-tests.log"
-    files = [f for f in cuda_test_files() if f != "tests/test_gpu_check.py"]
+    files = [f for f in cuda_test_files() if f != "benchmarks/test_gpu_check.py"]
     cmd = [check.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "cuda", *files]
     rc, timed_out = check.run(stage, cmd, timeout, log)
     stage.files.append("logs/cuda-tests.log")

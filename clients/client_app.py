@@ -24,8 +24,8 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
 from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.run_config import RunSettings
 from fl_attack.training import train_local
-from strategies.settings import RunSettings
 
 from .defenses import TRAIN_MODS
 

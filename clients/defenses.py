@@ -24,7 +24,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 
 from fl_attack.defenses import transform_update
-from strategies.defense_settings import DefenseSettings
+from fl_attack.run_config import DefenseSettings
 
 
 def _defense(context: Context) -> DefenseSettings:

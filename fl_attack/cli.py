@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from .attacks import ATTACKS, AttackConfig
+from .attacks import ATTACKS, AttackConfig, parse_methods
 from .config import PRESETS, parse_key_values
 from .data import DATASETS
 from .standalone import DEFAULT_PRESET, RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
@@ -93,15 +93,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _methods(text: str) -> tuple[str, ...]:
-    names = tuple(m.strip() for m in text.split(",") if m.strip())
-    unknown = [m for m in names if m not in ATTACKS]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown attack method '{unknown[0]}'; choose from: {', '.join(sorted(ATTACKS))}"
-        )
-    if not names:
-        raise argparse.ArgumentTypeError("give at least one method")
-    return names
+    try:
+        return parse_methods(text)
+    except ValueError as exc:  # argparse reports only ArgumentTypeError's message
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@
   plus the attack's iterations and nodes; the standalone CLI (``--preset``) and the paper
   experiments' scales (analysis.experiments.common.SCALES) read them.
 * The attack's hyperparameters are ``fl_attack.attacks.AttackConfig``; the federation's run
-  config is ``strategies.settings.RunSettings``, composed of both and the defense settings.
+  config is ``fl_attack.run_config.RunSettings``, composed of both and the defense settings.
 
 Every entry point (the run config, ``attack-options``, the CLI) converts ``key=value`` text with
 ``typed_value``, so "2.7" is never silently truncated to the integer 2 and "yes" is a bool

@@ -12,7 +12,6 @@ the federation's evaluator (strategies.evaluator), and ``fl-attack replay`` (fl_
   label-count accuracy; ``save_grid``: originals over their matched reconstructions.
 * ``attack_row``: the one row schema, ``fl_attack.records.ATTACK_COLUMNS`` (attacks.csv);
   ``results_row`` renames it for the standalone results.csv and the experiments' CSVs.
-* ``nodes_per_iteration``: the gradient evaluations per iteration an attack made (the ``nodes`` column).
 
 The attacker never sees anything here but ``Victim.update``; scoring happens after the attack.
 """
@@ -25,11 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .api import Reconstruction, reconstruct, resolve_device
-from .attacks import AttackConfig
+from .attacks import AttackConfig, get_attack
 from .data import ClientData, client_partition, get_spec, load_pool
 from .images import save_comparison_grid
 from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
@@ -46,7 +44,6 @@ __all__ = [
     "ground_truth",
     "score",
     "save_grid",
-    "nodes_per_iteration",
     "attack_row",
     "RESULT_COLUMNS",
     "results_row",
@@ -248,19 +245,6 @@ def save_grid(truth_images: torch.Tensor, scores: dict, path: str | Path, column
     return save_comparison_grid(truth_images, scores["matched_recon"].cpu(), path, columns=columns)
 
 
-def nodes_per_iteration(method: str, config, trace: list | None = None) -> int | float:
-    """Gradient evaluations per iteration, the ``nodes`` column: m for pisme; for pisme-adaptive the
-    mean m over its ``trace`` (its largest m ``config.nodes`` without one); 1 for the
-    single-gradient attacks (ig, sme, nlsme). config: an AttackConfig or its dict."""
-    nodes = config["nodes"] if isinstance(config, dict) else config.nodes
-    if method == "pisme":
-        return nodes
-    if method == "pisme-adaptive":
-        used = [r["nodes"] for r in trace or [] if "nodes" in r]
-        return float(np.mean(used)) if used else nodes
-    return 1
-
-
 # -------------------------------------------------------------------------------------- rows
 
 
@@ -293,7 +277,7 @@ def attack_row(
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
     scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the
-    metrics NaN (a failed attack). nodes: ``nodes_per_iteration``. labels: "recovered" or
+    metrics NaN (a failed attack). nodes: ``Attack.nodes_per_iteration``. labels: "recovered" or
     "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
@@ -382,7 +366,7 @@ def attack_victim(
         dataset=victim.dataset,
         label_estimator=config.label_estimator,
         local_steps=victim.local_steps,
-        nodes=nodes_per_iteration(method, config, rec.trace),
+        nodes=get_attack(method).nodes_per_iteration(config, rec.trace),
         iterations=config.iterations,
         labels=rec.label_source,
         partition_id=victim.partition,

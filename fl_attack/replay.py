@@ -43,9 +43,9 @@ import torch
 
 from . import __version__
 from .api import resolve_device
-from .attacks import ATTACKS, AttackConfig
+from .attacks import AttackConfig, get_attack, parse_methods
 from .config import parse_key_values, typed_value
-from .evaluation import DataSettings, attack_row, ground_truth, nodes_per_iteration, save_grid, score
+from .evaluation import DataSettings, attack_row, ground_truth, save_grid, score
 from .models import resolve_model
 from .records import ATTACK_COLUMNS, append_csv_row, header_mismatch, read_csv, write_bytes_atomic, write_json_atomic
 from .update import AttackTarget, load_update, read_update_index, verify_update
@@ -99,15 +99,10 @@ class RecordedRun:
 
 
 def _methods(text: str, what: str) -> tuple[str, ...]:
-    names = tuple(m.strip() for m in str(text).split(",") if m.strip())
-    unknown = [m for m in names if m not in ATTACKS]
-    if unknown:
-        raise ReplayError(f"{what}: unknown attack method '{unknown[0]}'; choose from: {', '.join(sorted(ATTACKS))}")
-    if not names:
-        raise ReplayError(f"{what}: no attack method given")
-    if len(set(names)) != len(names):
-        raise ReplayError(f"{what}: methods are listed more than once: {','.join(names)}")
-    return names
+    try:
+        return parse_methods(text, what)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
 
 
 def open_run(path: str | Path) -> RecordedRun:
@@ -617,7 +612,7 @@ def _row(replay: Replay, job: AttackJob, outcome: AttackOutcome) -> dict:
             )
     return attack_row(
         **common,
-        nodes=nodes_per_iteration(method, config),
+        nodes=get_attack(method).nodes_per_iteration(config),
         labels=replay.labels,
         status="failed",
         error=error or "failed",

@@ -42,10 +42,10 @@ import torch
 
 from . import evaluation
 from .api import resolve_device
-from .attacks import AttackConfig, get_attack
+from .attacks import AttackConfig, get_attack, parse_methods
 from .config import PRESETS, TrainingProtocol
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
-from .evaluation import RESULT_COLUMNS, ScoredAttack, Victim, attack_row, nodes_per_iteration, results_row, save_grid
+from .evaluation import RESULT_COLUMNS, ScoredAttack, Victim, attack_row, results_row, save_grid
 from .models import resolve_model
 from .records import csv_text, write_text_atomic
 from .update import TrainingMetadata
@@ -141,13 +141,7 @@ def validate_settings(settings: AttackSettings) -> Pool:
     or FileNotFoundError (missing data directory), each with a one-line message.
     """
     spec = get_spec(settings.dataset)
-    methods = list(settings.methods)
-    if not methods:
-        raise ValueError("no attack method given; choose from: " + ", ".join(sorted(_registry())))
-    for method in methods:
-        get_attack(method)
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"methods are listed more than once: {','.join(methods)}")
+    parse_methods(",".join(settings.methods))
     if settings.labels not in LABEL_MODES:
         raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {settings.labels!r}")
     _check_int("clients", settings.clients, 1)
@@ -178,12 +172,6 @@ def validate_settings(settings: AttackSettings) -> Pool:
     for partition in range(settings.clients):  # e.g. too few samples in a client's C classes
         client_partition(pool, partition, settings.samples, classes=settings.classes, seed=settings.seed)
     return pool
-
-
-def _registry():
-    from .attacks import ATTACKS
-
-    return ATTACKS
 
 
 def train_victim(pool: Pool, partition: int, settings: AttackSettings) -> Victim:
@@ -233,7 +221,7 @@ def failed_row(settings: AttackSettings, partition: int, method: str, seconds: f
             dataset=meta.dataset,
             label_estimator=config.label_estimator,
             local_steps=meta.local_steps,
-            nodes=nodes_per_iteration(method, config),
+            nodes=get_attack(method).nodes_per_iteration(config),
             iterations=config.iterations,
             labels=settings.labels,
             partition_id=int(partition),

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import reconstruct
-from .attacks import AttackConfig
-from .evaluation import nodes_per_iteration
+from .attacks import AttackConfig, get_attack
 from .update import AttackTarget, ObservedUpdate
 
 log = logging.getLogger(__name__)
@@ -76,7 +75,7 @@ class AttackOutcome:
     seconds: float = float("nan")
     device: str = ""
     local_steps: int | None = None  # T of the attacked update
-    nodes: int | float | None = None  # gradient evaluations per iteration (fl_attack.evaluation.nodes_per_iteration)
+    nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
     trace: list | None = None  # the attack's trace (Reconstruction.trace)
     worker_node: str = ""
     worker_id: str = ""
@@ -135,7 +134,7 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
             seconds=rec.seconds,
             device=str(torch.device(device) if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")),
             local_steps=job.update.metadata.local_steps,
-            nodes=nodes_per_iteration(job.method, rec.config, rec.trace),
+            nodes=get_attack(job.method).nodes_per_iteration(rec.config, rec.trace),
             trace=rec.trace,
             worker_node=node,
             worker_id=worker,

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import logging
 
+from fl_attack.run_config import RunSettings
 from fl_attack.workers import AttackJob, AttackOutcome, ProcessWorkers, RayWorkers, Workers
-
-from .settings import RunSettings
 
 log = logging.getLogger(__name__)
 

@@ -18,20 +18,20 @@ from pathlib import Path
 
 import torch
 
+from fl_attack.attacks import get_attack
 from fl_attack.evaluation import (
     DataSettings,
     attack_row,
     ground_truth,
-    nodes_per_iteration,
     private_samples,
     save_grid,
     score,
 )
 from fl_attack.records import ATTACK_COLUMNS, append_csv_row
+from fl_attack.run_config import RunSettings
 from fl_attack.update import AttackTarget
 
 from .attacker import AttackOutcome
-from .settings import RunSettings
 from .timings import Timings
 
 
@@ -75,7 +75,7 @@ class Evaluator:
 
         ``lag_rounds``: how many rounds after its own the attack finished (the attacker's lag)."""
         target, config = outcome.target, self.attack_config
-        nodes = outcome.nodes if outcome.nodes is not None else nodes_per_iteration(outcome.method, config)
+        nodes = outcome.nodes if outcome.nodes is not None else get_attack(outcome.method).nodes_per_iteration(config)
         row = attack_row(
             round=target.round,
             node_id=target.node_id,

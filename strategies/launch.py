@@ -104,7 +104,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     a SuperLink elsewhere, whose nodes the ServerApp counts). ValueError naming the key."""
     import tomllib
 
-    from .settings import RunSettings
+    from fl_attack.run_config import RunSettings
 
     defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     unknown = sorted(set(pairs) - set(defaults))

@@ -28,12 +28,12 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.run_config import RunSettings
 from fl_attack.update import AttackTarget
 from fl_attack.workers import Workers
 
 from .attacker import FederationWorkers
 from .evaluator import Evaluator
-from .settings import RunSettings
 from .strategy import LeakageTracking
 
 

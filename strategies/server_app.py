@@ -3,7 +3,7 @@
 Run with ``flwr run .`` (see README). The run config is checked before the first round; results go
 to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.log, images/).
 
-The run config's ``defense`` picks how the server side runs (strategies/defense_settings.py):
+The run config's ``defense`` picks how the server side runs (fl_attack/run_config.py, DefenseSettings):
 - central-dp: LeakageFedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
   DifferentialPrivacyClientSideFixedClipping; the attacker sees each clipped, noise-free update;
 - secagg: Flower's legacy SecAgg+ workflow with SecAggLeakageFedAvg (strategies/secagg.py); the
@@ -34,10 +34,10 @@ from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions, server_test_set
 from fl_attack.paths import resolve_in_project
 from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS, csv_text, read_csv, write_json_atomic, write_text_atomic
+from fl_attack.run_config import RunSettings
 from fl_attack.update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
-from .settings import RunSettings
 from .strategy import CHECKPOINT, LeakageFedAvg
 
 log = logging.getLogger(__name__)

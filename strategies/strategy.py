@@ -30,12 +30,12 @@ from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.data import get_spec
 from fl_attack.models import resolve_model
 from fl_attack.records import ROUND_COLUMNS, append_csv_row
+from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 from fl_attack.workers import Workers
 
 from .attacker import AttackJob, AttackOutcome, FederationWorkers
 from .evaluator import Evaluator
-from .settings import RunSettings, usable_cpus
 from .timings import Timings
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.client_app import app as client_app
 from fl_attack.models import build_model
+from fl_attack.run_config import RunSettings
 from fl_attack.update import ObservedUpdate, TrainingMetadata
 from fl_attack.workers import InlineWorkers
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
-from strategies.settings import RunSettings
 
 BASE = {
     "dataset": "femnist",

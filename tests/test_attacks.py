@@ -18,7 +18,7 @@ from torch.func import functional_call
 
 import fl_attack.api as api
 from fl_attack import ATTACKS, AttackConfig, ObservedUpdate, reconstruct
-from fl_attack.attacks import get_attack
+from fl_attack.attacks import get_attack, parse_methods
 from fl_attack.attacks.base import lr_milestones
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
@@ -397,6 +397,29 @@ def test_unknown_method_lists_the_choices(femnist_small):
     with pytest.raises(ValueError, match="unknown attack method 'dlgx'; choose from: ") as info:
         reconstruct(femnist_small[0], "dlgx")
     assert info.value.args[0].split("choose from: ")[1].split(", ") == sorted(ATTACKS)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (" , ", "where: no attack method given; choose from: ig, nlsme, pisme, pisme-adaptive, sme"),
+        ("pisme,dlg", "where: unknown attack method 'dlg'; choose from: ig, nlsme, pisme, pisme-adaptive, sme"),
+        ("pisme, ig,pisme", "where: method 'pisme' is listed more than once in 'pisme, ig,pisme'"),
+    ],
+)
+def test_the_one_method_list_check(text, message):
+    assert parse_methods(" pisme, ig ") == ("pisme", "ig")
+    with pytest.raises(ValueError) as info:
+        parse_methods(text, "where")
+    assert str(info.value) == message
+
+
+def test_nodes_per_iteration_is_the_attacks_own():
+    config = AttackConfig(nodes=5)
+    assert [get_attack(m).nodes_per_iteration(config) for m in ("ig", "sme", "nlsme", "pisme")] == [1, 1, 1, 5]
+    trace = [{"iteration": 0, "nodes": 2}, {"iteration": 10, "nodes": 5}, {"iteration": 20}]
+    assert get_attack("pisme-adaptive").nodes_per_iteration(config, trace) == 3.5
+    assert get_attack("pisme-adaptive").nodes_per_iteration({"nodes": 4}) == 4  # no trace: its largest m
 
 
 def test_unknown_override_is_rejected(femnist_small):

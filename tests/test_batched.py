@@ -189,19 +189,3 @@ def test_default_precision_and_labels(victims):
         assert rec.label_source == "recovered" and rec.labels.shape == (K,)
         assert 0 <= rec.lsim_honest <= 2 and rec.seconds > 0
         assert float(rec.images.min()) >= 0 and float(rec.images.max()) <= 1
-
-
-def test_batched_benchmark_runs_and_checks_its_arguments(capsys):
-    from benchmarks.attack_step import main, run_batched, summarize_batched
-
-    result = run_batched(("femnist",), (2,), (4,), clients=2, iterations=2, device="cpu", repeats=1, widths=(4,))
-    (row,) = result["rows"]
-    assert (row["clients"], row["samples"], row["nodes"], row["width"]) == (2, 4, 2, 4)
-    assert row["sequential_seconds"] > 0 and row["batched_seconds"] > 0
-    assert row["throughput_ratio"] == pytest.approx(row["sequential_seconds"] / row["batched_seconds"])
-    assert row["max_lsim_diff"] < 1e-4  # float32: the two runs differ by rounding only
-    assert "batched/sequential throughput" in summarize_batched(result)
-    for argv in (["--batched", "-1"], ["--batched", "2", "--iterations", "0"], ["--batched", "100000"]):
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err
-        assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err

@@ -14,11 +14,11 @@ import pytest
 
 from fl_attack.attacks import AttackConfig
 from fl_attack.config import PAPER, PRESETS, Preset, TrainingProtocol
+from fl_attack.run_config import DefenseSettings, RunSettings, _key_to_field
 from fl_attack.standalone import AttackSettings
 from fl_attack.training import train_local
 from fl_attack.update import TrainingMetadata
-from strategies.defense_settings import DefenseSettings, _key_to_field
-from strategies.settings import PRESETS_DIR, RunSettings, preset_run_config
+from strategies import run_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 with open(ROOT / "pyproject.toml", "rb") as _f:
@@ -155,9 +155,9 @@ def test_run_settings_compose_the_protocol_and_the_attack_config():
     )
 
 
-# --- the run-config preset files ----------------------------------------------------------------
+# --- the ready-made run-config files -------------------------------------------------------------
 
-PRESET_FILES = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+PRESET_FILES = run_configs.names()
 
 
 def test_the_preset_files_are_there():
@@ -166,14 +166,14 @@ def test_the_preset_files_are_there():
 
 @pytest.mark.parametrize("name", PRESET_FILES)
 def test_every_preset_file_is_a_valid_run_config(name):
-    config = preset_run_config(name)
+    config = run_configs.load(name)
     assert config and set(config) <= set(PYPROJECT), sorted(set(config) - set(PYPROJECT))  # no typo lands in extra
     settings = RunSettings.from_run_config({**PYPROJECT, **config})
     assert settings.extra == {}
 
 
 def test_the_paper_file_is_the_paper_preset():
-    settings = RunSettings.from_run_config({**PYPROJECT, **preset_run_config("paper")})
+    settings = RunSettings.from_run_config({**PYPROJECT, **run_configs.load("paper")})
     assert settings.protocol == PAPER
     assert (settings.attack_iterations, settings.attack_nodes) == (PRESETS["paper"].iterations, PRESETS["paper"].nodes)
     assert settings.methods == ["pisme"] and settings.attack_labels == "recovered"
@@ -181,9 +181,9 @@ def test_the_paper_file_is_the_paper_preset():
 
 def test_unknown_preset_file():
     with pytest.raises(
-        ValueError, match="unknown run-config preset 'papr'; choose from: learning-cifar100, learning-femnist, paper"
+        ValueError, match="unknown run config 'papr'; choose from: learning-cifar100, learning-femnist, paper"
     ):
-        preset_run_config("papr")
+        run_configs.load("papr")
 
 
 def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():

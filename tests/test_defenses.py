@@ -26,10 +26,9 @@ from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.attacks.base import lsim, node_gradients
 from fl_attack.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
 from fl_attack.models import build_model
+from fl_attack.run_config import DefenseSettings, RunSettings
 from fl_attack.update import flatten, layout
-from strategies.defense_settings import DefenseSettings
 from strategies.server_app import check_defense
-from strategies.settings import RunSettings
 from tests.inprocess import BASE, federate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,10 +14,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
+from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.training import train_local
 from fl_attack.update import AttackTarget
 from fl_attack.workers import AttackJob, InlineWorkers, RayWorkers
-from strategies.settings import RunSettings, usable_cpus
 from strategies.strategy import LeakageFedAvg, observed_update
 
 SETTINGS = dict(
@@ -240,7 +240,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
 
 
 def test_run_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="unknown attack-method 'foo'"):
+    with pytest.raises(ValueError, match="invalid run config: attack-method: unknown attack method 'foo'"):
         RunSettings.from_run_config({"attack-method": "pisme,foo"})
     with pytest.raises(ValueError, match="attack-nodes"):
         RunSettings.from_run_config({"attack-nodes": 0})

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.attack_step import run_bench, summarize
 from fl_attack.attacks import gradients
 from fl_attack.attacks.gradients import avg_pool2, conv2d, path_gradient, relu
 from fl_attack.data import client_partition, get_spec, load_pool
@@ -138,15 +137,6 @@ def test_structured_path_on_cuda_equals_cpu(real_update):
         assert float((on_gpu - on_cpu).abs().max()) <= 1e-10 * float(on_cpu.abs().max()), name
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_bench_runs_on_cuda():
-    result = run_bench(
-        datasets=("femnist",), nodes=(2,), samples=(4,), device="cuda", repeats=1, progress=lambda s: None
-    )
-    assert result["device"].startswith("cuda")
-    assert all(r["max_grad_diff"] < 1e-9 and r["seconds_per_step"] > 0 for r in result["rows"])
-
-
 def test_path_gradient_rejects_bad_paths(real_update):
     model, shapes, w0, wT, x, y = real_update
     one = torch.ones(1, dtype=torch.float64)
@@ -194,23 +184,6 @@ def test_conv2d_second_order_terms_match_torch():
     theirs = second_order(F.conv2d)
     for o, t in zip(ours, theirs):
         assert torch.allclose(o, t, rtol=1e-12, atol=1e-12)
-
-
-def test_bench_times_both_implementations_and_they_agree():
-    result = run_bench(
-        datasets=("femnist",), nodes=(1, 2), samples=(4,), device="cpu", repeats=1, progress=lambda s: None
-    )
-    rows = result["rows"]
-    assert {(r["nodes"], r["impl"]) for r in rows} == {(1, "fast"), (1, "reference"), (2, "fast"), (2, "reference")}
-    for r in rows:
-        assert r["seconds_per_step"] > 0 and r["gflop_per_step"] > 0 and 0 < r["peak_fraction"]
-        assert r["max_grad_diff"] < 1e-9  # float64: the two implementations compute the same step
-        assert r["width"] == 32
-    assert result["gemm_peak_gflops"] > 0
-    text = summarize(result)
-    assert "speed-up" in text and "m=7 / m=1" not in text
-    with pytest.raises(ValueError, match="unknown dataset"):
-        run_bench(datasets=("mnist",), progress=lambda s: None)
 
 
 def test_third_order_derivatives_stay_exact(real_update):
@@ -262,19 +235,3 @@ def test_path_gradient_under_no_grad_and_input_checks(real_update):
         path_gradient(model, shapes, [w0[:-1]], None, one, x, y)
     with pytest.raises(ValueError, match="at least one anchor"):
         path_gradient(model, shapes, [], None, one[:0], x, y)
-
-
-def test_bench_rejects_bad_arguments_before_timing(capsys):
-    from benchmarks.attack_step import main
-
-    for argv in (
-        ["--nodes", "0"],
-        ["--widths", "4,0"],
-        ["--threads", "-1"],
-        ["--samples", "x"],
-        ["--datasets", "femnist", "--samples", "4,100000"],
-        ["--datasets", "mnist"],
-    ):
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err
-        assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err

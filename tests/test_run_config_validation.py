@@ -1,5 +1,5 @@
 """Every run-config value is checked against its real range before round 1, and the error names the
-key (strategies/settings.py, strategies/defense_settings.py, fl_attack/config.py)."""
+key (fl_attack/run_config.py, fl_attack/config.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from fl_attack.config import typed_value
-from strategies.defense_settings import DefenseSettings, _field_to_key
-from strategies.settings import RunSettings
+from fl_attack.run_config import DefenseSettings, RunSettings, _field_to_key
 
 INT_KEYS = [f.name.replace("_", "-") for f in dataclasses.fields(RunSettings) if type(f.default) is int]
 FLOAT_KEYS = [f.name.replace("_", "-") for f in dataclasses.fields(RunSettings) if type(f.default) is float]
@@ -51,9 +50,9 @@ BAD = [  # (run config, the key the message must name, more of the message)
     ({"seed": 2**32}, "seed", "got 4294967296"),
     ({"attack-timeout": 0}, "attack-timeout", "must be a finite number > 0 seconds, got 0"),
     ({"attack-timeout": -5.0}, "attack-timeout", "got -5.0"),
-    ({"attack-method": ""}, "attack-method", "names no attack"),
-    ({"attack-method": " , "}, "attack-method", "names no attack"),
-    ({"attack-method": "pisme,ig,pisme"}, "attack-method", "names 'pisme' twice"),
+    ({"attack-method": ""}, "attack-method", "no attack method given"),
+    ({"attack-method": " , "}, "attack-method", "no attack method given"),
+    ({"attack-method": "pisme,ig,pisme"}, "attack-method", "method 'pisme' is listed more than once"),
     ({"attack-clients": "0,-1"}, "attack-clients", "partition ids must be >= 0, got -1"),
     ({"attack-clients": "1,2,1"}, "attack-clients", "names a partition id twice"),
     ({"attack-clients": "1,x"}, "attack-clients", "comma-separated partition ids, got '1,x'"),

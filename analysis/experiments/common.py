@@ -26,14 +26,14 @@ import torch
 
 from fl_attack import evaluation
 from fl_attack.api import resolve_device
-from fl_attack.attacks import AttackConfig
+from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.config import PRESETS
 from fl_attack.data import load_pool, num_partitions
-from fl_attack.evaluation import Victim, nodes_per_iteration, results_row
+from fl_attack.evaluation import Victim, results_row
 from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
+from fl_attack.run_config import usable_cpus
 from fl_attack.update import AttackTarget
 from fl_attack.workers import AttackJob, make_workers, run_job
-from strategies.settings import usable_cpus
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
@@ -512,7 +512,7 @@ def _gradient_evaluations(method: str, config, trace, iterations: int) -> float:
         counted = [r["gradient_evaluations"] for r in trace if "gradient_evaluations" in r]
         if counted:
             return float(counted[-1])
-    return float(nodes_per_iteration(method, config, trace) * iterations)
+    return float(get_attack(method).nodes_per_iteration(config, trace) * iterations)
 
 
 # ----------------------------------------------------------------------------------- output

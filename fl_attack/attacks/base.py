@@ -182,6 +182,13 @@ class Attack:
         # observed_only: the surrogate gradient is compared on the observed coordinates only.
         self.observed_mask = (self.delta_w != 0).to(w0.dtype) if config.observed_only else None
 
+    @classmethod
+    def nodes_per_iteration(cls, config, trace: list | None = None) -> int | float:
+        """Gradient evaluations per iteration, the ``nodes`` column of a row: 1 for the
+        single-gradient attacks (IG, SME, NL-SME). config: an AttackConfig or its dict; trace: the
+        attack's trace rows (pisme-adaptive averages the m it used)."""
+        return 1
+
     def param_groups(self) -> list[dict]:
         return []
 
@@ -271,6 +278,23 @@ def get_attack(name: str) -> type[Attack]:
     if name not in ATTACKS:
         raise ValueError(f"unknown attack method '{name}'; choose from: {', '.join(sorted(ATTACKS))}")
     return ATTACKS[name]
+
+
+def parse_methods(text: str, what: str = "") -> tuple[str, ...]:
+    """ "pisme,ig" -> ("pisme", "ig"), the one check of a list of attack methods (run config, CLI,
+    replay): at least one, each registered, none twice. ValueError with a one-line message, prefixed
+    with ``what`` (e.g. "invalid run config: attack-method") when given."""
+    names = tuple(m.strip() for m in str(text).split(",") if m.strip())
+    prefix, choices = f"{what}: " if what else "", ", ".join(sorted(ATTACKS))
+    if not names:
+        raise ValueError(f"{prefix}no attack method given; choose from: {choices}")
+    for name in names:
+        if name not in ATTACKS:
+            raise ValueError(f"{prefix}unknown attack method '{name}'; choose from: {choices}")
+    twice = next((m for m in names if names.count(m) > 1), None)
+    if twice:
+        raise ValueError(f"{prefix}method '{twice}' is listed more than once in '{text}'")
+    return names
 
 
 def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> list[torch.optim.Optimizer]:

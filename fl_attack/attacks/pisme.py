@@ -26,6 +26,10 @@ class PathIntegralSME(BezierMixin, Attack):
         self.node_weights = c.to(self.w0)
         self.basis = bezier_coefficients(self.nodes)  # (m, 3): weights of (w0, P1, wT) at each node
 
+    @classmethod
+    def nodes_per_iteration(cls, config, trace=None):
+        return config["nodes"] if isinstance(config, dict) else config.nodes
+
     def param_groups(self):
         return self._bezier_groups()
 

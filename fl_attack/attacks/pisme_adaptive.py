@@ -102,6 +102,12 @@ class AdaptivePathIntegralSME(PathIntegralSME):
         self.error_estimate = math.nan
         self.checks = []  # (iteration, m, error estimate)
 
+    @classmethod
+    def nodes_per_iteration(cls, config, trace=None):
+        """The mean m over the trace (the largest m, ``config.nodes``, without one)."""
+        used = [r["nodes"] for r in trace or [] if "nodes" in r]
+        return sum(used) / len(used) if used else super().nodes_per_iteration(config)
+
     def _set_nodes(self, m: int) -> None:
         t, c = gauss_legendre(m)
         self.nodes, self.node_weights = t.to(self.w0), c.to(self.w0)
