@@ -37,7 +37,7 @@ import torch
 
 from fl_attack.attacks import AttackConfig
 from fl_attack.config import PAPER, parse_key_values
-from fl_attack.evaluation import results_row
+from fl_attack.evaluator import results_row
 from fl_attack.standalone import (
     AttackSettings,
     attack_victim,
@@ -177,11 +177,13 @@ def run_control_point_lr(args) -> int:
     variants = [v for v in CONTROL_POINT_VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     rows = []
     for name, optimizer, lr in variants:
-        outcome = attack_victim(
+        row, outcome = attack_victim(
             victim, "pisme", settings, overrides={"control_point_optimizer": optimizer, "lr_control_point": lr}
         )
-        last = outcome.reconstruction.trace[-1]
-        scored = results_row(outcome.row)
+        if outcome.status != "ok":
+            raise RuntimeError(f"the {name} attack failed: {outcome.error}")
+        last = outcome.trace[-1]
+        scored = results_row(row)
         row = {
             "variant": name,
             "optimizer": optimizer,
@@ -190,7 +192,7 @@ def run_control_point_lr(args) -> int:
             "control_point_shift": last.get("control_point_shift", math.nan),
         }
         rows.append(row)
-        write_trace(out / f"trace-{name}.csv", outcome.reconstruction.trace)
+        write_trace(out / f"trace-{name}.csv", outcome.trace)
         pd.DataFrame(rows).to_csv(out / "sweep.csv", index=False)
         print(", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     return 0

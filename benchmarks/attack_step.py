@@ -37,9 +37,9 @@ from fl_attack.attacks import AttackConfig
 from fl_attack.attacks.pisme import PathIntegralSME
 from fl_attack.config import PAPER
 from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.evaluation import train_victim
 from fl_attack.models import build_model
 from fl_attack.update import flatten, layout, unflatten
+from fl_attack.victims import train_victim
 from tests.reference import pisme_objective_reference
 
 

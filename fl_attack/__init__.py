@@ -7,7 +7,7 @@ The library is usable without Flower:
     recs = reconstruct_batch([update_1, update_2], method="pisme", iterations=300)  # one batched run
 
 Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
-(``attacks``, ``api``) -> evaluation against the ground truth (``evaluation``, ``metrics``).
+(``attacks``, ``api``) -> evaluation against the ground truth (``evaluator``, ``metrics``; victims and their truth in ``victims``).
 """
 
 import importlib as _importlib

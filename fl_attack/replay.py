@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import platform
 import re
 import sys
@@ -43,13 +42,14 @@ import torch
 
 from . import __version__
 from .api import resolve_device
-from .attacks import AttackConfig, get_attack, parse_methods
+from .attacks import AttackConfig, parse_methods
 from .config import parse_key_values, typed_value
-from .evaluation import DataSettings, attack_row, ground_truth, save_grid, score
+from .evaluator import Evaluator
 from .models import resolve_model
 from .records import ATTACK_COLUMNS, append_csv_row, header_mismatch, read_csv, write_bytes_atomic, write_json_atomic
 from .update import AttackTarget, load_update, read_update_index, verify_update
-from .workers import AttackJob, AttackOutcome, InlineWorkers, RayWorkers, make_workers
+from .victims import DataSettings, ground_truth
+from .workers import AttackJob, InlineWorkers, RayWorkers, make_workers
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -499,8 +499,13 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
             f"{replay.threads or torch.get_num_threads()} torch thread(s) on {replay.device}, in {replay.where()}",
         )
-        for row, target, method in _run_jobs(replay, workers):
-            append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS)
+        evaluator = Evaluator(
+            replay.run.data.dataset,
+            defense=replay.run.defense,
+            folder=replay.out,
+            table=lambda row: append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS),
+        )
+        for row, target, method in _run_jobs(replay, workers, evaluator):
             rows.append(row)
             text = (
                 f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
@@ -547,7 +552,7 @@ def _jobs(replay: Replay):
             job_id += 1
 
 
-def _run_jobs(replay: Replay, workers):
+def _run_jobs(replay: Replay, workers, evaluator: Evaluator):
     """Submit the replay's jobs to ``workers``, a bounded look-ahead at a time, and yield (row,
     target, method) for each outcome as it comes back, scored here."""
     ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
@@ -567,54 +572,5 @@ def _run_jobs(replay: Replay, workers):
             time.sleep(0.05)
         for outcome in outcomes:
             job = running.pop(outcome.job_id)
-            yield _row(replay, job, outcome), job.target, job.method
-
-
-def _row(replay: Replay, job: AttackJob, outcome: AttackOutcome) -> dict:
-    """One attack's attacks.csv row: the outcome scored against the ground truth of its target
-    (status failed when the attack or the scoring failed)."""
-    config, target, method = replay.config, job.target, job.method
-    seconds = round(outcome.seconds, 3) if math.isfinite(outcome.seconds) else math.nan
-    common = dict(
-        round=target.round,
-        node_id=target.node_id,
-        partition_id=target.partition_id,
-        client_id=target.client_id,
-        method=method,
-        dataset=replay.run.data.dataset,
-        defense=replay.run.defense,
-        local_steps=job.update.metadata.local_steps,
-        iterations=config.iterations,
-        label_estimator=config.label_estimator,
-        worker_node=outcome.worker_node,
-        worker_id=outcome.worker_id,
-        device=outcome.device or replay.device.type,
-    )
-    error = outcome.error
-    if outcome.status == "ok":
-        try:
-            images, labels = replay.truths[target.partition_ids]
-            scores = score(outcome.images, outcome.labels, images, labels, replay.run.data.dataset)
-            rel = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
-            save_grid(images, scores, replay.out / rel)
-        except Exception as exc:  # recorded; the other attacks go on
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            return attack_row(
-                **common,
-                nodes=outcome.nodes,
-                labels=outcome.label_source,
-                lsim_honest=outcome.lsim_honest,
-                lsim_calibrated=outcome.lsim_calibrated,
-                attack_seconds=seconds,
-                scores=scores,
-                image=rel.as_posix(),
-            )
-    return attack_row(
-        **common,
-        nodes=get_attack(method).nodes_per_iteration(config),
-        labels=replay.labels,
-        status="failed",
-        error=error or "failed",
-        attack_seconds=seconds,
-    )
+            outcome.device = outcome.device or replay.device.type
+            yield evaluator.record(outcome, replay.truths[job.target.partition_ids]), job.target, job.method

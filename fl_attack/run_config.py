@@ -424,6 +424,14 @@ class RunSettings:
         return self.server_test_samples
 
     @property
+    def data(self):
+        """The run's data settings (fl_attack.victims.DataSettings): how its clients' private
+        samples are drawn; the evaluator's, never the attacker's."""
+        from .victims import DataSettings
+
+        return DataSettings(self.dataset, self.samples, self.data_dir or None, self.classes, self.seed, self.held_out)
+
+    @property
     def threads(self) -> int:
         return max(1, self.client_threads)
 

@@ -2,20 +2,20 @@
 
 The three roles of the threat model (docs/PISME.md) stay apart here as in the federation:
 
-* victim: ``train_victim`` runs one client's local epochs (``fl_attack.evaluation.train_victim``)
+* victim: ``train_victim`` runs one client's local epochs (``fl_attack.victims.train_victim``)
   on its real private samples and keeps them, as the ground truth, in a ``Victim``;
 * attacker: ``fl_attack.reconstruct`` receives only ``Victim.update``, an ``ObservedUpdate``
   (w0, wT, public metadata), never the images or labels (oracle labels only when asked for);
-* evaluator: ``attack_victim`` (``fl_attack.evaluation.attack_victim``) scores the returned images
-  against the truth after the attack, and its trace callback reports PSNR during the attack without
-  passing anything back to it.
+* evaluator: ``attack_victim`` hands the outcome to ``fl_attack.evaluator.Evaluator``, which scores
+  the returned images against the truth after the attack; its trace callback reports PSNR during the
+  attack without passing anything back to it.
 
 ``run_attack_experiment`` is the engine of ``fl-attack attack`` (fl_attack.cli) and of
 benchmarks/attack_quality.py. It writes, under the output folder:
 
 * ``results.csv``: one row per (client, method), columns ``RESULT_COLUMNS``, rewritten atomically
   (temporary file + os.replace) after every attack, so a crash loses nothing already computed.
-  Each row is the federation's attacks.csv row (``fl_attack.evaluation.attack_row``) with
+  Each row is the federation's attacks.csv row (``fl_attack.evaluator.attack_row``) with
   partition_id named ``client`` and attack_seconds ``seconds`` (``results_row``), without the
   federation's other columns (round, node_id, client_id, defense, status, error, image, ...);
 * ``trace-<client>-<method>.csv``: the attack's trace (iteration, loss, lsim_honest,
@@ -28,10 +28,8 @@ benchmarks/attack_quality.py. It writes, under the output folder:
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
-import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,15 +38,17 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from . import evaluation
 from .api import resolve_device
 from .attacks import AttackConfig, get_attack, parse_methods
 from .config import PRESETS, TrainingProtocol
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
-from .evaluation import RESULT_COLUMNS, ScoredAttack, Victim, attack_row, results_row, save_grid
+from .evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
 from .models import resolve_model
 from .records import csv_text, write_text_atomic
-from .update import TrainingMetadata
+from .update import AttackTarget, TrainingMetadata
+from .victims import Victim
+from .victims import train_victim as _train_victim
+from .workers import AttackOutcome, run_job
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -56,7 +56,6 @@ __all__ = [
     "validate_settings",
     "train_victim",
     "attack_victim",
-    "failed_row",
     "ResultsTable",
     "write_trace",
     "run_attack_experiment",
@@ -176,7 +175,7 @@ def validate_settings(settings: AttackSettings) -> Pool:
 
 def train_victim(pool: Pool, partition: int, settings: AttackSettings) -> Victim:
     """Train client ``partition`` for E local epochs from w0 = build_model(dataset, seed)."""
-    return evaluation.train_victim(
+    return _train_victim(
         settings.dataset,
         partition,
         samples=settings.samples,
@@ -192,43 +191,24 @@ def train_victim(pool: Pool, partition: int, settings: AttackSettings) -> Victim
 
 
 def attack_victim(
-    victim: Victim, method: str, settings: AttackSettings, *, overrides: dict | None = None, progress: bool = False
-) -> ScoredAttack:
-    """Attack one victim with one method and score it (on Hungarian-matched pairs); the PSNR is traced.
-
-    overrides: AttackConfig fields for this attack only, on top of ``settings.overrides``.
-    Returns a ScoredAttack whose ``row`` is an attacks.csv row (``results_row`` makes it results.csv's).
-    """
+    victim: Victim,
+    method: str,
+    settings: AttackSettings,
+    *,
+    overrides: dict | None = None,
+    evaluator: Evaluator | None = None,
+    image: str | None = None,
+) -> tuple[dict, AttackOutcome]:
+    """Attack one victim in this process and score it (``Evaluator.record``; the evaluator's PSNR
+    is in the trace). overrides: AttackConfig fields for this attack only, on top of the settings'.
+    image: the grid's file name under the evaluator's folder. Returns (the attacks.csv row, the
+    AttackOutcome with its trace); a failed attack is a row with status "failed" and NaN metrics,
+    never an exception (an interrupt still propagates)."""
     config = AttackConfig.from_overrides(settings.attack_config(), **(overrides or {}))
-    return evaluation.attack_victim(
-        victim, method, config, labels=settings.labels, device=settings.device, trace_psnr=True, progress=progress
-    )
-
-
-def failed_row(settings: AttackSettings, partition: int, method: str, seconds: float = math.nan) -> dict:
-    """The results.csv row of an attack that raised: identifiers filled in, metrics NaN."""
-    config = settings.attack_config()
-    meta = TrainingMetadata(
-        dataset=get_spec(settings.dataset).name,
-        lr=settings.lr,
-        batch_size=settings.batch_size,
-        local_epochs=settings.local_epochs,
-        num_samples=settings.samples,
-    )
-    return results_row(
-        attack_row(
-            method=method,
-            dataset=meta.dataset,
-            label_estimator=config.label_estimator,
-            local_steps=meta.local_steps,
-            nodes=get_attack(method).nodes_per_iteration(config),
-            iterations=config.iterations,
-            labels=settings.labels,
-            partition_id=int(partition),
-            status="failed",
-            attack_seconds=seconds,
-        )
-    )
+    job = victim.attack_job(method, config, settings.labels)
+    outcome = run_job(job, settings.device, callback=psnr_trace(victim.images))
+    row = (evaluator or Evaluator(victim.dataset)).record(outcome, victim.truth, image=image)
+    return row, outcome
 
 
 class ResultsTable:
@@ -282,6 +262,7 @@ def run_attack_experiment(
     }
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
     table = ResultsTable(out / "results.csv")
+    evaluator = Evaluator(settings.dataset, folder=out, grid_columns=GRID_COLUMNS)
 
     from tqdm.auto import tqdm
 
@@ -296,26 +277,48 @@ def run_attack_experiment(
             except Exception as exc:  # recorded, the other clients go on
                 _report(log, f"training client {partition} failed", exc)
                 for method in settings.methods:
-                    table.add(failed_row(settings, partition, method))
+                    table.add(results_row(_not_trained(settings, partition, method)))
                     bar.update(1)
                 continue
             for method in settings.methods:
                 bar.set_postfix_str(f"client {partition}: {method}")
-                start = time.perf_counter()
-                try:
-                    outcome = attack_victim(victim, method, settings)
-                except Exception as exc:
-                    _report(log, f"attack '{method}' on client {partition} failed", exc)
-                    table.add(failed_row(settings, partition, method, time.perf_counter() - start))
-                    bar.update(1)
-                    continue
-                table.add(results_row(outcome.row))
-                write_trace(out / f"trace-{partition}-{method}.csv", outcome.reconstruction.trace)
-                save_grid(victim.images, outcome.scores, out / f"client-{partition}-{method}.png", columns=GRID_COLUMNS)
+                row, outcome = attack_victim(
+                    victim, method, settings, evaluator=evaluator, image=f"client-{partition}-{method}.png"
+                )
+                table.add(results_row(row))
+                if outcome.status == "ok":
+                    write_trace(out / f"trace-{partition}-{method}.csv", outcome.trace)
+                else:
+                    print(f"fl-attack: attack '{method}' on client {partition} failed: {outcome.error}", file=log)
                 bar.update(1)
     finally:
         bar.close()
     return table.rows
+
+
+def _not_trained(settings: AttackSettings, partition: int, method: str) -> dict:
+    """The row of an attack whose victim could not be trained: identifiers filled in, metrics NaN."""
+    meta = TrainingMetadata(
+        dataset=get_spec(settings.dataset).name,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        local_epochs=settings.local_epochs,
+        num_samples=settings.samples,
+    )
+    config = settings.attack_config()
+    outcome = AttackOutcome(
+        0,
+        method,
+        AttackTarget(1, (partition,)),
+        "failed",
+        error="training failed",
+        label_source=settings.labels,
+        local_steps=meta.local_steps,
+        nodes=get_attack(method).nodes_per_iteration(config),
+        iterations=config.iterations,
+        label_estimator=config.label_estimator,
+    )
+    return Evaluator(settings.dataset).record(outcome, None)
 
 
 def _report(log: TextIO, what: str, exc: BaseException) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .api import reconstruct
-from .attacks import AttackConfig, get_attack
+from .attacks import ATTACKS, AttackConfig
 from .update import AttackTarget, ObservedUpdate
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,17 @@ class AttackJob:
     threads: int | None = None  # torch threads on the worker for this job (None = the worker's own)
     model: str = ""  # the victims' architecture as a spec (fl_attack.models.resolve_model), rebuilt on the worker
 
+    def described(self, trace: list | None = None) -> dict:
+        """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
+        estimator), the same whether it succeeded or not."""
+        attack = ATTACKS.get(self.method)
+        return dict(
+            local_steps=self.update.metadata.local_steps,
+            nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
+            iterations=self.config.iterations,
+            label_estimator=self.config.label_estimator,
+        )
+
 
 @dataclass
 class AttackOutcome:
@@ -76,6 +87,8 @@ class AttackOutcome:
     device: str = ""
     local_steps: int | None = None  # T of the attacked update
     nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
+    iterations: int | None = None  # K, the attack's iterations (its AttackConfig's)
+    label_estimator: str = ""  # the AttackConfig's (recorded even with oracle labels, where it is unused)
     trace: list | None = None  # the attack's trace (Reconstruction.trace)
     worker_node: str = ""
     worker_id: str = ""
@@ -91,7 +104,7 @@ class AttackOutcome:
             error=error,
             seconds=seconds,
             label_source="oracle" if not isinstance(job.labels, str) else job.labels,
-            local_steps=job.update.metadata.local_steps,
+            **job.described(),
         )
 
 
@@ -107,8 +120,9 @@ def where_am_i() -> tuple[str, str]:
     return socket.gethostname(), f"pid{os.getpid()}"
 
 
-def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
-    """Run one attack where this is called; never raises (an exception becomes status "failed")."""
+def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcome:
+    """Run one attack where this is called; never raises (an exception becomes status "failed").
+    callback: ``reconstruct``'s (in-process callers only, e.g. the evaluator's ``psnr_trace``)."""
     start = time.perf_counter()
     node, worker = where_am_i()
     try:
@@ -120,6 +134,7 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
             device=device,
             time_limit=job.time_limit,
             model=job.model,
+            callback=callback,
         )
         return AttackOutcome(
             job.job_id,
@@ -132,9 +147,8 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
             lsim_honest=rec.lsim_honest,
             lsim_calibrated=rec.lsim_calibrated,
             seconds=rec.seconds,
-            device=str(torch.device(device) if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")),
-            local_steps=job.update.metadata.local_steps,
-            nodes=get_attack(job.method).nodes_per_iteration(rec.config, rec.trace),
+            device=_device_name(device),
+            **job.described(rec.trace),
             trace=rec.trace,
             worker_node=node,
             worker_id=worker,
@@ -142,8 +156,12 @@ def run_job(job: AttackJob, device: str = "auto") -> AttackOutcome:
     except Exception as exc:  # one failed attack must never kill the caller
         log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
         outcome = AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
-        outcome.worker_node, outcome.worker_id = node, worker
+        outcome.worker_node, outcome.worker_id, outcome.device = node, worker, _device_name(device)
         return outcome
+
+
+def _device_name(device: str) -> str:
+    return str(torch.device(device) if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _first_line(exc: BaseException) -> str:

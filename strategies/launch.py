@@ -404,7 +404,7 @@ def _mkdir(folder: Path) -> Path:
 def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> None:
     """Add the launcher's clock to summary.json's timings and print where the time went."""
     from fl_attack.records import write_json_atomic
-    from strategies.timings import table
+    from fl_attack.timings import table
 
     path = run_dir / "summary.json"
     try:

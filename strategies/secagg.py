@@ -33,7 +33,6 @@ from fl_attack.update import AttackTarget
 from fl_attack.workers import Workers
 
 from .attacker import FederationWorkers
-from .evaluator import Evaluator
 from .strategy import LeakageTracking
 
 
@@ -85,7 +84,6 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         run_dir,
         initial_state: dict,
         workers: Workers | FederationWorkers | None = None,
-        evaluator: Evaluator | None = None,
         clients_per_round: int | None = None,
         test_set=None,
         **fedavg_kwargs,
@@ -99,7 +97,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
             evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"),
             **fedavg_kwargs,
         )
-        self._init_tracking(settings, run_dir, workers, evaluator, clients_per_round, test_set=test_set)
+        self._init_tracking(settings, run_dir, workers, clients_per_round, test_set=test_set)
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
@@ -154,7 +152,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         self._submit(
             target,
             lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
-            lambda: self.evaluator.truth(target)[1],
+            lambda: self.truth(target)[1],
         )
         self._event(
             f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "

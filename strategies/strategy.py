@@ -27,16 +27,18 @@ from flwr.serverapp.strategy import FedAvg
 from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.attacks import get_attack
 from fl_attack.data import get_spec
+from fl_attack.evaluator import Evaluator
 from fl_attack.models import resolve_model
-from fl_attack.records import ROUND_COLUMNS, append_csv_row
+from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS, append_csv_row
 from fl_attack.run_config import RunSettings, usable_cpus
+from fl_attack.timings import Timings
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
+from fl_attack.victims import ground_truth, private_samples
 from fl_attack.workers import Workers
 
 from .attacker import AttackJob, AttackOutcome, FederationWorkers
-from .evaluator import Evaluator
-from .timings import Timings
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,6 @@ class LeakageTracking:
         settings: RunSettings,
         run_dir,
         workers: Workers | FederationWorkers | None,
-        evaluator: Evaluator | None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
@@ -143,8 +144,14 @@ class LeakageTracking:
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
         self.workers = workers or FederationWorkers(settings, self.attack_threads)
-        self.evaluator = evaluator or Evaluator(settings, run_dir)
-        self.timings = Timings()
+        self.timings = Timings()  # the evaluator's scoring, images and writing phases too
+        self.evaluator = Evaluator(
+            settings.dataset,
+            defense=settings.defense.label,
+            folder=run_dir,
+            table=lambda row: append_csv_row(run_dir / "attacks.csv", row, ATTACK_COLUMNS),
+            timings=self.timings,
+        )
         self.round_times: dict[int, dict] = {}
         self.global_arrays: dict[int, ArrayRecord] = {}
         self.submitted: list[AttackJob] = []
@@ -179,6 +186,11 @@ class LeakageTracking:
                 else ""
             )
         )
+
+    def truth(self, target: AttackTarget) -> tuple[torch.Tensor, torch.Tensor]:
+        """The private images and labels an attack is scored against (the evaluator's, never the
+        attacker's): one client's, or for an aggregate the participants' in partition order."""
+        return ground_truth(self.settings.data, target.partition_ids)
 
     def lag_rounds(self) -> int:
         """How many rounds the oldest attack still in flight is behind the current round (0: none)."""
@@ -226,13 +238,19 @@ class LeakageTracking:
         for method in self.settings.methods:
             self._jobs += 1
             if update is None:
-                self.rows.append(
-                    self.evaluator.record(
-                        AttackOutcome(
-                            self._jobs, method, target, "failed", error=error, label_source=self.settings.attack_labels
-                        )
-                    )
+                config = self.attack_config
+                failed = AttackOutcome(
+                    self._jobs,
+                    method,
+                    target,
+                    "failed",
+                    error=error,
+                    label_source=self.settings.attack_labels,
+                    nodes=get_attack(method).nodes_per_iteration(config),
+                    iterations=config.iterations,
+                    label_estimator=config.label_estimator,
                 )
+                self.rows.append(self.evaluator.record(failed, None))
                 continue
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
             job = AttackJob(
@@ -350,7 +368,9 @@ class LeakageTracking:
         rows, pending, self.unwritten = [], self.unwritten + outcomes, []
         for outcome in pending:
             try:
-                row = self.evaluator.record(outcome, lag_rounds=self.current_round - outcome.target.round)
+                row = self.evaluator.record(
+                    outcome, self.truth(outcome.target), lag_rounds=self.current_round - outcome.target.round
+                )
             except OSError as exc:
                 self.unwritten.append(outcome)
                 self._event(
@@ -415,7 +435,7 @@ class LeakageTracking:
 
     def timing_record(self) -> dict:
         """This strategy's and its evaluator's timings, for summary.json (strategies/timings.py)."""
-        merged = self.timings.merged(getattr(self.evaluator, "timings", Timings()))
+        merged = self.timings
         rounds = {str(r): {k: round(v, 3) for k, v in t.items()} for r, t in sorted(self.round_times.items())}
         return {
             **merged.as_dict(),
@@ -447,14 +467,13 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         settings: RunSettings,
         run_dir,
         workers: Workers | FederationWorkers | None = None,
-        evaluator: Evaluator | None = None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
         **fedavg_kwargs,
     ):
         super().__init__(**fedavg_kwargs)
-        self._init_tracking(settings, run_dir, workers, evaluator, clients_per_round, round_offset, test_set)
+        self._init_tracking(settings, run_dir, workers, clients_per_round, round_offset, test_set)
 
     # -- rounds ---------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
@@ -549,7 +568,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
                 lambda reply=reply, target=target: observed_update(
                     w0, reply, self.settings.dataset, {"round": server_round, "node_id": target.node_id}
                 ),
-                lambda partition_id=partition_id: self.evaluator.oracle_labels(partition_id),
+                lambda partition_id=partition_id: private_samples(self.settings.data, partition_id).labels,
             )
         self._event(
             f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-import fl_attack.evaluation as evaluation  # where the standalone engine calls reconstruct
+import fl_attack.workers as workers  # where the standalone engine calls reconstruct (run_job)
 from fl_attack.cli import main
 
 COLUMNS = [
@@ -121,14 +121,14 @@ def test_oracle_labels_on_cifar100(tmp_path):
 
 
 def test_a_failed_attack_is_recorded_and_the_others_go_on(tmp_path, monkeypatch, capsys):
-    original = evaluation.reconstruct
+    original = workers.reconstruct
 
     def flaky(update, method, **kw):
         if method == "sme":
             raise RuntimeError("boom")
         return original(update, method, **kw)
 
-    monkeypatch.setattr(evaluation, "reconstruct", flaky)
+    monkeypatch.setattr(workers, "reconstruct", flaky)
     out = tmp_path / "run"
     assert main(["attack", *TINY, "--iterations", "1", "--methods", "sme,ig", "--out", str(out)]) == 0
     _, rows = _read(out / "results.csv")
@@ -141,14 +141,14 @@ def test_a_failed_attack_is_recorded_and_the_others_go_on(tmp_path, monkeypatch,
 
 
 def test_an_interrupted_run_keeps_the_rows_already_written(tmp_path, monkeypatch):
-    original = evaluation.reconstruct
+    original = workers.reconstruct
 
     def interrupted(update, method, **kw):
         if method == "sme":
             raise KeyboardInterrupt
         return original(update, method, **kw)
 
-    monkeypatch.setattr(evaluation, "reconstruct", interrupted)
+    monkeypatch.setattr(workers, "reconstruct", interrupted)
     out = tmp_path / "run"
     assert main(["attack", *TINY, "--iterations", "1", "--methods", "ig,sme", "--out", str(out)]) == 130
     columns, rows = _read(out / "results.csv")
@@ -261,7 +261,7 @@ def test_every_attack_failing_exits_1_with_the_rows_kept(tmp_path, monkeypatch, 
     def broken(update, method, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(evaluation, "reconstruct", broken)
+    monkeypatch.setattr(workers, "reconstruct", broken)
     out = tmp_path / "run"
     assert main(["attack", *TINY, "--iterations", "1", "--methods", "sme,ig", "--out", str(out)]) == 1
     _, rows = _read(out / "results.csv")

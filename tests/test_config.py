@@ -270,7 +270,7 @@ def test_a_bad_option_or_preset_exits_2_in_one_line_before_training(tmp_path, ca
     from fl_attack import standalone
     from fl_attack.cli import main
 
-    monkeypatch.setattr(standalone.evaluation, "train_victim", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(standalone, "_train_victim", lambda *a, **k: pytest.fail("trained"))
     out = tmp_path / "out"
     assert main(["attack", *args, "--out", str(out)]) == 2
     captured = capsys.readouterr()

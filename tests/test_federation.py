@@ -390,7 +390,7 @@ def test_replies_without_timings_still_aggregate(tmp_path):
 
 
 def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
-    from strategies.timings import Timings, breakdown, table
+    from fl_attack.timings import Timings, breakdown, table
 
     t = Timings()
     t.add("client_train", 6.0)
@@ -522,11 +522,14 @@ def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monk
     settings, strategy, _ = _strategy(tmp_path, attack_clients="0")
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
-    monkeypatch.setattr(
-        strategy.evaluator,
-        "record",
-        lambda outcome, lag_rounds=None: (_ for _ in ()).throw(OSError(28, "No space left")),
-    )
+    real_write = os.write
+
+    def write(fd, data):  # a disk that never takes attacks.csv again: ENOSPC past every retry
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("attacks.csv"):
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
     strategy.aggregate_train(1, replies)
     strategy.drain(5)
     strategy.keep_unwritten()  # does not raise

@@ -59,3 +59,53 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     (tmp_path / "clients" / "bad.py").write_text("def f():\n    from strategies.server_app import app\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert offending_imports("clients") == ["clients/bad.py imports strategies.server_app"]
+
+
+# The attacker's side of the library: what runs on a worker and what it imports.
+ATTACKER_SIDE = ("fl_attack.api", "fl_attack.workers", "fl_attack.labels", "fl_attack.attacks")
+PRIVATE = ("fl_attack.victims", "fl_attack.evaluator")  # the ground truth and its scoring
+
+
+def library_imports() -> dict[str, set[str]]:
+    """module -> the fl_attack modules it imports (relative imports resolved, functions included)."""
+    graph = {}
+    for path in sorted((ROOT / "fl_attack").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts if parts[-1] == "__init__" else parts[:-1]
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = [p for p in package if p != "__init__"]
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                stem = ".".join([*base, node.module] if node.module else base)
+                names.add(stem)
+                names.update(f"{stem}.{alias.name}" for alias in node.names)  # `from . import victims`
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        graph[module] = {n for n in names if n.split(".")[0] == "fl_attack"}
+    return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [m for m in graph if m == start or m.startswith(start + ".")]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in graph:
+            continue
+        seen.add(module)
+        todo += graph[module]
+    return seen
+
+
+@pytest.mark.parametrize("side", ATTACKER_SIDE)
+def test_the_attacker_side_never_reaches_the_ground_truth(side):
+    graph = library_imports()
+    assert side in graph or any(m.startswith(side + ".") for m in graph), side
+    assert not reachable(graph, side) & set(PRIVATE)
+
+
+def test_the_reachability_check_can_fail():
+    graph = library_imports()
+    assert "fl_attack.victims" in reachable(graph, "fl_attack.standalone")  # the harness does reach it
+    assert "fl_attack.victims" in reachable({**graph, "fl_attack.labels": {"fl_attack.victims"}}, "fl_attack.labels")

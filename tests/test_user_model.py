@@ -21,10 +21,11 @@ from fl_attack import reconstruct
 from fl_attack.attacks import gradients
 from fl_attack.attacks.gradients import path_gradient
 from fl_attack.cli import main
-from fl_attack.evaluation import score, train_victim
+from fl_attack.evaluator import score
 from fl_attack.models import OUTPUT_BIAS, build_model, check_model, output_bias_key, resolve_model
 from fl_attack.run_config import RunSettings
 from fl_attack.update import flatten, layout
+from fl_attack.victims import train_victim
 from tests.user_models import LeNet, TinyResNet, lenet
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,16 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_attack import evaluation
+from fl_attack import victims as victims_module
 from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.config import PRESETS
 from fl_attack.data import load_pool, num_partitions
-from fl_attack.evaluation import Victim, results_row
+from fl_attack.evaluator import Evaluator, results_row
 from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
 from fl_attack.run_config import usable_cpus
-from fl_attack.update import AttackTarget
-from fl_attack.workers import AttackJob, make_workers, run_job
+from fl_attack.victims import Victim
+from fl_attack.workers import make_workers, run_job
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
@@ -336,7 +336,7 @@ def train_victim(
     """Train client ``partition`` (data seed DATA_SEED) for E local epochs from w0 =
     build_model(dataset, seed), on the CPU, with the scale's k, B and lr unless given."""
     sc = ctx.scale
-    return evaluation.train_victim(
+    return victims_module.train_victim(
         dataset,
         partition,
         samples=samples or sc.samples,
@@ -352,47 +352,24 @@ def train_victim(
 
 
 def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recovered", job_id: int = 0, **overrides):
-    """The ``fl_attack.workers.AttackJob`` of one attack on ``victim.update``: what a worker gets
-    (the update and public metadata; oracle labels only when asked for).
-
-    labels: "recovered" (from the update, the attacker's view) or "oracle" (the victim's true
-    labels handed to the attack, an explicit leak that isolates the image recovery).
-    overrides: AttackConfig fields (iterations, nodes, ...); the defaults are the scale's
-    iterations, nodes and trace_every and the victim's seed."""
-    if labels not in ("recovered", "oracle"):
-        raise ValueError(f"labels must be 'recovered' or 'oracle', got {labels!r}")
+    """``victim.attack_job`` at the scale's iterations, nodes and trace_every and the victim's seed
+    (``overrides``: other AttackConfig fields). labels: "recovered" or "oracle"."""
     sc = ctx.scale
     settings = dict(iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed)
-    settings.update(overrides)
-    config = AttackConfig.from_overrides(None, **settings)
-    target = AttackTarget(1, (victim.partition,), client_id=victim.client_id)
-    given = victim.labels.clone() if labels == "oracle" else "recovered"
-    return AttackJob(job_id, victim.update, method, config, target, labels=given, model=victim.model)
+    config = AttackConfig.from_overrides(None, **{**settings, **overrides})
+    return victim.attack_job(method, config, labels, job_id)
 
 
 def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
     """The evaluator's side: score ``outcome`` (an ok ``AttackOutcome`` of ``job``) against the
     victim's private images on matched pairs. Returns one flat result row: the results.csv
-    columns (``fl_attack.evaluation.results_row``) with seed, classes, the costs and where it ran."""
+    columns (``fl_attack.evaluator.results_row``) with seed, classes, the costs and where it ran."""
     config, method = job.config, job.method
-    scores = evaluation.score(outcome.images, outcome.labels, victim.images, victim.labels, victim.dataset)
-    row = evaluation.attack_row(
-        method=method,
-        dataset=victim.dataset,
-        label_estimator=config.label_estimator,
-        local_steps=victim.local_steps,
-        nodes=outcome.nodes,
-        iterations=config.iterations,
-        labels=outcome.label_source,
-        partition_id=victim.partition,
-        client_id=victim.client_id,
-        lsim_honest=outcome.lsim_honest,
-        lsim_calibrated=outcome.lsim_calibrated,
-        attack_seconds=outcome.seconds,
-        scores=scores,
-    )
+    scored = Evaluator(victim.dataset).record(outcome, victim.truth)
+    if scored["status"] != "ok":
+        raise RuntimeError(f"scoring {method} on client {victim.partition} failed: {scored['error']}")
     row = {
-        **results_row(row),
+        **results_row(scored),
         "seed": victim.seed,
         "classes": victim.classes,
         "seconds_per_iteration": outcome.seconds / config.iterations,
@@ -409,7 +386,7 @@ def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
     ctx.log(
         f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
         f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{config.iterations} {outcome.label_source}: "
-        f"PSNR {scores['psnr']:.2f} dB, honest Lsim {outcome.lsim_honest:.4f} ({outcome.seconds:.1f} s)"
+        f"PSNR {scored['psnr']:.2f} dB, honest Lsim {outcome.lsim_honest:.4f} ({outcome.seconds:.1f} s)"
     )
     return row
 

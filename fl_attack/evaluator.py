@@ -1,0 +1,252 @@
+"""The evaluator: every driver's one scorer of attack outcomes against the ground truth.
+
+The federation (strategies/), ``fl-attack replay``, ``fl-attack attack`` and the paper experiments
+all hand an ``AttackOutcome`` (fl_attack.workers) and the victim's truth to ``Evaluator.record``,
+which scores it and returns THE row (``attack_row``: the columns of attacks.csv,
+``fl_attack.records.ATTACK_COLUMNS``; ``results_row`` renames it for results.csv and the
+experiments' CSVs).
+
+* ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
+  label-count accuracy; ``save_grid``: originals over their matched reconstructions;
+  ``psnr_trace``: the evaluator's PSNR in an in-process attack's trace.
+
+The attacker never sees anything here; scoring happens after the attack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from .data import get_spec
+from .images import save_comparison_grid
+from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
+from .records import ATTACK_COLUMNS
+
+__all__ = ["Evaluator", "score", "save_grid", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
+
+_SCORES = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
+# results.csv (fl-attack attack) and the experiments' CSVs: ATTACK_COLUMNS names but for these two.
+RESULT_COLUMNS = (
+    "dataset",
+    "client",
+    "method",
+    "local_steps",
+    "nodes",
+    "iterations",
+    "labels",
+    "psnr",
+    "ssim",
+    "fsim",
+    "lpips",
+    "lsim_honest",
+    "lsim_calibrated",
+    "label_accuracy",
+    "seconds",
+)
+RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
+
+
+# ----------------------------------------------------------------------------------- scoring
+
+
+def score(images: torch.Tensor, labels, truth_images: torch.Tensor, truth_labels, dataset: str) -> dict:
+    """Score a reconstruction against the ground truth, on Hungarian-matched pairs.
+
+    images, truth_images: (N,C,H,W) in [0,1]; labels, truth_labels: (N,) class ids (order irrelevant).
+    Returns ``fl_attack.metrics.evaluate_reconstruction``'s dict: psnr (dB), ssim, fsim, lpips (the
+    shared CPU LPIPS-alex network, loaded once per process), label_accuracy in [0,1], per_image,
+    matching, matched_recon. Raises TypeError / ValueError for malformed inputs.
+    """
+    return evaluate_reconstruction(
+        images,
+        truth_images,
+        recon_labels=labels,
+        true_labels=truth_labels,
+        num_classes=get_spec(dataset).num_classes,
+        lpips=get_lpips("cpu"),
+    )
+
+
+def psnr_trace(truth: torch.Tensor) -> Callable[[int, torch.Tensor], dict]:
+    """A ``reconstruct`` callback: the matched-pair mean PSNR of the current images, for the trace.
+    The evaluator's view during the attack; nothing goes back to the attacker."""
+
+    def callback(iteration: int, images: torch.Tensor) -> dict:
+        recon_idx, _ = match_pairs(images, truth)
+        return {"psnr": float(psnr(images[torch.as_tensor(recon_idx)], truth).double().mean())}
+
+    return callback
+
+
+def save_grid(truth_images: torch.Tensor, scores: dict, path: str | Path, columns: int = 16) -> Path:
+    """PNG of the originals (N,C,H,W in [0,1]) over their matched reconstructions (``score``'s
+    matched_recon), in bands of ``columns`` pairs; written atomically."""
+    return save_comparison_grid(truth_images, scores["matched_recon"].cpu(), path, columns=columns)
+
+
+# -------------------------------------------------------------------------------------- rows
+
+
+def attack_row(
+    *,
+    method: str,
+    dataset: str,
+    local_steps: int | None,
+    nodes,
+    iterations: int,
+    labels: str,
+    partition_id: int | None,
+    round: int | None = None,
+    node_id: int | None = None,
+    client_id: str = "",
+    label_estimator: str,
+    defense: str = "none",
+    status: str = "ok",
+    error: str = "",
+    lsim_honest: float = math.nan,
+    lsim_calibrated: float = math.nan,
+    attack_seconds: float = math.nan,
+    scores: dict | None = None,
+    image: str = "",
+    lag_rounds: int | None = None,
+    worker_node: str = "",
+    worker_id: str = "",
+    device: str = "",
+) -> dict:
+    """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
+
+    scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the
+    metrics NaN (a failed attack). nodes: ``Attack.nodes_per_iteration``. labels: "recovered" or
+    "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
+    attack_seconds: the attack's wall time. image: the grid's path relative to the run.
+    worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
+    device it ran on (cpu, cuda), empty where unknown.
+    """
+    row = dict.fromkeys(ATTACK_COLUMNS)
+    row.update(
+        round=round,
+        node_id=node_id,
+        partition_id=partition_id,
+        client_id=client_id,
+        method=method,
+        dataset=dataset,
+        defense=defense,
+        local_steps=local_steps,
+        nodes=nodes,
+        iterations=iterations,
+        labels=labels,
+        lsim_honest=lsim_honest,
+        lsim_calibrated=lsim_calibrated,
+        attack_seconds=attack_seconds,
+        status=status,
+        error=error,
+        label_estimator=label_estimator,
+        lag_rounds=lag_rounds,
+        worker_node=worker_node,
+        worker_id=worker_id,
+        device=device,
+        image=image,
+        **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
+    )
+    return row
+
+
+def results_row(row: dict, columns=RESULT_COLUMNS) -> dict:
+    """An ``attack_row`` as a results.csv row (fl-attack attack, the experiments): partition_id is
+    named ``client``, attack_seconds ``seconds``; only ``columns`` are kept, in their order."""
+    renamed = {RESULT_RENAMES.get(k, k): v for k, v in row.items()}
+    return {c: renamed.get(c) for c in columns}
+
+
+# ------------------------------------------------------------------------------- the evaluator
+
+
+class Evaluator:
+    """Scores attack outcomes against their ground truth, one row each (``attack_row``).
+
+    dataset, defense: the rows' (the run's dataset and defense label). folder: where the image
+    grids go (``folder``/``image``), None for none. table: a function that stores each row (e.g.
+    appends it to attacks.csv), called after scoring; an OSError from it propagates (the caller keeps
+    the outcome and tries again) and nothing else escapes ``record``. timings: an object with
+    ``measure(phase)`` (fl_attack.timings.Timings) for the scoring, images and writing phases.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        *,
+        defense: str = "none",
+        folder: str | Path | None = None,
+        table: Callable[[dict], None] | None = None,
+        grid_columns: int = 16,
+        timings=None,
+    ):
+        self.dataset, self.defense = get_spec(dataset).name, defense
+        self.folder = Path(folder) if folder is not None else None
+        self.table, self.grid_columns, self.timings = table, grid_columns, timings
+
+    def _measure(self, phase: str):
+        return self.timings.measure(phase) if self.timings is not None else nullcontext()
+
+    def record(
+        self,
+        outcome,
+        truth: tuple[torch.Tensor, torch.Tensor] | None,
+        *,
+        lag_rounds: int | None = None,
+        image: str | Path | None = None,
+    ) -> dict:
+        """Score ``outcome`` (if it succeeded) against ``truth`` = (images (N,C,H,W) in [0,1],
+        labels (N,)) and store its row; returns the row.
+
+        image: the grid's path under ``folder`` (default images/round-R/METHOD/NAME.png). A scoring
+        or grid failure makes the row status "failed" with the cause ("evaluation: ..."); it never
+        raises, except an OSError from ``table``. lag_rounds: how many rounds after its own the
+        attack finished (the federation's attacker lag)."""
+        target = outcome.target
+        seconds = round(outcome.seconds, 3) if math.isfinite(outcome.seconds) else math.nan
+        row = attack_row(
+            round=target.round,
+            node_id=target.node_id,
+            partition_id=target.partition_id,
+            client_id=target.client_id,
+            method=outcome.method,
+            dataset=self.dataset,
+            defense=self.defense,
+            local_steps=outcome.local_steps,
+            nodes=outcome.nodes,
+            iterations=outcome.iterations,
+            label_estimator=outcome.label_estimator,
+            labels=outcome.label_source,
+            lsim_honest=outcome.lsim_honest,
+            lsim_calibrated=outcome.lsim_calibrated,
+            attack_seconds=seconds,
+            status=outcome.status,
+            error=outcome.error,
+            lag_rounds=lag_rounds,
+            worker_node=outcome.worker_node,
+            worker_id=outcome.worker_id,
+            device=outcome.device,
+        )
+        if outcome.status == "ok":
+            try:
+                with self._measure("scoring"):
+                    scores = score(outcome.images, outcome.labels, *truth, self.dataset)
+                row.update({m: float(scores[m]) for m in _SCORES})
+                if self.folder is not None:
+                    if image is None:
+                        image = Path("images") / f"round-{target.round}" / outcome.method / f"{target.name}.png"
+                    with self._measure("images"):
+                        save_grid(truth[0], scores, self.folder / image, columns=self.grid_columns)
+                    row["image"] = Path(image).as_posix()
+            except Exception as exc:  # a scoring bug must not lose the run either
+                row.update(status="failed", error=f"evaluation: {type(exc).__name__}: {exc}")
+        if self.table is not None:
+            with self._measure("writing"):
+                self.table(row)
+        return row
