@@ -6,8 +6,9 @@ The library is usable without Flower:
     rec = reconstruct(update, method="pisme", iterations=300)
     recs = reconstruct_batch([update_1, update_2], method="pisme", iterations=300)  # one batched run
 
-Data flows one way: victim training (``training``) -> ObservedUpdate (``update``) -> attack
-(``attacks``, ``api``) -> evaluation against the ground truth (``evaluator``, ``metrics``; victims and their truth in ``victims``).
+Data flows one way: victim training (``training``, ``victims``) -> ObservedUpdate (``update``) ->
+attack (``attacks``, ``api``, ``workers``) -> evaluation against the ground truth (``evaluator``,
+``metrics``).
 """
 
 import importlib as _importlib
