@@ -49,7 +49,7 @@ from .models import resolve_model
 from .records import ATTACK_COLUMNS, append_csv_row, header_mismatch, read_csv, write_bytes_atomic, write_json_atomic
 from .update import AttackTarget, load_update, read_update_index, verify_update
 from .victims import DataSettings, ground_truth
-from .workers import AttackJob, InlineWorkers, RayWorkers, make_workers
+from .workers import AttackJob, Pipeline, RayWorkers, make_workers
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -472,18 +472,16 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
     ReplayError, before anything is written, when the Ray cluster cannot be joined.
     """
     log = sys.stderr if log is None else log
-    if replay.workers == 0 and not replay.ray_address:
-        workers = InlineWorkers(str(replay.device))  # torch's threads as set below, as before the pool
-    else:
-        workers = make_workers(
-            replay.workers, address=replay.ray_address or None, threads=replay.threads, device=str(replay.device)
-        )
+    workers = make_workers(
+        replay.workers, address=replay.ray_address or None, threads=replay.threads or 1, device=str(replay.device)
+    )
     if isinstance(workers, RayWorkers):
         try:
             workers.start()
         except Exception as exc:
             workers.shutdown()
             raise ReplayError(f"cannot join the Ray cluster at {replay.ray_address}: {exc}") from None
+    pipeline = Pipeline(workers)
     previous_threads = torch.get_num_threads()
     if replay.threads:  # this process's attacks (workers=0) and the scoring
         torch.set_num_threads(replay.threads)
@@ -505,8 +503,12 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             folder=replay.out,
             table=lambda row: append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS),
         )
-        for row, target, method in _run_jobs(replay, workers, evaluator):
+        ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
+        for job, outcome in pipeline.run(_jobs(replay), ahead):
+            outcome.device = outcome.device or replay.device.type
+            row = evaluator.record(outcome, replay.truths[job.target.partition_ids])
             rows.append(row)
+            target, method = job.target, job.method
             text = (
                 f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
                 if row["status"] == "ok"
@@ -515,9 +517,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             _event(replay.out, f"attack done: {text}")
             print(f"fl-attack: {text}", file=log, flush=True)
     finally:
-        if workers.in_flight:  # interrupted: stop the attacks still running, record none of them
-            workers.drain(0)
-        workers.shutdown()
+        pipeline.shutdown()  # an interrupt: pipeline.run stopped the attacks in flight, with no row
         torch.set_num_threads(previous_threads)
         if not replay.missing and (replay.out / "config.json").is_file():
             ok = sum(r["status"] == "ok" for r in rows)
@@ -550,27 +550,3 @@ def _jobs(replay: Replay):
                 labels = "recovered"
             yield AttackJob(job_id, update, method, replay.config, target, labels=labels, model=replay.run.model)
             job_id += 1
-
-
-def _run_jobs(replay: Replay, workers, evaluator: Evaluator):
-    """Submit the replay's jobs to ``workers``, a bounded look-ahead at a time, and yield (row,
-    target, method) for each outcome as it comes back, scored here."""
-    ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
-    jobs = _jobs(replay)
-    running: dict[int, AttackJob] = {}
-    more = True
-    while more or running:
-        while more and len(running) < ahead:
-            job = next(jobs, None)
-            if job is None:
-                more = False
-                break
-            running[job.job_id] = job
-            workers.submit(job)
-        outcomes = workers.poll()
-        if not outcomes and running:
-            time.sleep(0.05)
-        for outcome in outcomes:
-            job = running.pop(outcome.job_id)
-            outcome.device = outcome.device or replay.device.type
-            yield evaluator.record(outcome, replay.truths[job.target.partition_ids]), job.target, job.method

@@ -608,19 +608,107 @@ def make_workers(
     threads: int = 1,
     device: str = "auto",
     num_gpus: float = 0.0,
+    ray_runtime: bool = False,
 ) -> Workers:
-    """The workers for a command line (experiments, replay): ``address`` set: ``num_workers`` (at
-    least 1) actors on that Ray cluster, each asking ``threads`` CPUs and ``num_gpus``;
-    ``num_workers`` 0: this process (``InlineWorkers``); else that many local processes.
-    ValueError for a negative count or threads < 1."""
+    """The workers of a driver. ``ray_runtime``: actors on the Ray runtime this process already has
+    (Flower's simulation), asking no CPUs; else ``address`` set: ``num_workers`` (at least 1) actors
+    on that Ray cluster, each asking ``threads`` CPUs; else ``num_workers`` 0: this process
+    (``InlineWorkers``), N: that many local processes. Every actor asks ``num_gpus``.
+    ValueError for a negative count, threads < 1 or a negative num_gpus."""
     if isinstance(num_workers, bool) or int(num_workers) < 0:
         raise ValueError(f"the number of workers must be >= 0, got {num_workers}")
     if int(threads) < 1:
         raise ValueError(f"threads per worker must be >= 1, got {threads}")
     if not math.isfinite(num_gpus) or num_gpus < 0:
         raise ValueError(f"num_gpus must be >= 0, got {num_gpus}")
+    if ray_runtime:
+        return RayWorkers(max(1, int(num_workers)), num_gpus, threads, device)
     if address:
         return RayWorkers(max(1, int(num_workers)), num_gpus, threads, device, address=address, num_cpus=threads)
     if int(num_workers) == 0:
         return InlineWorkers(device, threads)
     return ProcessWorkers(int(num_workers), threads, device)
+
+
+# -------------------------------------------------------------------------------- pipeline
+
+
+class Pipeline:
+    """Attack jobs kept submitted ahead to workers and collected as they finish: the one
+    submit-ahead / poll / drain loop of the federation, ``fl-attack replay`` and the experiments.
+    (A worker's death and the job's resubmission are the workers' own, above.)
+
+    workers: a ``Workers``, or a function that makes one at the first submit (the federation picks
+    its workers once Flower's runtime is up). Job ids must be unique among the jobs in flight.
+    """
+
+    def __init__(self, workers):
+        self._make = workers if callable(workers) and not hasattr(workers, "submit") else None
+        self.workers: Workers | None = None if self._make else workers
+        self.jobs: dict[int, AttackJob] = {}  # in flight, by job id
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.jobs)
+
+    def rounds_in_flight(self) -> list[int]:
+        """The rounds of the jobs in flight, oldest first (one entry per job)."""
+        return sorted(job.target.round for job in self.jobs.values())
+
+    def submit(self, job: AttackJob) -> None:
+        if self.workers is None:
+            self.workers = self._make()
+        self.jobs[job.job_id] = job
+        self.workers.submit(job)
+
+    def poll(self) -> list[tuple[AttackJob, AttackOutcome]]:
+        """(job, outcome) of every job finished since the last call (does not wait)."""
+        return self._paired(self.workers.poll() if self.workers else [])
+
+    def _paired(self, outcomes: list[AttackOutcome]) -> list[tuple[AttackJob, AttackOutcome]]:
+        return [(self.jobs.pop(o.job_id), o) for o in outcomes]
+
+    def drain(self, timeout: float, on_done=None) -> list[tuple[AttackJob, AttackOutcome]]:
+        """Wait up to ``timeout`` seconds for every job in flight, calling ``on_done(pairs)`` after each
+        look (pairs may be empty: a chance to report progress); the jobs still running then come back
+        as failed (their workers stop them). Returns every (job, outcome) pair."""
+        out, deadline = [], time.monotonic() + timeout
+        while self.jobs:
+            late = time.monotonic() >= deadline
+            done = self._paired(self.workers.drain(0)) if late else self.poll()
+            if on_done:
+                on_done(done)
+            out += done
+            if late:
+                break
+            if not done:
+                time.sleep(0.1)
+        return out
+
+    def run(self, jobs, ahead: int = 1):
+        """Yield (job, outcome) for every job of the iterable ``jobs``, kept at most ``ahead`` in
+        flight; jobs are made only when submitted. An interrupt or a closed generator stops the jobs
+        in flight (no outcome for them)."""
+        jobs, more = iter(jobs), True
+        try:
+            while more or self.jobs:
+                while more and len(self.jobs) < max(1, ahead):
+                    job = next(jobs, None)
+                    if job is None:
+                        more = False
+                    else:
+                        self.submit(job)
+                done = self.poll()
+                if not done and self.jobs:
+                    time.sleep(0.05)
+                yield from done
+        finally:
+            if self.jobs:
+                self._paired(self.workers.drain(0))
+
+    def shutdown(self) -> None:
+        """Stop the jobs still in flight (no outcome for them) and the workers."""
+        if self.workers is not None:
+            if self.jobs:
+                self._paired(self.workers.drain(0))
+            self.workers.shutdown()

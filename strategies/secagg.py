@@ -32,7 +32,6 @@ from fl_attack.run_config import RunSettings
 from fl_attack.update import AttackTarget
 from fl_attack.workers import Workers
 
-from .attacker import FederationWorkers
 from .strategy import LeakageTracking
 
 
@@ -83,7 +82,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         settings: RunSettings,
         run_dir,
         initial_state: dict,
-        workers: Workers | FederationWorkers | None = None,
+        workers: Workers | None = None,
         clients_per_round: int | None = None,
         test_set=None,
         **fedavg_kwargs,
@@ -156,7 +155,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         )
         self._event(
             f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
-            f"{partitions} ({self.workers.in_flight} in flight)"
+            f"{partitions} ({self.pipeline.in_flight} in flight)"
         )
 
 

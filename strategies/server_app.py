@@ -283,10 +283,10 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
-        waves = math.ceil(strategy.workers.in_flight / max(1, settings.attack_actors))
+        waves = math.ceil(strategy.pipeline.in_flight / max(1, settings.attack_actors))
         strategy.drain(timeout=settings.attack_timeout * waves + 60)
         strategy.keep_unwritten()
-        strategy.workers.shutdown()
+        strategy.pipeline.shutdown()
         ok = sum(r["status"] == "ok" for r in strategy.rows)
         strategy.timings.add("writing", config_seconds)
         # Where the time went (strategies/timings.py); the launcher adds its own clock and prints it.

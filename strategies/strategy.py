@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -36,9 +36,7 @@ from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.timings import Timings
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 from fl_attack.victims import ground_truth, private_samples
-from fl_attack.workers import Workers
-
-from .attacker import AttackJob, AttackOutcome, FederationWorkers
+from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +105,24 @@ def evaluate_model(
     return loss / len(labels), correct / len(labels)
 
 
+def federation_workers(settings: RunSettings, threads: int) -> Workers:
+    """The run's attack workers: actors on Flower's Ray runtime when it is up (the simulation),
+    else on the Ray cluster at ``attack-ray-address``, else local processes (the deployment engine)."""
+    import ray
+
+    s = settings
+    kind = "ray" if ray.is_initialized() else f"ray cluster {s.attack_ray_address}" if s.attack_ray_address else ""
+    log.info("attacks run on %s (%d worker(s))", kind or "local processes", s.attack_actors)
+    return make_workers(
+        s.attack_actors,
+        address=s.attack_ray_address or None,
+        threads=max(1, int(threads)),
+        device=s.attack_device,
+        num_gpus=s.attack_num_gpus,
+        ray_runtime=ray.is_initialized(),
+    )
+
+
 class LeakageTracking:
     """What both honest-but-curious strategies share: the attacker, the evaluator and the records.
 
@@ -131,7 +147,7 @@ class LeakageTracking:
         self,
         settings: RunSettings,
         run_dir,
-        workers: Workers | FederationWorkers | None,
+        workers: Workers | None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
@@ -143,7 +159,8 @@ class LeakageTracking:
         self.attack_config = settings.attack_config()
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
-        self.workers = workers or FederationWorkers(settings, self.attack_threads)
+        # the attack workers, chosen at the first submit (Flower's Ray runtime is up by then)
+        self.pipeline = Pipeline(workers or (lambda: federation_workers(settings, self.attack_threads)))
         self.timings = Timings()  # the evaluator's scoring, images and writing phases too
         self.evaluator = Evaluator(
             settings.dataset,
@@ -154,12 +171,10 @@ class LeakageTracking:
         )
         self.round_times: dict[int, dict] = {}
         self.global_arrays: dict[int, ArrayRecord] = {}
-        self.submitted: list[AttackJob] = []
         self.rows: list[dict] = []
         self.current_round = round_offset
         # per round: clients, losses, accuracies, attack counts, excluded partitions
         self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
-        self._in_flight_rounds: Counter = Counter()
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
         self._round_start: dict[int, float] = {}
         self._jobs = 0
@@ -179,10 +194,10 @@ class LeakageTracking:
         self.round_times[server_round] = {"configured": self._round_start[server_round]}
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
         self._event(
-            f"round {server_round}: training starts with {self.workers.in_flight} attack(s) in flight"
+            f"round {server_round}: training starts with {self.pipeline.in_flight} attack(s) in flight"
             + (
-                f", the oldest from round {min(self._in_flight_rounds)} ({self.lag_rounds()} round(s) behind)"
-                if self._in_flight_rounds
+                f", the oldest from round {self.pipeline.rounds_in_flight()[0]} ({self.lag_rounds()} round(s) behind)"
+                if self.pipeline.in_flight
                 else ""
             )
         )
@@ -194,7 +209,7 @@ class LeakageTracking:
 
     def lag_rounds(self) -> int:
         """How many rounds the oldest attack still in flight is behind the current round (0: none)."""
-        return self.current_round - min(self._in_flight_rounds) if self._in_flight_rounds else 0
+        return self.current_round - self.pipeline.rounds_in_flight()[0] if self.pipeline.in_flight else 0
 
     def _plan(self, server_round: int, candidates: list[int]) -> list[int]:
         """The partitions to attack this round (each with every method), by the run config's schedule."""
@@ -204,11 +219,11 @@ class LeakageTracking:
         targets = self.settings.select_clients(candidates, server_round)
         methods = len(self.settings.methods)
         backlog = self.settings.attack_max_backlog
-        if backlog and self.workers.in_flight >= backlog:
+        if backlog and self.pipeline.in_flight >= backlog:
             self._round[server_round]["skipped"] += len(targets) * methods
             self._event(
                 f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
-                f"{self.workers.in_flight} still in flight (attack-max-backlog={backlog})"
+                f"{self.pipeline.in_flight} still in flight (attack-max-backlog={backlog})"
             )
             return []
         budget = self.settings.attack_budget
@@ -264,10 +279,8 @@ class LeakageTracking:
                 threads=self.drain_threads if last_round else self.attack_threads,
                 model=self.settings.model,
             )
-            self.submitted.append(job)
-            self._in_flight_rounds[target.round] += 1
             self._round[target.round]["dispatched"] += 1
-            self.workers.submit(job)
+            self.pipeline.submit(job)
 
     def _training_received(self, server_round: int, train_seconds: list, train_started: list) -> None:
         """The replies are in (called first thing when aggregating): the clients' reported times."""
@@ -320,7 +333,7 @@ class LeakageTracking:
             "round": server_round,
             "clients": record.get("clients", 0),
             "train_loss": record.get("train_loss"),
-            "attacks_in_flight": self.workers.in_flight,
+            "attacks_in_flight": self.pipeline.in_flight,
             "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
             "eval_loss": record.get("eval_loss"),
             "eval_accuracy": record.get("eval_accuracy"),
@@ -344,21 +357,19 @@ class LeakageTracking:
         accuracy = record.get("global_accuracy")
         self._event(
             f"round {server_round}: done; global accuracy "
-            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.workers.in_flight} attack(s) "
+            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.pipeline.in_flight} attack(s) "
             f"in flight, {self.lag_rounds()} round(s) behind"
         )
 
     def _evaluation_received(self, server_round: int) -> None:
         self.round_times.setdefault(server_round, {})["evaluating"] = time.time()
 
-    def collect(self) -> list[dict]:
-        """Evaluate and record every finished attack (does not wait)."""
-        outcomes = self.workers.poll()
+    def collect(self, done: list | None = None) -> list[dict]:
+        """Evaluate and record every finished attack (does not wait); ``done``: (job, outcome) pairs
+        already collected from the pipeline."""
+        outcomes = [outcome for _, outcome in (self.pipeline.poll() if done is None else done)]
         for outcome in outcomes:
             self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
-            self._in_flight_rounds[outcome.target.round] -= 1
-            if self._in_flight_rounds[outcome.target.round] <= 0:
-                del self._in_flight_rounds[outcome.target.round]
         return self._record(outcomes)
 
     def _record(self, outcomes: list[AttackOutcome]) -> list[dict]:
@@ -402,33 +413,27 @@ class LeakageTracking:
     def drain(self, timeout: float) -> list[dict]:
         """Wait up to ``timeout`` seconds for the attacks still in flight, with a progress bar and a
         line in events.log every minute; the ones still running then are recorded as failed."""
-        rows = []
-        with self.timings.measure("drain_wait"):
-            left = self.workers.in_flight
-            if left:
-                self._event(
-                    f"rounds done; waiting for {left} attack(s) still in flight "
-                    f"(the oldest from round {min(self._in_flight_rounds)}), at most {timeout:.0f} s"
-                )
-            deadline, next_note = time.monotonic() + timeout, time.monotonic() + 60
-            with tqdm(
-                total=left,
-                desc="fl-attack: attacks still running",
-                unit="attack",
-                file=sys.stderr,
-                disable=not left,
-                mininterval=10,
-            ) as bar:  # Flower logs every refresh as a line
-                while self.workers.in_flight and time.monotonic() < deadline:
-                    done = self.collect()
-                    rows += done
-                    bar.update(len(done))
-                    if time.monotonic() > next_note:
-                        next_note += 60
-                        self._event(f"waiting for {self.workers.in_flight} attack(s)")
-                    if not done:
-                        time.sleep(0.2)
-            rows += self._record(self.workers.drain(0))  # the rest: recorded as failed
+        rows, left = [], self.pipeline.in_flight
+        if left:
+            self._event(
+                f"rounds done; waiting for {left} attack(s) still in flight "
+                f"(the oldest from round {self.pipeline.rounds_in_flight()[0]}), at most {timeout:.0f} s"
+            )
+        bar = tqdm(
+            total=left, desc="fl-attack: attacks still running", unit="attack", file=sys.stderr, disable=not left
+        )
+        bar.mininterval, note = 10, [time.monotonic() + 60]  # Flower logs every refresh as a line
+
+        def done(pairs):
+            if pairs:
+                rows.extend(self.collect(pairs))
+                bar.update(len(pairs))
+            if time.monotonic() > note[0]:
+                note[0] += 60
+                self._event(f"waiting for {self.pipeline.in_flight} attack(s)")
+
+        with self.timings.measure("drain_wait"), bar:
+            self.pipeline.drain(timeout, on_done=done)
             if self.unwritten:  # one last try for rows the disk refused
                 rows += self._record([])
         return rows
@@ -466,7 +471,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         self,
         settings: RunSettings,
         run_dir,
-        workers: Workers | FederationWorkers | None = None,
+        workers: Workers | None = None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
@@ -572,5 +577,5 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
             )
         self._event(
             f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "
-            f"{self.workers.in_flight} in flight"
+            f"{self.pipeline.in_flight} in flight"
         )

@@ -19,7 +19,7 @@ from clients.client_app import app as client_app
 from fl_attack.models import build_model
 from fl_attack.run_config import RunSettings
 from fl_attack.update import ObservedUpdate, TrainingMetadata
-from fl_attack.workers import InlineWorkers
+from fl_attack.workers import InlineWorkers, Pipeline
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
 
@@ -103,7 +103,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
     check_defense(settings, len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    strategy.workers = dispatcher = RecordingWorkers()
+    strategy.pipeline = Pipeline(dispatcher := RecordingWorkers())
     grid = InProcessGrid(run_config, partitions)
     result = None
     if settings.defense.secagg:

@@ -4,7 +4,7 @@ federation of real FEMNIST writers (the real ClientApp and server side, several 
 from __future__ import annotations
 
 import csv
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 import torch
@@ -12,6 +12,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import load_pool, server_test_set
 from fl_attack.update import load_update, read_update_index
+from fl_attack.workers import Pipeline
 from strategies.strategy import CHECKPOINT, evaluate_model
 from tests.inprocess import federate
 
@@ -57,17 +58,26 @@ def test_listed_rounds_under_a_budget(tmp_path):
     assert [(int(r["attacks_dispatched"]), int(r["attacks_skipped"])) for r in rounds] == [(2, 6), (0, 0), (2, 6)]
 
 
+class HeldWorkers:
+    """Unit-test workers that keep every job and finish none."""
+
+    def submit(self, job):
+        pass
+
+    def poll(self):
+        return []
+
+
 def test_first_rounds_and_a_full_backlog_skips(tmp_path):
     settings, strategy, _, jobs = federate(tmp_path, num_rounds=3, attack_rounds="first:2", **FAST)
     assert {j.target.round for j in jobs} == {1, 2} and len(jobs) == 8
     # With attack-max-backlog, a round is skipped while that many attacks are still in flight.
-    strategy.settings = SimpleNamespace(
-        **{**vars(settings), "attack_max_backlog": 4, "attack_rounds": "all"},
-        attacks_round=lambda r: True,
-        methods=settings.methods,
-        select_clients=settings.select_clients,
-    )
-    strategy.workers = SimpleNamespace(in_flight=4)
+    strategy.settings = dataclasses.replace(settings, attack_max_backlog=4, attack_rounds="all")
+    strategy.pipeline = Pipeline(HeldWorkers())  # workers that finish nothing: the jobs stay in flight
+    for job in jobs[:3]:
+        strategy.pipeline.submit(job)
+    assert strategy._plan(4, [0, 1, 2, 3]) == [0, 1, 2, 3]  # 3 in flight: below the backlog
+    strategy.pipeline.submit(jobs[3])
     assert strategy._plan(4, [0, 1, 2, 3]) == []
     assert strategy._round[4]["skipped"] == 4
     assert "4 attack(s) skipped: 4 still in flight (attack-max-backlog=4)" in (tmp_path / "events.log").read_text()

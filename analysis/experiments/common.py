@@ -33,7 +33,7 @@ from fl_attack.evaluator import Evaluator, results_row
 from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
 from fl_attack.run_config import usable_cpus
 from fl_attack.victims import Victim
-from fl_attack.workers import make_workers, run_job
+from fl_attack.workers import Pipeline, make_workers, run_job
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
@@ -443,32 +443,24 @@ def run_tasks(ctx: Context, recorder: Recorder, tasks: list[Task]) -> None:
     todo = [t for t in tasks if not recorder.done(**t.key)]
     if len(todo) < len(tasks):
         ctx.log(f"{len(tasks) - len(todo)} of {len(tasks)} attacks already recorded in {recorder.path.name}")
-    workers = make_workers(ctx.workers, address=ctx.ray_address, threads=ctx.threads, device=str(ctx.device))
-    ahead = max(1, 2 * max(1, ctx.workers))
-    queue = list(enumerate(todo))
-    running: dict[int, tuple[Task, object]] = {}
+    pipeline = Pipeline(make_workers(ctx.workers, address=ctx.ray_address, threads=ctx.threads, device=str(ctx.device)))
+    jobs = (
+        attack_job(ctx, task.victim(), task.method, task.labels, job_id=job_id, **task.overrides)
+        for job_id, task in enumerate(todo)
+    )
     failed = []
     try:
-        while queue or running:
-            while queue and len(running) < ahead:
-                job_id, task = queue.pop(0)
-                job = attack_job(ctx, task.victim(), task.method, task.labels, job_id=job_id, **task.overrides)
-                running[job_id] = (task, job)
-                workers.submit(job)
-            outcomes = workers.poll()
-            if not outcomes:
-                time.sleep(0.1)
-            for outcome in outcomes:
-                task, job = running.pop(outcome.job_id)
-                if outcome.status != "ok":
-                    failed.append(f"{job.method} {task.key}: {outcome.error}")
-                    ctx.log(f"FAILED {job.method} {task.key}: {outcome.error}")
-                    continue
-                victim = task.victim()
-                extra = task.extra(victim) if callable(task.extra) else task.extra
-                recorder.add({**score_outcome(ctx, victim, job, outcome), **extra, **ctx.stamp()})
+        for job, outcome in pipeline.run(jobs, ahead=2 * max(1, ctx.workers)):
+            task = todo[job.job_id]
+            if outcome.status != "ok":
+                failed.append(f"{job.method} {task.key}: {outcome.error}")
+                ctx.log(f"FAILED {job.method} {task.key}: {outcome.error}")
+                continue
+            victim = task.victim()
+            extra = task.extra(victim) if callable(task.extra) else task.extra
+            recorder.add({**score_outcome(ctx, victim, job, outcome), **extra, **ctx.stamp()})
     finally:
-        workers.shutdown()
+        pipeline.shutdown()
     if failed:
         raise RuntimeError(f"{len(failed)} attack(s) failed and were not recorded (rerun to retry): {failed[0]}")
 
