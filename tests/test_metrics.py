@@ -1,7 +1,8 @@
 """Tests of fl_attack.metrics on real CIFAR-100 and FEMNIST images.
 
-References: scikit-image for PSNR and SSIM, a brute-force assignment for the Hungarian matching,
-and a from-the-paper LPIPS-alex forward pass (Zhang et al. 2018) for the LPIPS wrapper.
+References: scikit-image for PSNR and SSIM, piq.fsim called image by image for FSIM, a brute-force
+assignment for the Hungarian matching, and a from-the-paper LPIPS-alex forward pass (Zhang et al.
+2018) for the LPIPS wrapper.
 """
 
 from __future__ import annotations
@@ -201,6 +202,27 @@ def test_fsim_orders_degradations(images):
     truth = _mid_range(images[:16])
     scores = [M.fsim(_noisy(truth, s, seed=9).clamp(0, 1), truth).mean().item() for s in (0.02, 0.08, 0.2)]
     assert 1.0 > scores[0] > scores[1] > scores[2] > 0.0
+
+
+def test_fsim_matches_piq_image_by_image(images):
+    """M.fsim against piq.fsim called on its own: one image at a time, in 0..255 with data_range=255,
+    on the clamped inputs; FSIMc (chromatic) for RGB. fl_attack's FSIM is piq's, so this checks what
+    the wrapper decides (per-image values, data range, clamping, FSIMc for colour), not FSIM itself."""
+    import piq
+
+    colour = images.shape[1] == 3
+    pairs = list(_skimage_pairs(images))
+    pairs.append(("out of range", _noisy(images[:8], 0.3, seed=12), images[:8]))  # clamped before scoring
+    for kind, recon, truth in pairs:
+        got = M.fsim(recon, truth)
+        assert got.shape == (len(truth),) and got.dtype == torch.float32, kind
+        r, t = (255 * z.clamp(0, 1).double() for z in (recon, truth))
+        for i in range(len(truth)):
+            ref = piq.fsim(r[i : i + 1], t[i : i + 1], data_range=255, chromatic=colour, reduction="none")
+            assert float(got[i]) == pytest.approx(float(ref), abs=1e-6), (kind, i)
+        if colour:  # the chromatic terms are really in: plain FSIM on the same pairs is another number
+            plain = piq.fsim(r, t, data_range=255, chromatic=False, reduction="none")
+            assert float((got.double() - plain).abs().max()) > 1e-3, kind
 
 
 # ---------------------------------------------------------------- LPIPS
