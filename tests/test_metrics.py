@@ -1,8 +1,9 @@
 """Tests of fl_attack.metrics on real CIFAR-100 and FEMNIST images.
 
 References: scikit-image for PSNR and SSIM, piq.fsim called image by image for FSIM, a brute-force
-assignment for the Hungarian matching, and a from-the-paper LPIPS-alex forward pass (Zhang et al.
-2018) for the LPIPS wrapper.
+assignment for the Hungarian matching, and for the LPIPS wrapper a from-the-paper LPIPS-alex forward
+pass (Zhang et al. 2018) and the lpips package's own forward pass with the shared offline AlexNet
+trunk (the check on the shipped trunk's values).
 """
 
 from __future__ import annotations
@@ -269,6 +270,51 @@ def test_lpips_matches_the_paper_forward_pass(cifar, femnist, lpips_metric):
         g, h = femnist[:8], femnist[8:16]
         up = lambda z: F.interpolate(z.repeat(1, 3, 1, 1), size=(32, 32), mode="bilinear", align_corners=False)
         assert torch.allclose(lpips_metric(g, h), _reference_lpips_alex(state, up(g), up(h)), atol=1e-5)
+
+
+def _shared_lpips_weights() -> Path:
+    for d in DATA_DIRS:
+        if (d / "lpips" / "alex.pth").is_file():
+            return d / "lpips" / "alex.pth"
+    pytest.skip("no shared lpips/alex.pth (the project's offline LPIPS weights) beside the checkout")
+
+
+def test_lpips_matches_the_lpips_package(cifar, femnist, lpips_metric):
+    """M.LPIPS (the shipped weights file) against the lpips package's own LPIPS-alex v0.1 forward pass,
+    its linear heads from the package's bundled v0.1 file and its AlexNet trunk from the shared
+    offline weights (not the shipped asset), fed [-1,1] inputs as the package documents."""
+    import lpips
+
+    trunk = {
+        k: v
+        for k, v in torch.load(_shared_lpips_weights(), map_location="cpu", weights_only=True).items()
+        if k.startswith("net.")
+    }
+    assert len(trunk) == 10  # 5 convolutions, weight and bias
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        net = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False)
+    result = net.load_state_dict(trunk, strict=False)
+    assert not result.unexpected_keys
+    # the heads (lin0..4, also reachable as lins) stay the package's own
+    assert {k.split(".")[0] for k in result.missing_keys} <= {f"lin{i}" for i in range(5)} | {"lins", "scaling_layer"}
+    net.eval()
+
+    def package(x, y):
+        with torch.no_grad():
+            return net(2 * x - 1, 2 * y - 1).reshape(-1)
+
+    up = lambda z: F.interpolate(z.repeat(1, 3, 1, 1), size=(32, 32), mode="bilinear", align_corners=False)
+    pairs = [
+        ("noisy", cifar[:8], _noisy(cifar[:8], 0.1, seed=10).clamp(0, 1)),
+        ("unrelated", cifar[:8], cifar[8:16]),
+        ("grey", femnist[:8], femnist[8:16]),  # repeated to RGB and upsampled to 32x32 by M.LPIPS
+    ]
+    for kind, x, y in pairs:
+        got = lpips_metric(x, y)
+        ref = package(up(x), up(y)) if x.shape[1] == 1 else package(x, y)
+        assert float(ref.min()) > 1e-3, kind  # real distances, not a degenerate zero
+        assert torch.allclose(got, ref, rtol=0, atol=1e-6), (kind, float((got - ref).abs().max()))
 
 
 def test_shipped_lpips_heads_are_the_lpips_package_v01_heads():
