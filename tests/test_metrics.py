@@ -1,7 +1,9 @@
 """Tests of fl_attack.metrics on real CIFAR-100 and FEMNIST images.
 
-References: scikit-image for PSNR and SSIM, a brute-force assignment for the Hungarian matching,
-and a from-the-paper LPIPS-alex forward pass (Zhang et al. 2018) for the LPIPS wrapper.
+References: scikit-image for PSNR and SSIM, piq.fsim called image by image for FSIM, a brute-force
+assignment for the Hungarian matching, and for the LPIPS wrapper a from-the-paper LPIPS-alex forward
+pass (Zhang et al. 2018) and the lpips package's own forward pass with the shared offline AlexNet
+trunk (the check on the shipped trunk's values).
 """
 
 from __future__ import annotations
@@ -203,6 +205,27 @@ def test_fsim_orders_degradations(images):
     assert 1.0 > scores[0] > scores[1] > scores[2] > 0.0
 
 
+def test_fsim_matches_piq_image_by_image(images):
+    """M.fsim against piq.fsim called on its own: one image at a time, in 0..255 with data_range=255,
+    on the clamped inputs; FSIMc (chromatic) for RGB. fl_attack's FSIM is piq's, so this checks what
+    the wrapper decides (per-image values, data range, clamping, FSIMc for colour), not FSIM itself."""
+    import piq
+
+    colour = images.shape[1] == 3
+    pairs = list(_skimage_pairs(images))
+    pairs.append(("out of range", _noisy(images[:8], 0.3, seed=12), images[:8]))  # clamped before scoring
+    for kind, recon, truth in pairs:
+        got = M.fsim(recon, truth)
+        assert got.shape == (len(truth),) and got.dtype == torch.float32, kind
+        r, t = (255 * z.clamp(0, 1).double() for z in (recon, truth))
+        for i in range(len(truth)):
+            ref = piq.fsim(r[i : i + 1], t[i : i + 1], data_range=255, chromatic=colour, reduction="none")
+            assert float(got[i]) == pytest.approx(float(ref), abs=1e-6), (kind, i)
+        if colour:  # the chromatic terms are really in: plain FSIM on the same pairs is another number
+            plain = piq.fsim(r, t, data_range=255, chromatic=False, reduction="none")
+            assert float((got.double() - plain).abs().max()) > 1e-3, kind
+
+
 # ---------------------------------------------------------------- LPIPS
 
 
@@ -247,6 +270,51 @@ def test_lpips_matches_the_paper_forward_pass(cifar, femnist, lpips_metric):
         g, h = femnist[:8], femnist[8:16]
         up = lambda z: F.interpolate(z.repeat(1, 3, 1, 1), size=(32, 32), mode="bilinear", align_corners=False)
         assert torch.allclose(lpips_metric(g, h), _reference_lpips_alex(state, up(g), up(h)), atol=1e-5)
+
+
+def _shared_lpips_weights() -> Path:
+    for d in DATA_DIRS:
+        if (d / "lpips" / "alex.pth").is_file():
+            return d / "lpips" / "alex.pth"
+    pytest.skip("no shared lpips/alex.pth (the project's offline LPIPS weights) beside the checkout")
+
+
+def test_lpips_matches_the_lpips_package(cifar, femnist, lpips_metric):
+    """M.LPIPS (the shipped weights file) against the lpips package's own LPIPS-alex v0.1 forward pass,
+    its linear heads from the package's bundled v0.1 file and its AlexNet trunk from the shared
+    offline weights (not the shipped asset), fed [-1,1] inputs as the package documents."""
+    import lpips
+
+    trunk = {
+        k: v
+        for k, v in torch.load(_shared_lpips_weights(), map_location="cpu", weights_only=True).items()
+        if k.startswith("net.")
+    }
+    assert len(trunk) == 10  # 5 convolutions, weight and bias
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        net = lpips.LPIPS(net="alex", pretrained=True, pnet_rand=True, verbose=False)
+    result = net.load_state_dict(trunk, strict=False)
+    assert not result.unexpected_keys
+    # the heads (lin0..4, also reachable as lins) stay the package's own
+    assert {k.split(".")[0] for k in result.missing_keys} <= {f"lin{i}" for i in range(5)} | {"lins", "scaling_layer"}
+    net.eval()
+
+    def package(x, y):
+        with torch.no_grad():
+            return net(2 * x - 1, 2 * y - 1).reshape(-1)
+
+    up = lambda z: F.interpolate(z.repeat(1, 3, 1, 1), size=(32, 32), mode="bilinear", align_corners=False)
+    pairs = [
+        ("noisy", cifar[:8], _noisy(cifar[:8], 0.1, seed=10).clamp(0, 1)),
+        ("unrelated", cifar[:8], cifar[8:16]),
+        ("grey", femnist[:8], femnist[8:16]),  # repeated to RGB and upsampled to 32x32 by M.LPIPS
+    ]
+    for kind, x, y in pairs:
+        got = lpips_metric(x, y)
+        ref = package(up(x), up(y)) if x.shape[1] == 1 else package(x, y)
+        assert float(ref.min()) > 1e-3, kind  # real distances, not a degenerate zero
+        assert torch.allclose(got, ref, rtol=0, atol=1e-6), (kind, float((got - ref).abs().max()))
 
 
 def test_shipped_lpips_heads_are_the_lpips_package_v01_heads():
