@@ -18,26 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS
+from fl_attack.runs import ATTACK_COLUMNS, ATTACKS, ROUND_COLUMNS, ROUNDS, numeric
 
-ROUND_NUMERIC = ROUND_COLUMNS
-# node_id and client_id stay text: Flower node ids are 64-bit and would lose digits as floats.
-ATTACK_NUMERIC = [
-    "round",
-    "partition_id",
-    "local_steps",
-    "nodes",
-    "iterations",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "attack_seconds",
-    "lag_rounds",
-]
+# The run folder's typed schema (fl_attack.runs): the writers' and this reader's one column list.
+ROUND_NUMERIC, ATTACK_NUMERIC = numeric(ROUNDS), numeric(ATTACKS)
 ATTACK_STATUSES = ("ok", "failed")
 # A row without these cannot be placed in a table at all.
 ROUND_REQUIRED = ("round",)

@@ -3,7 +3,7 @@
 The federation (strategies/), ``fl-attack replay``, ``fl-attack attack`` and the paper experiments
 all hand an ``AttackOutcome`` (fl_attack.workers) and the victim's truth to ``Evaluator.record``,
 which scores it and returns THE row (``attack_row``: the columns of attacks.csv,
-``fl_attack.records.ATTACK_COLUMNS``; ``results_row`` renames it for results.csv and the
+``fl_attack.runs.ATTACKS``; ``results_row`` renames it for results.csv and the
 experiments' CSVs).
 
 * ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
@@ -25,7 +25,7 @@ import torch
 from .data import get_spec
 from .images import save_comparison_grid
 from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
-from .records import ATTACK_COLUMNS
+from .runs import ATTACK_COLUMNS
 
 __all__ = ["Evaluator", "score", "save_grid", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
 

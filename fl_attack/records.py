@@ -24,53 +24,6 @@ import secrets
 import time
 from pathlib import Path
 
-# The columns of a run folder's CSVs (README "Results of a run"), shared by the writers
-# (strategies/) and the reader (analysis/load.py). New columns go at the end, except in
-# ATTACK_COLUMNS where "image" stays last: the reader spots a cut-off last line by its image path.
-ROUND_COLUMNS = [
-    "round",
-    "clients",
-    "train_loss",
-    "eval_loss",
-    "eval_accuracy",
-    "attacks_in_flight",
-    "seconds",
-    "global_loss",
-    "global_accuracy",
-    "attack_lag_rounds",
-    "attacks_dispatched",
-    "attacks_skipped",
-    "excluded",
-]
-ATTACK_COLUMNS = [
-    "round",
-    "node_id",
-    "partition_id",
-    "client_id",
-    "method",
-    "dataset",
-    "defense",
-    "local_steps",
-    "nodes",
-    "iterations",
-    "labels",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "attack_seconds",
-    "status",
-    "error",
-    "label_estimator",
-    "lag_rounds",
-    "worker_node",
-    "worker_id",
-    "device",
-    "image",
-]
 log = logging.getLogger(__name__)
 
 WRITE_TRIES = 4  # one write and three retries

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import platform
 import re
 import sys
 import time
@@ -40,13 +39,13 @@ from typing import TextIO
 
 import torch
 
-from . import __version__
 from .api import resolve_device
 from .attacks import AttackConfig, parse_methods
 from .config import parse_key_values, typed_value
 from .evaluator import Evaluator
 from .models import resolve_model
-from .records import ATTACK_COLUMNS, append_csv_row, header_mismatch, read_csv, write_bytes_atomic, write_json_atomic
+from .records import header_mismatch, read_csv, write_bytes_atomic
+from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
 from .victims import DataSettings, ground_truth
 from .workers import AttackJob, Pipeline, RayWorkers, make_workers
@@ -424,9 +423,7 @@ def _replay_run_config(replay: Replay) -> dict:
 def _start_record(replay: Replay) -> None:
     """config.json, rounds.csv (the run's) and the first events.log line of a new replay folder."""
     run = replay.run
-    replay.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(
-        replay.out / "config.json",
+    RunFolder(replay.out).write_config(
         {
             "run_config": _replay_run_config(replay),
             "attack_config": asdict(replay.config),
@@ -434,8 +431,6 @@ def _start_record(replay: Replay) -> None:
             "seed": run.config.get("seed"),
             "num_nodes": run.config.get("num_nodes"),
             "defense": run.config.get("defense"),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "versions": {"fl_attack": __version__, "torch": torch.__version__, "python": platform.python_version()},
             "replay": {
                 "of": str(run.path.resolve()),
                 "name": replay.name,
@@ -448,15 +443,10 @@ def _start_record(replay: Replay) -> None:
                 "ray_address": replay.ray_address,
                 "options": replay.options,
             },
-        },
+        }
     )
     if (run.path / "rounds.csv").is_file():  # the same federation: its rounds, for accuracy plots
         write_bytes_atomic(replay.out / "rounds.csv", (run.path / "rounds.csv").read_bytes())
-
-
-def _event(folder: Path, text: str) -> None:
-    with open(folder / "events.log", "a") as f:
-        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
 
 def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
@@ -485,14 +475,13 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
     previous_threads = torch.get_num_threads()
     if replay.threads:  # this process's attacks (workers=0) and the scoring
         torch.set_num_threads(replay.threads)
-    started = time.time()
+    started, out = time.time(), RunFolder(replay.out)
     what = "missing attacks" if replay.missing else f"replay '{replay.name}'"
     rows = []
     try:
         if not replay.missing:
             _start_record(replay)
-        _event(
-            replay.out,
+        out.event(
             f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
             f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
             f"{replay.threads or torch.get_num_threads()} torch thread(s) on {replay.device}, in {replay.where()}",
@@ -501,7 +490,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             replay.run.data.dataset,
             defense=replay.run.defense,
             folder=replay.out,
-            table=lambda row: append_csv_row(replay.out / "attacks.csv", row, ATTACK_COLUMNS),
+            table=out.append_attack,
         )
         ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
         for job, outcome in pipeline.run(_jobs(replay), ahead):
@@ -514,15 +503,14 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                 if row["status"] == "ok"
                 else f"{target.describe()} {method} failed: {row['error']}"
             )
-            _event(replay.out, f"attack done: {text}")
+            out.event(f"attack done: {text}")
             print(f"fl-attack: {text}", file=log, flush=True)
     finally:
         pipeline.shutdown()  # an interrupt: pipeline.run stopped the attacks in flight, with no row
         torch.set_num_threads(previous_threads)
         if not replay.missing and (replay.out / "config.json").is_file():
             ok = sum(r["status"] == "ok" for r in rows)
-            write_json_atomic(
-                replay.out / "summary.json",
+            out.write_summary(
                 {
                     "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "seconds": round(time.time() - started, 1),
@@ -533,7 +521,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                 },
             )
         if replay.out.is_dir():
-            _event(replay.out, f"{what}: {len(rows)} of {replay.attacks} attack(s) recorded")
+            out.event(f"{what}: {len(rows)} of {replay.attacks} attack(s) recorded")
     return rows
 
 

@@ -140,10 +140,10 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         w0 = self.global_arrays.get(server_round)
         partitions = sorted(int(r.metrics["partition-id"]) for r in results if "partition-id" in r.metrics)
         if not results or not self.settings.select_clients(partitions, server_round):
-            self._event(f"round {server_round}: no attack on the aggregate (attack-clients selects nobody)")
+            self.folder.event(f"round {server_round}: no attack on the aggregate (attack-clients selects nobody)")
             return
         if not self.settings.attacks_round(server_round):
-            self._event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
+            self.folder.event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
             return
         target = AttackTarget(
             server_round, tuple(partitions), None, f"aggregate:{','.join(map(str, partitions))}", aggregate=True
@@ -153,7 +153,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
             lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
             lambda: self.truth(target)[1],
         )
-        self._event(
+        self.folder.event(
             f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
             f"{partitions} ({self.pipeline.in_flight} in flight)"
         )

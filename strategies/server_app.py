@@ -13,14 +13,10 @@ The run config's ``defense`` picks how the server side runs (fl_attack/run_confi
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import platform
 import time
 from dataclasses import asdict
-from importlib import metadata
-from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -30,31 +26,18 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
-from fl_attack import __version__
 from fl_attack.data import load_pool, num_partitions, server_test_set
 from fl_attack.paths import resolve_in_project
-from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS, csv_text, read_csv, write_json_atomic, write_text_atomic
 from fl_attack.run_config import RunSettings
-from fl_attack.update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
+from fl_attack.runs import RunFolder
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
-from .strategy import CHECKPOINT, LeakageFedAvg
+from .strategy import LeakageFedAvg
 
 log = logging.getLogger(__name__)
 app = ServerApp()
 
 
-def _versions() -> dict:
-    out = {"fl_attack": __version__, "python": platform.python_version()}
-    for dist in ("flwr", "torch", "ray", "lpips", "piq"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")
 # Run-config keys a resumed run may change: where and how fast attacks run, and how many rounds.
 RESUMABLE_KEYS = {
     "resume",
@@ -71,61 +54,59 @@ RESUMABLE_KEYS = {
 }
 
 
-def write_run_config(run_dir: Path, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
-    """A new run's config.json: the flat run config, the seed, versions, the AttackConfig and the
-    defense (what analysis/load.py and ``fl-attack replay`` read back)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(
-        run_dir / "config.json",
+def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
+    """A new run's config.json in ``folder`` (a RunFolder or a path): the flat run config, the seed,
+    the AttackConfig and the defense (what analysis/load.py and ``fl-attack replay`` read back)."""
+    folder = RunFolder(folder)
+    folder.write_config(
         {
             "run_config": run_config,
             "seed": settings.seed,
-            "run_name": run_dir.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "versions": _versions(),
+            "run_name": folder.path.name,
             "num_nodes": num_nodes,
             "attack_config": asdict(settings.attack_config()),
             "defense": settings.defense.describe(),
-        },
+        }
     )
 
 
-def run_folder(settings: RunSettings) -> Path:
+def run_folder(settings: RunSettings) -> RunFolder:
     """The run's folder. A named run (run-name) must not exist yet, so that two runs never share
     one record; an unnamed one gets a fresh name (timestamp-dataset-methods, with -2, -3 ... when
     taken). Raises ValueError for a named folder that already holds a run."""
     root = resolve_in_project(settings.results_dir)
     if settings.run_name:
-        folder = root / settings.run_name
-        if any((folder / name).exists() for name in RUN_FILES):
+        folder = RunFolder(root / settings.run_name)
+        if folder.holds_run:
             raise ValueError(
                 f"invalid run config: run folder {folder} already holds a run; choose another "
                 f'run-name, or resume it with resume="{folder}"'
             )
         return folder
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
-    folder, n = root / base, 1
-    while folder.exists():
+    path, n = root / base, 1
+    while path.exists():
         n += 1
-        folder = root / f"{base}-{n}"
-    return folder
+        path = root / f"{base}-{n}"
+    return RunFolder(path)
 
 
-def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, dict]:
+def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, int, dict]:
     """(the run folder, its last completed round R, R's global model) for resume="RUN_DIR".
 
     Checks that the run config equals the interrupted run's (but for RESUMABLE_KEYS), then cuts
-    rounds.csv, attacks.csv and updates/index.csv back to rounds <= R, atomically, so the resumed
-    rounds never duplicate a row. Raises ValueError naming what does not fit, before any round.
+    rounds.csv, attacks.csv and updates/index.csv back to rounds <= R (``RunFolder.cut_back``), so
+    the resumed rounds never duplicate a row. Raises ValueError naming what does not fit, before
+    any round.
     """
-    folder = resolve_in_project(settings.resume)
+    folder = RunFolder(resolve_in_project(settings.resume))
     try:
-        before = json.loads((folder / "config.json").read_text())["run_config"]
-        checkpoint = torch.load(folder / CHECKPOINT, weights_only=True)
-    except (OSError, KeyError, json.JSONDecodeError) as exc:
+        before = folder.read_config()["run_config"]
+        done, arrays = folder.load_checkpoint()
+    except (ValueError, KeyError) as exc:
         raise ValueError(
             f"invalid run config: resume='{settings.resume}' is not a resumable run folder "
-            f"(needs config.json and {CHECKPOINT}): {exc}"
+            f"(needs config.json and {folder.checkpoint_file.name}): {exc}"
         ) from None
     differing = sorted(
         k for k in set(before) | set(run_config) if k not in RESUMABLE_KEYS and before.get(k) != run_config.get(k)
@@ -135,29 +116,15 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[Path, int, 
             f"invalid run config: resume: the run config differs from the interrupted run's in "
             f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
         )
-    done = int(checkpoint["round"])
     if done >= settings.num_server_rounds:
         raise ValueError(
             f"invalid run config: resume: {folder} has finished all {done} rounds; raise num-server-rounds to go on"
         )
-    schema = {
-        folder / "rounds.csv": ROUND_COLUMNS,
-        folder / "attacks.csv": ATTACK_COLUMNS,
-        folder / "updates" / UPDATE_INDEX: UPDATE_INDEX_COLUMNS,
-    }
-    found = {path: read_csv(path) for path in schema if path.exists()}
-    for path, (header, _) in found.items():
-        unknown = [c for c in header if c not in schema[path]]
-        if unknown:
-            raise ValueError(
-                f"invalid run config: resume: {path} has columns this version does not write ({unknown}); "
-                "resume it with the version that recorded it"
-            )
-    # Written with this version's columns: a run recorded before a column was added gets it, empty.
-    for path, (_, rows) in found.items():
-        kept = [r for r in rows if r.get("round") and int(r["round"]) <= done]
-        write_text_atomic(path, csv_text(kept, schema[path]))
-    return folder, done, checkpoint["arrays"]
+    try:
+        folder.cut_back(done)
+    except ValueError as exc:
+        raise ValueError(f"invalid run config: resume: {exc}") from None
+    return folder, done, arrays
 
 
 def check_partitions(settings: RunSettings, num_nodes: int) -> None:
@@ -252,11 +219,11 @@ def main(grid: Grid, context: Context) -> None:
     clock = time.perf_counter()
     if settings.resume:
         run_dir, done, state = prepare_resume(settings, run_config)
-        config = json.loads((run_dir / "config.json").read_text())
+        config = run_dir.read_config()
         config.setdefault("resumed", []).append(
             {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "after_round": done, "run_config": run_config}
         )
-        write_json_atomic(run_dir / "config.json", config)
+        run_dir.write_config(config)
     else:
         run_dir, done, state = run_folder(settings), 0, settings.new_model(seed=settings.seed).state_dict()
         write_run_config(run_dir, settings, run_config, num_nodes)
@@ -267,7 +234,7 @@ def main(grid: Grid, context: Context) -> None:
 
     runner, strategy = build_strategy(settings, run_dir, num_nodes, state, round_offset=done)
     if done:
-        strategy._event(f"resumed after round {done}: rounds {done + 1}..{settings.num_server_rounds} follow")
+        strategy.folder.event(f"resumed after round {done}: rounds {done + 1}..{settings.num_server_rounds} follow")
     started = time.time()
     try:
         if settings.defense.secagg:
@@ -284,12 +251,9 @@ def main(grid: Grid, context: Context) -> None:
         rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
         waves = math.ceil(strategy.pipeline.in_flight / max(1, settings.attack_actors))
-        strategy.drain(timeout=settings.attack_timeout * waves + 60)
-        strategy.keep_unwritten()
-        strategy.pipeline.shutdown()
-        ok = sum(r["status"] == "ok" for r in strategy.rows)
+        counts = strategy.finish(timeout=settings.attack_timeout * waves + 60)
         strategy.timings.add("writing", config_seconds)
-        # Where the time went (strategies/timings.py); the launcher adds its own clock and prints it.
+        # Where the time went (fl_attack/timings.py); the launcher adds its own clock and prints it.
         timings = {
             **strategy.timing_record(),
             "main_started": main_started,
@@ -297,15 +261,11 @@ def main(grid: Grid, context: Context) -> None:
             "main_finished": time.time(),
         }
         try:  # the shutdown path must not fail on the error that may have brought it here
-            write_json_atomic(
-                run_dir / "summary.json",
+            run_dir.write_summary(
                 {
                     "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "seconds": round(time.time() - started, 1),
-                    "attacks": len(strategy.rows),
-                    "attacks_ok": ok,
-                    "attacks_failed": len(strategy.rows) - ok,
-                    "attacks_unwritten": len(strategy.unwritten),
+                    **counts,
                     "resumed_after_round": done or None,
                     "drain_seconds": round(time.time() - rounds_finished, 1),
                     "cuda": torch.cuda.is_available(),
@@ -313,5 +273,5 @@ def main(grid: Grid, context: Context) -> None:
                 },
             )
         except OSError as exc:
-            print(f"fl-attack: error: could not write {run_dir / 'summary.json'}: {exc}", flush=True)
-    print(f"fl-attack: {ok}/{len(strategy.rows)} attacks succeeded; results in {run_dir}", flush=True)
+            print(f"fl-attack: error: could not write {run_dir.summary_file}: {exc}", flush=True)
+    print(f"fl-attack: {counts['attacks_ok']}/{counts['attacks']} attacks succeeded; results in {run_dir}", flush=True)

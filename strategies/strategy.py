@@ -31,8 +31,8 @@ from fl_attack.attacks import get_attack
 from fl_attack.data import get_spec
 from fl_attack.evaluator import Evaluator
 from fl_attack.models import resolve_model
-from fl_attack.records import ATTACK_COLUMNS, ROUND_COLUMNS, append_csv_row
 from fl_attack.run_config import RunSettings, usable_cpus
+from fl_attack.runs import RunFolder
 from fl_attack.timings import Timings
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 from fl_attack.victims import ground_truth, private_samples
@@ -40,7 +40,6 @@ from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.pt"
 # Set to a round number, the ServerApp process exits abruptly right after that round's checkpoint
 # (no clean-up, no summary.json): how the tests interrupt a real federation.
 CRASH_ENV = "FL_ATTACK_CRASH_AFTER_ROUND"
@@ -153,7 +152,7 @@ class LeakageTracking:
         test_set=None,
     ) -> None:
         self.settings = settings
-        self.run_dir = run_dir
+        self.folder = RunFolder(run_dir)  # every file of the run's record
         self.round_offset = round_offset
         self.test_set = test_set  # the server's held-out ClientData, or None (no centralised evaluation)
         self.attack_config = settings.attack_config()
@@ -165,8 +164,8 @@ class LeakageTracking:
         self.evaluator = Evaluator(
             settings.dataset,
             defense=settings.defense.label,
-            folder=run_dir,
-            table=lambda row: append_csv_row(run_dir / "attacks.csv", row, ATTACK_COLUMNS),
+            folder=self.folder.path,
+            table=self.folder.append_attack,
             timings=self.timings,
         )
         self.round_times: dict[int, dict] = {}
@@ -178,7 +177,7 @@ class LeakageTracking:
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
         self._round_start: dict[int, float] = {}
         self._jobs = 0
-        self._event(
+        self.folder.event(
             f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
             f"{self.drain_threads} for the last round's attacks (attack-threads={settings.attack_threads}, "
             f"{usable_cpus()} cores, client-num-cpus={settings.client_num_cpus}, "
@@ -193,7 +192,7 @@ class LeakageTracking:
         self._round_start[server_round] = time.time()
         self.round_times[server_round] = {"configured": self._round_start[server_round]}
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
-        self._event(
+        self.folder.event(
             f"round {server_round}: training starts with {self.pipeline.in_flight} attack(s) in flight"
             + (
                 f", the oldest from round {self.pipeline.rounds_in_flight()[0]} ({self.lag_rounds()} round(s) behind)"
@@ -214,14 +213,14 @@ class LeakageTracking:
     def _plan(self, server_round: int, candidates: list[int]) -> list[int]:
         """The partitions to attack this round (each with every method), by the run config's schedule."""
         if not self.settings.attacks_round(server_round):
-            self._event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
+            self.folder.event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
             return []
         targets = self.settings.select_clients(candidates, server_round)
         methods = len(self.settings.methods)
         backlog = self.settings.attack_max_backlog
         if backlog and self.pipeline.in_flight >= backlog:
             self._round[server_round]["skipped"] += len(targets) * methods
-            self._event(
+            self.folder.event(
                 f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
                 f"{self.pipeline.in_flight} still in flight (attack-max-backlog={backlog})"
             )
@@ -230,7 +229,7 @@ class LeakageTracking:
         if budget and len(targets) * methods > budget:
             kept = targets[: max(0, budget // methods)]
             self._round[server_round]["skipped"] += (len(targets) - len(kept)) * methods
-            self._event(f"round {server_round}: attack-budget={budget} keeps partitions {kept} of {targets}")
+            self.folder.event(f"round {server_round}: attack-budget={budget} keeps partitions {kept} of {targets}")
             targets = kept
         return targets
 
@@ -247,9 +246,9 @@ class LeakageTracking:
         if update is not None and self.settings.record_updates:
             try:
                 with self.timings.measure("writing"):
-                    save_update(update, target, self.run_dir / "updates")
+                    save_update(update, target, self.folder.updates)
             except Exception as exc:  # the attack can still run; only the replay copy is missing
-                self._event(f"could not record the update of {target.describe()}: {type(exc).__name__}: {exc}")
+                self.folder.event(f"could not record the update of {target.describe()}: {type(exc).__name__}: {exc}")
         for method in self.settings.methods:
             self._jobs += 1
             if update is None:
@@ -316,7 +315,7 @@ class LeakageTracking:
                 self.settings.dataset, state, self.test_set.images, self.test_set.labels, model=self.settings.model
             )
         if server_round == 0:
-            self._event(
+            self.folder.event(
                 f"initial global model: test accuracy {accuracy:.4f}, loss {loss:.4f} "
                 f"on the server's {len(self.test_set)} held-out samples"
             )
@@ -346,16 +345,16 @@ class LeakageTracking:
         }
         try:
             with self.timings.measure("writing"):
-                append_csv_row(self.run_dir / "rounds.csv", row, ROUND_COLUMNS)
+                self.folder.append_round(row)
                 if state is not None:
-                    save_torch_atomic(self.run_dir / CHECKPOINT, {"round": server_round, "arrays": state})
+                    self.folder.save_checkpoint(server_round, state)
         except OSError as exc:  # the federation goes on; the round's row is in events.log at least
-            self._event(f"round {server_round}: could not write rounds.csv or the checkpoint ({exc}); row: {row}")
+            self.folder.event(f"round {server_round}: could not write rounds.csv or the checkpoint ({exc}); row: {row}")
         if os.environ.get(CRASH_ENV) == str(server_round):  # fault injection for the resume tests
-            self._event(f"round {server_round}: {CRASH_ENV} set: the ServerApp dies here, as if killed")
+            self.folder.event(f"round {server_round}: {CRASH_ENV} set: the ServerApp dies here, as if killed")
             os._exit(70)
         accuracy = record.get("global_accuracy")
-        self._event(
+        self.folder.event(
             f"round {server_round}: done; global accuracy "
             f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.pipeline.in_flight} attack(s) "
             f"in flight, {self.lag_rounds()} round(s) behind"
@@ -384,13 +383,13 @@ class LeakageTracking:
                 )
             except OSError as exc:
                 self.unwritten.append(outcome)
-                self._event(
+                self.folder.event(
                     f"could not write the result of {outcome.target.describe()} {outcome.method} "
                     f"({exc}); kept in memory, tried again later"
                 )
                 continue
             rows.append(row)
-            self._event(
+            self.folder.event(
                 f"attack done: {outcome.target.describe()} {row['method']} psnr={row['psnr']:.2f}"
                 if row["status"] == "ok"
                 else f"attack failed: {outcome.target.describe()} {row['method']}: {row['error']}"
@@ -404,9 +403,9 @@ class LeakageTracking:
         if not self.unwritten:
             return
         try:
-            path = self.run_dir / f"unwritten-{len(self.unwritten)}.pt"
+            path = self.folder / f"unwritten-{len(self.unwritten)}.pt"
             save_torch_atomic(path, [vars(o) for o in self.unwritten])
-            self._event(f"{len(self.unwritten)} result(s) could not be written to attacks.csv; saved in {path.name}")
+            self.folder.event(f"{len(self.unwritten)} result(s) not written to attacks.csv; saved in {path.name}")
         except Exception as exc:
             log.error("%d attack result(s) could not be written at all: %s", len(self.unwritten), exc)
 
@@ -415,7 +414,7 @@ class LeakageTracking:
         line in events.log every minute; the ones still running then are recorded as failed."""
         rows, left = [], self.pipeline.in_flight
         if left:
-            self._event(
+            self.folder.event(
                 f"rounds done; waiting for {left} attack(s) still in flight "
                 f"(the oldest from round {self.pipeline.rounds_in_flight()[0]}), at most {timeout:.0f} s"
             )
@@ -430,7 +429,7 @@ class LeakageTracking:
                 bar.update(len(pairs))
             if time.monotonic() > note[0]:
                 note[0] += 60
-                self._event(f"waiting for {self.pipeline.in_flight} attack(s)")
+                self.folder.event(f"waiting for {self.pipeline.in_flight} attack(s)")
 
         with self.timings.measure("drain_wait"), bar:
             self.pipeline.drain(timeout, on_done=done)
@@ -438,25 +437,28 @@ class LeakageTracking:
                 rows += self._record([])
         return rows
 
+    def finish(self, timeout: float) -> dict:
+        """At the end of the run: collect the attacks still in flight (``drain``), keep the rows the
+        disk refused, stop the workers. Returns summary.json's attack counts."""
+        self.drain(timeout)
+        self.keep_unwritten()
+        self.pipeline.shutdown()
+        ok = sum(r["status"] == "ok" for r in self.rows)
+        return {
+            "attacks": len(self.rows),
+            "attacks_ok": ok,
+            "attacks_failed": len(self.rows) - ok,
+            "attacks_unwritten": len(self.unwritten),
+        }
+
     def timing_record(self) -> dict:
-        """This strategy's and its evaluator's timings, for summary.json (strategies/timings.py)."""
-        merged = self.timings
+        """This strategy's and its evaluator's timings, for summary.json (fl_attack/timings.py)."""
         rounds = {str(r): {k: round(v, 3) for k, v in t.items()} for r, t in sorted(self.round_times.items())}
         return {
-            **merged.as_dict(),
+            **self.timings.as_dict(),
             "rounds": rounds,
             "attacker_threads": {"while_training": self.attack_threads, "last_round": self.drain_threads},
         }
-
-    def _event(self, text: str) -> None:
-        """A line in events.log (and the log); a failing write is logged, never raised."""
-        log.info(text)
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.run_dir / "events.log", "a") as f:
-                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
-        except OSError as exc:
-            log.warning("could not write events.log: %s", exc)
 
 
 class LeakageFedAvg(LeakageTracking, FedAvg):
@@ -517,7 +519,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         if excluded:
             who = [partition_of(r) if partition_of(r) is not None else int(r.metadata.src_node_id) for r in excluded]
             self._round[server_round]["excluded"].extend(who)
-            self._event(
+            self.folder.event(
                 f"round {server_round}: excluded {len(excluded)} non-finite update(s) from the aggregate "
                 f"(partitions {who})" + ("; no valid update: the global model stays as it was" if not valid else "")
             )
@@ -555,7 +557,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
                 nodes.setdefault(partition_of(reply), []).append(reply)
         shared = {p: [int(r.metadata.src_node_id) for r in rs] for p, rs in nodes.items() if len(rs) > 1}
         if shared:  # a deployment's SuperNodes started with the same partition-id: whose data is it?
-            self._event(
+            self.folder.event(
                 f"round {server_round}: partition-id(s) {sorted(shared)} came from more than one node "
                 f"(node ids {shared}): aggregated but not attacked; give each SuperNode its own partition-id"
             )
@@ -575,7 +577,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
                 ),
                 lambda partition_id=partition_id: private_samples(self.settings.data, partition_id).labels,
             )
-        self._event(
+        self.folder.event(
             f"round {server_round}: {self._round[server_round]['dispatched']} attack(s) dispatched, "
             f"{self.pipeline.in_flight} in flight"
         )

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fl_attack.records import ATTACK_COLUMNS
+from fl_attack.runs import ATTACK_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = (

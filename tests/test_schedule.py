@@ -11,9 +11,10 @@ import torch
 from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import load_pool, server_test_set
+from fl_attack.runs import RunFolder
 from fl_attack.update import load_update, read_update_index
 from fl_attack.workers import Pipeline
-from strategies.strategy import CHECKPOINT, evaluate_model
+from strategies.strategy import evaluate_model
 from tests.inprocess import federate
 
 FAST = dict(attack_iterations=1, partitions=(0, 1, 2, 3), server_test_samples=200)
@@ -87,7 +88,7 @@ def test_each_round_is_evaluated_centrally_and_checkpointed(tmp_path):
     settings, _, _, _ = federate(tmp_path, num_rounds=2, attack_clients="none", lr=0.05, **FAST)
     rounds = _rows(tmp_path / "rounds.csv")
     assert [r["round"] for r in rounds] == ["1", "2"]
-    checkpoint = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    checkpoint = torch.load(RunFolder(tmp_path).checkpoint_file, weights_only=True)
     assert checkpoint["round"] == 2
     # The recorded accuracy is the checkpointed model's on the server's held-out set.
     test = server_test_set(load_pool("femnist"), 200, seed=0)

@@ -1,0 +1,201 @@
+"""A run folder: every file of a federation's or a replay's record, and the typed row schema.
+
+    RUN/config.json     the run config, the AttackConfig, the defense, versions (``write_config``)
+    RUN/events.log      one timestamped line per event (``event``)
+    RUN/rounds.csv      one row per finished round (``ROUNDS``)
+    RUN/attacks.csv     one row per attack (``ATTACKS``; fl_attack.evaluator.attack_row)
+    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack
+    RUN/updates/        the recorded updates (fl_attack.update: index.csv, round-R/*.pt)
+    RUN/checkpoint.pt   the last finished round's global model (``save_checkpoint``)
+    RUN/summary.json    written at the end (``write_summary``)
+    RUN/replays/NAME/   ``fl-attack replay``'s records, each a run folder of its own
+
+The writers (strategies/, fl_attack.replay) and the reader (analysis/load.py) share ``ROUNDS`` and
+``ATTACKS``: each column with its type (int, float or str). New columns go at the end, except in
+ATTACKS where "image" stays last: the reader spots a cut-off last line by its image path. Every
+write is crash-safe (fl_attack.records). No torch at import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+from .records import append_csv_row, csv_text, read_csv, write_json_atomic, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+# Column -> type. node_id and client_id are text: Flower node ids are 64-bit and would lose digits as floats.
+ROUNDS: dict[str, type] = {
+    "round": int,
+    "clients": int,
+    "train_loss": float,
+    "eval_loss": float,
+    "eval_accuracy": float,
+    "attacks_in_flight": int,
+    "seconds": float,
+    "global_loss": float,
+    "global_accuracy": float,
+    "attack_lag_rounds": int,
+    "attacks_dispatched": int,
+    "attacks_skipped": int,
+    "excluded": str,  # "1,3": the partitions left out of the round
+}
+ATTACKS: dict[str, type] = {
+    "round": int,
+    "node_id": str,
+    "partition_id": int,
+    "client_id": str,
+    "method": str,
+    "dataset": str,
+    "defense": str,
+    "local_steps": int,
+    "nodes": float,
+    "iterations": int,
+    "labels": str,
+    "psnr": float,
+    "ssim": float,
+    "fsim": float,
+    "lpips": float,
+    "lsim_honest": float,
+    "lsim_calibrated": float,
+    "label_accuracy": float,
+    "attack_seconds": float,
+    "status": str,
+    "error": str,
+    "label_estimator": str,
+    "lag_rounds": int,
+    "worker_node": str,
+    "worker_id": str,
+    "device": str,
+    "image": str,
+}
+ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
+RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")  # any of them: the folder holds a run
+
+
+def numeric(schema: dict[str, type]) -> list[str]:
+    """The columns of ``schema`` read as numbers."""
+    return [c for c, kind in schema.items() if kind is not str]
+
+
+def versions() -> dict:
+    """The versions a record was written with: fl_attack, python and the packages behind the numbers."""
+    from . import __version__
+
+    out = {"fl_attack": __version__, "python": platform.python_version()}
+    for dist in ("flwr", "torch", "ray", "lpips", "piq"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+class RunFolder:
+    """The files of one run folder (module docstring), read and written in one place."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:  # Path(folder), open(folder / ...) and the like
+        return str(self.path)
+
+    config_file = property(lambda self: self.path / "config.json")
+    events_file = property(lambda self: self.path / "events.log")
+    rounds_file = property(lambda self: self.path / "rounds.csv")
+    attacks_file = property(lambda self: self.path / "attacks.csv")
+    summary_file = property(lambda self: self.path / "summary.json")
+    checkpoint_file = property(lambda self: self.path / "checkpoint.pt")
+    updates = property(lambda self: self.path / "updates")
+    replays = property(lambda self: self.path / "replays")
+
+    @property
+    def holds_run(self) -> bool:
+        return any((self.path / name).exists() for name in RUN_FILES)
+
+    def event(self, text: str) -> None:
+        """A timestamped line in events.log (and the log); a failing write is logged, never raised."""
+        log.info(text)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with open(self.events_file, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+        except OSError as exc:
+            log.warning("could not write %s: %s", self.events_file, exc)
+
+    def write_config(self, config: dict) -> None:
+        """config.json, atomically; ``versions`` and ``started`` are added when missing."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            self.config_file, {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **config}
+        )
+
+    def read_config(self) -> dict:
+        """config.json as a dict; ValueError (one line) when it is missing or unreadable."""
+        try:
+            config = json.loads(self.config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{self.config_file} is unreadable: {exc}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{self.config_file} is not a JSON object")
+        return config
+
+    def append_round(self, row: dict) -> None:
+        append_csv_row(self.rounds_file, row, ROUND_COLUMNS)
+
+    def append_attack(self, row: dict) -> None:
+        append_csv_row(self.attacks_file, row, ATTACK_COLUMNS)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json_atomic(self.summary_file, summary)
+
+    def save_checkpoint(self, done: int, arrays: dict) -> None:
+        """checkpoint.pt: round ``done``'s global model (a state dict), atomically."""
+        from .update import save_torch_atomic
+
+        save_torch_atomic(self.checkpoint_file, {"round": int(done), "arrays": arrays})
+
+    def load_checkpoint(self) -> tuple[int, dict]:
+        """(the round, its global model); ValueError (one line) when missing or unreadable."""
+        import torch
+
+        try:
+            checkpoint = torch.load(self.checkpoint_file, weights_only=True)
+            return int(checkpoint["round"]), checkpoint["arrays"]
+        except Exception as exc:  # missing, cut off, not ours
+            raise ValueError(f"{self.checkpoint_file} is unreadable: {type(exc).__name__}: {exc}") from None
+
+    def cut_back(self, done: int) -> None:
+        """Cut rounds.csv, attacks.csv and updates/index.csv back to rounds <= ``done``, atomically
+        (a resume: the rounds after the checkpoint run again). Each is rewritten with this
+        version's columns, so a run recorded before a column was added gets it, empty. ValueError
+        before any change when a file has columns this version does not write."""
+        from .update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
+
+        schema = {
+            self.rounds_file: ROUND_COLUMNS,
+            self.attacks_file: ATTACK_COLUMNS,
+            self.updates / UPDATE_INDEX: UPDATE_INDEX_COLUMNS,
+        }
+        found = {path: read_csv(path) for path in schema if path.exists()}
+        for path, (header, _) in found.items():
+            unknown = [c for c in header if c not in schema[path]]
+            if unknown:
+                raise ValueError(
+                    f"{path} has columns this version does not write ({unknown}); "
+                    "resume it with the version that recorded it"
+                )
+        for path, (_, rows) in found.items():
+            kept = [r for r in rows if r.get("round") and int(r["round"]) <= done]
+            write_text_atomic(path, csv_text(kept, schema[path]))
