@@ -3,7 +3,7 @@
 * ``TrainingProtocol``: the victims' local training (k, B, E, eta); ``PAPER`` is the paper's.
 * ``Preset`` / ``PRESETS``: named sizes of an experiment ("paper", "cpu", "tiny"), a protocol
   plus the attack's iterations and nodes; the standalone CLI (``--preset``) and the paper
-  experiments' scales (analysis.experiments.common.SCALES) read them.
+  experiments' --scale reads them too.
 * The attack's hyperparameters are ``fl_attack.attacks.AttackConfig``; the federation's run
   config is ``fl_attack.run_config.RunSettings``, composed of both and the defense settings.
 
@@ -170,17 +170,25 @@ PAPER = TrainingProtocol(samples=50, batch_size=10, local_epochs=20, lr=0.004)
 
 @dataclass(frozen=True)
 class Preset:
-    """A named size of an attack experiment: the victims' protocol and the attack's settings.
+    """A named size of an attack experiment (``fl-attack attack --preset``, the experiments'
+    ``--scale``): the victims' protocol and the attack's settings.
 
-    protocol: the TrainingProtocol (its E is the one for the paper's T=100). iterations: Adam steps
-    K, >= 1. nodes: Gauss-Legendre nodes m, >= 1 (ValueError otherwise). ``attack_overrides()``
-    gives them as AttackConfig fields. note: what the preset is for.
+    protocol: the TrainingProtocol (its E is the one for the paper's T=100; ``long_epochs`` is the
+    E for its T=250, so T = E * ceil(k/B) equals the paper's T at the paper and cpu presets).
+    iterations: Adam steps K, >= 1. nodes: Gauss-Legendre nodes m, >= 1 (ValueError otherwise).
+    clients, seeds: the experiments' victims per cell; cifar_clients: fewer CIFAR-100 clients per
+    cell (cost), None for as many. trace_every: the trace's period in iterations. note: what it is for.
     """
 
     name: str
     protocol: TrainingProtocol
     iterations: int
     nodes: int
+    long_epochs: int
+    clients: int
+    seeds: int
+    trace_every: int = 10
+    cifar_clients: int | None = None
     note: str = ""
 
     def __post_init__(self):
@@ -193,21 +201,76 @@ class Preset:
         """The preset's AttackConfig fields: {"iterations": K, "nodes": m}."""
         return {"iterations": self.iterations, "nodes": self.nodes}
 
+    samples = property(lambda self: self.protocol.samples)
+    batch_size = property(lambda self: self.protocol.batch_size)
+    lr = property(lambda self: self.protocol.lr)
+
+    @property
+    def epochs(self) -> tuple:
+        """((paper_T, E), ...): the local epochs E used for each of the paper's T = 100, 250."""
+        return ((100, self.protocol.local_epochs), (250, self.long_epochs))
+
+    def local_epochs(self, paper_T: int) -> int:
+        return dict(self.epochs)[paper_T]
+
+    def local_steps(self, paper_T: int) -> int:
+        return self.protocol.with_epochs(self.local_epochs(paper_T)).local_steps
+
+    def clients_for(self, dataset: str) -> int:
+        if dataset == "cifar100" and self.cifar_clients is not None:
+            return min(self.clients, self.cifar_clients)
+        return self.clients
+
+    def caption(self, datasets="", iterations=None, nodes=None, extra="", clients=None, epochs=None) -> str:
+        """The preset as one sentence, for every table caption."""
+        it = self.iterations if iterations is None else iterations
+        Ts = ", ".join(f"E={e} -> T={self.protocol.with_epochs(e).local_steps}" for _, e in (epochs or self.epochs))
+        parts = [
+            f"Scale `{self.name}`",
+            datasets,
+            f"{clients or f'{self.clients} client(s)'} x {self.seeds} seed(s)",
+            f"{it} attack iterations",
+            f"k={self.samples}, B={self.batch_size}, lr={self.lr:g}, {Ts}",
+            f"m={self.nodes if nodes is None else nodes}",
+        ]
+        return "; ".join(p for p in parts if p) + (f". {extra}" if extra else ".")
+
 
 PRESETS = {
-    "paper": Preset("paper", PAPER, iterations=1000, nodes=7, note="the paper's protocol (docs/PISME.md); a GPU job"),
+    "paper": Preset(
+        "paper",
+        PAPER,
+        iterations=1000,
+        nodes=7,
+        long_epochs=50,
+        clients=5,
+        seeds=5,
+        trace_every=50,
+        note="the paper's protocol (docs/PISME.md); meant for a GPU. The paper does not state its clients per "
+        "cell: 5 by default here (--clients sets it).",
+    ),
     "cpu": Preset(
         "cpu",
         TrainingProtocol(samples=8, batch_size=4, local_epochs=50, lr=PAPER.lr),
         iterations=100,
         nodes=7,
-        note="the experiments' CPU scale; E=50 keeps the paper's T=100",
+        long_epochs=125,
+        clients=2,
+        seeds=1,
+        cifar_clients=1,
+        note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
+        "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
+        "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one).",
     ),
     "tiny": Preset(
         "tiny",
         TrainingProtocol(samples=4, batch_size=2, local_epochs=2, lr=PAPER.lr),
         iterations=3,
         nodes=3,
-        note="a smoke test of the code paths (T=4); its numbers mean nothing",
+        long_epochs=5,
+        clients=1,
+        seeds=1,
+        trace_every=1,
+        note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers mean nothing.",
     ),
 }

@@ -81,28 +81,18 @@ def test_the_update_metadata_shares_the_protocols_checks():
 
 def test_a_preset_needs_iterations_and_nodes():
     with pytest.raises(ValueError, match="preset 'x': nodes must be an integer >= 1, got 0"):
-        Preset("x", PAPER, iterations=1, nodes=0)
+        Preset("x", PAPER, iterations=1, nodes=0, long_epochs=50, clients=1, seeds=1)
 
 
 def test_the_former_copies_read_the_presets():
     from analysis.defenses import SCALE
-    from analysis.experiments.common import SCALES
     from analysis.experiments.path_consistency import PROTOCOL
 
     d = AttackSettings()
     assert (d.protocol, d.iterations, d.nodes) == (PAPER, 1000, 7)
     defaults = {k: p.default for k, p in inspect.signature(train_local).parameters.items()}
     assert (defaults["lr"], defaults["batch_size"], defaults["local_epochs"]) == (0.004, 10, 20)
-    for name, scale in SCALES.items():
-        preset = PRESETS[name]
-        assert (scale.samples, scale.batch_size, scale.lr) == (
-            preset.protocol.samples,
-            preset.protocol.batch_size,
-            preset.protocol.lr,
-        )
-        assert dict(scale.epochs)[100] == preset.protocol.local_epochs
-        assert (scale.iterations, scale.nodes) == (preset.iterations, preset.nodes)
-    assert {n: s.epochs for n, s in SCALES.items()} == {
+    assert {n: s.epochs for n, s in PRESETS.items()} == {
         "paper": ((100, 20), (250, 50)),
         "cpu": ((100, 50), (250, 125)),
         "tiny": ((100, 2), (250, 5)),

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from analysis.experiments import EXPERIMENTS, main
-from analysis.experiments.common import SCALES, make_context, paired_differences, spread, wall_time
+from analysis.experiments.common import make_context, paired_differences, spread, wall_time
 from analysis.experiments.path_consistency import true_path_control_point
 from analysis.experiments.table1 import PAPER_PSNR
+from fl_attack.config import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = list(EXPERIMENTS)
@@ -94,7 +95,7 @@ def test_writes_csv_png_and_markdown_with_the_scale(outputs, name):
     assert md.startswith("# ")
     assert "Scale `tiny`" in md or "scale `tiny`" in md
     assert "|---|" in md and "Wall time:" in md and f"python -m analysis.experiments {name}" in md
-    sc = SCALES["tiny"]
+    sc = PRESETS["tiny"]
     assert f"k={sc.samples}" in md and "seed(s)" in md and "client(s)" in md
 
 
@@ -120,7 +121,7 @@ def test_table1_covers_the_grid_and_quotes_the_paper(outputs):
     }
     for r in rows:
         assert num(r["paper_psnr"]) == PAPER_PSNR[(r["dataset"], int(r["paper_T"]))][r["method"]]
-        assert int(r["iterations"]) == SCALES["tiny"].iterations
+        assert int(r["iterations"]) == PRESETS["tiny"].iterations
     md = (outputs / "table1.md").read_text()
     assert "26.52" in md and "PSNR paper" in md  # the paper's PI-SME CIFAR-100 T=100 row
 
@@ -177,7 +178,7 @@ def test_true_path_control_point_recovers_a_bezier_trajectory():
 
 def test_matched_compute_scales_nlsme_iterations(outputs):
     _, rows = read(outputs, "matched-compute")
-    it = SCALES["tiny"].iterations
+    it = PRESETS["tiny"].iterations
     assert sorted(int(r["iterations"]) for r in rows if r["method"] == "nlsme") == [it, 5 * it, 7 * it]
     assert [int(r["iterations"]) for r in rows if r["method"] == "pisme"] == [it]
 

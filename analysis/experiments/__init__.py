@@ -7,7 +7,7 @@
 NAME is one of ``EXPERIMENTS``: table1, node-sweep, class-deficiency, path-consistency,
 matched-compute, adaptive-nodes, label-recovery. Each writes DIR/NAME.csv (one row per measurement), DIR/NAME.png
 and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
-Scales (analysis.experiments.common.SCALES, built on fl_attack.config.PRESETS): ``paper`` is the
+Scales (the presets of fl_attack.config.PRESETS): ``paper`` is the
 paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
 """
 
@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .common import SCALES, make_context
+from fl_attack.config import PRESETS
+
+from .common import make_context
 
 __all__ = ["EXPERIMENTS", "main", "run_experiment"]
 
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="the experiment (see below)")
     parser.add_argument(
         "--scale",
-        choices=list(SCALES),
+        choices=list(PRESETS),
         default="cpu",
         help="paper: the paper's protocol (GPU); cpu: a few CPU minutes; tiny: a smoke test",
     )

@@ -27,7 +27,7 @@ import torch
 from fl_attack import victims as victims_module
 from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig, get_attack
-from fl_attack.config import PRESETS
+from fl_attack.config import PRESETS, Preset
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluator import Evaluator, results_row
 from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
@@ -58,122 +58,12 @@ ATTACK_ROW_COLUMNS = [
 ]
 
 
-# ----------------------------------------------------------------------------------- scales
-
-
-@dataclass(frozen=True)
-class Scale:
-    """The size of an experiment, built on a preset of ``fl_attack.config.PRESETS`` (``_scale``).
-
-    samples (k), batch_size (B), lr (eta), epochs: the victims' local training; ``epochs`` maps each
-    of the paper's trajectory lengths (T = 100, 250) to the local epochs E used for it, so the
-    actual T = E * ceil(k/B) (equal to the paper's T at the paper and cpu scales).
-    clients, seeds, iterations, nodes (m): the attacks. Every experiment may shrink or widen what it
-    loops over, but reads its sizes from here.
-    """
-
-    name: str
-    samples: int
-    batch_size: int
-    lr: float
-    epochs: tuple  # ((paper_T, E), ...)
-    clients: int
-    seeds: int
-    iterations: int
-    nodes: int = 7
-    trace_every: int = 10
-    cifar_clients: int | None = None  # CIFAR-100 clients per cell when fewer than ``clients`` (cost)
-    note: str = ""
-
-    def clients_for(self, dataset: str) -> int:
-        if dataset == "cifar100" and self.cifar_clients is not None:
-            return min(self.clients, self.cifar_clients)
-        return self.clients
-
-    def local_steps(self, paper_T: int) -> int:
-        return dict(self.epochs)[paper_T] * math.ceil(self.samples / self.batch_size)
-
-    def local_epochs(self, paper_T: int) -> int:
-        return dict(self.epochs)[paper_T]
-
-    def caption(
-        self,
-        datasets: str = "",
-        iterations: int | None = None,
-        nodes: str | None = None,
-        extra: str = "",
-        clients: str | None = None,
-        epochs=None,
-    ) -> str:
-        """The scale as one sentence, for every table caption."""
-        it = self.iterations if iterations is None else iterations
-        Ts = ", ".join(f"E={e} -> T={self.local_steps(t)}" for t, e in (epochs or self.epochs))
-        clients = clients or f"{self.clients} client(s)"
-        parts = [
-            f"Scale `{self.name}`",
-            datasets,
-            f"{clients} x {self.seeds} seed(s)",
-            f"{it} attack iterations",
-            f"k={self.samples}, B={self.batch_size}, lr={self.lr:g}, {Ts}",
-            f"m={self.nodes if nodes is None else nodes}",
-        ]
-        return "; ".join(p for p in parts if p) + (f". {extra}" if extra else ".")
-
-
-def _scale(preset: str, long_epochs: int, **sizes) -> Scale:
-    """The Scale of ``fl_attack.config.PRESETS[preset]``: its protocol (its E for the paper's T=100,
-    ``long_epochs`` for T=250), iterations and nodes, with the experiment's own ``sizes``."""
-    p = PRESETS[preset]
-    return Scale(
-        preset,
-        samples=p.protocol.samples,
-        batch_size=p.protocol.batch_size,
-        lr=p.protocol.lr,
-        epochs=((100, p.protocol.local_epochs), (250, long_epochs)),
-        iterations=p.iterations,
-        nodes=p.nodes,
-        **sizes,
-    )
-
-
-SCALES = {
-    "paper": _scale(
-        "paper",
-        50,
-        clients=5,
-        seeds=5,
-        trace_every=50,
-        note="the paper's protocol (docs/PISME.md); meant for a GPU. The paper does not state its clients per "
-        "cell: 5 by default here (--clients sets it).",
-    ),
-    "cpu": _scale(
-        "cpu",
-        125,
-        clients=2,
-        seeds=1,
-        trace_every=10,
-        cifar_clients=1,
-        note="small enough for 2 shared CPU cores: k=8 images per client instead of 50, B=4 so that "
-        "E=50/125 keeps the paper's T=100/250, 100 attack iterations instead of 1000, 2 FEMNIST "
-        "clients but 1 CIFAR-100 client per cell (a CIFAR-100 attack costs about 3x a FEMNIST one).",
-    ),
-    "tiny": _scale(
-        "tiny",
-        5,
-        clients=1,
-        seeds=1,
-        trace_every=1,
-        note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers mean nothing.",
-    ),
-}
-
-
 @dataclass
 class Context:
     """One command's settings: the scale (after --seeds/--clients/--iterations), device, data, output."""
 
     name: str
-    scale: Scale
+    scale: Preset
     out: Path
     device: torch.device
     data_dir: str | None = None
@@ -246,9 +136,9 @@ def make_context(
     grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
     experiment's ``GRID``) and its values valid for ``AXES``. workers, ray_address, threads: where
     the attacks run (``fl_attack.workers.make_workers``)."""
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(SCALES)}")
-    sc = SCALES[scale]
+    if scale not in PRESETS:
+        raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(PRESETS)}")
+    sc = PRESETS[scale]
     for label, value in (("seeds", seeds), ("clients", clients), ("iterations", iterations)):
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"--{label} must be an integer >= 1, got {value}")
@@ -290,7 +180,7 @@ AXES = {
 }
 
 
-def parse_axis(axis: str, text: str, allowed: tuple, scale: Scale) -> tuple:
+def parse_axis(axis: str, text: str, allowed: tuple, scale: Preset) -> tuple:
     """``--grid axis=text`` as a tuple of typed values; ValueError naming the axis otherwise."""
     if axis not in allowed:
         choices = ", ".join(allowed) if allowed else "none"

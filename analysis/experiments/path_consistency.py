@@ -38,12 +38,13 @@ import torch
 
 from fl_attack.attacks.base import node_gradients
 from fl_attack.attacks.gradients import path_gradient
+from fl_attack.config import PRESETS
 from fl_attack.data import get_spec
 from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
 from fl_attack.update import flatten, layout
 
-from .common import SCALES, Context, Recorder, fmt, markdown_table, save_figure, train_victim, write_markdown
+from .common import Context, Recorder, fmt, markdown_table, save_figure, train_victim, write_markdown
 
 DATASET = "cifar100"
 NODES = (2, 3, 5)
@@ -54,8 +55,8 @@ PAPER = {  # Table 3 of the paper: honest Lsim against the mean direction, one C
 
 
 def _victims(scale: str) -> dict:
-    """k, B and the (paper T, E) pairs of a scale of analysis.experiments.common.SCALES."""
-    return dict(samples=SCALES[scale].samples, batch_size=SCALES[scale].batch_size, epochs=SCALES[scale].epochs)
+    """k, B and the (paper T, E) pairs of a scale of fl_attack.config.PRESETS."""
+    return dict(samples=PRESETS[scale].samples, batch_size=PRESETS[scale].batch_size, epochs=PRESETS[scale].epochs)
 
 
 # The victim protocol of this experiment per scale: the paper's at paper AND cpu (it is cheap),
