@@ -22,14 +22,12 @@ With ``missing=True`` it completes the run itself instead: the recorded updates 
 (round, partition, method) has no row in the run's attacks.csv are attacked with the run's own
 methods and settings, and their rows appended to the run's attacks.csv.
 
-The library reads the few run-config keys it needs directly (strategies.settings is the Flower
-app's parser and sits above this layer).
+The run config is read back with the federation's own parser (fl_attack.run_config).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import sys
 import time
@@ -41,29 +39,19 @@ import torch
 
 from .api import resolve_device
 from .attacks import AttackConfig, parse_methods
-from .config import parse_key_values, typed_value
+from .config import parse_key_values
 from .evaluator import Evaluator
-from .models import resolve_model
 from .records import header_mismatch, read_csv, write_bytes_atomic
+from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
-from .victims import DataSettings, ground_truth
+from .victims import ground_truth
 from .workers import AttackJob, Pipeline, RayWorkers, make_workers
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
 REPLAYS = "replays"  # <run>/replays/<name>/
 LABEL_MODES = ("recovered", "oracle")
-# run-config keys read here, with the type each must have; the optional ones default as in pyproject.toml
-_REQUIRED = {
-    "dataset": "",
-    "samples-per-client": 0,
-    "seed": 0,
-    "server-test-samples": 0,
-    "attack-method": "",
-    "attack-labels": "",
-}
-_OPTIONAL = {"data-dir": "", "classes-per-client": 0, "attack-options": "", "model": ""}
 
 
 class ReplayError(ValueError):
@@ -75,26 +63,25 @@ class ReplayError(ValueError):
 class RecordedRun:
     """A run folder with recorded updates, as a replay needs it.
 
-    config: config.json; run_config: its flat Flower run config (kebab-case keys); data: how the
-    clients' private samples were drawn; methods, labels, attack_config: the run's own attack
-    settings; defense: the run's defense label; index: the rows of updates/index.csv, file order.
-    model: the victims' architecture, the run config's ``model`` spec ("" = the paper's CNN).
+    config: config.json; run_config: its flat Flower run config (kebab-case keys), parsed as the
+    federation parsed it into ``settings`` (fl_attack.run_config.RunSettings); attack_config: the
+    run's own AttackConfig; defense: the run's defense label; index: the rows of
+    updates/index.csv, in file order.
     """
 
     path: Path
     config: dict
     run_config: dict
-    data: DataSettings
-    methods: tuple[str, ...]
-    labels: str
+    settings: RunSettings
     attack_config: AttackConfig
     defense: str
     index: list[dict]
-    model: str = ""
 
-    @property
-    def updates(self) -> Path:
-        return self.path / "updates"
+    updates = property(lambda self: self.path / "updates")
+    data = property(lambda self: self.settings.data)  # how the clients' private samples were drawn
+    methods = property(lambda self: tuple(self.settings.methods))
+    labels = property(lambda self: self.settings.attack_labels)
+    model = property(lambda self: self.settings.model)  # the victims' architecture ("" = the paper's CNN)
 
 
 def _methods(text: str, what: str) -> tuple[str, ...]:
@@ -107,69 +94,36 @@ def _methods(text: str, what: str) -> tuple[str, ...]:
 def open_run(path: str | Path) -> RecordedRun:
     """Read the run folder ``path``: config.json and updates/index.csv.
 
-    Raises ReplayError when it is not a run folder (no config.json, unreadable, a run_config
-    without the data or attack keys, a model spec that does not resolve here), or when it recorded
-    no update.
+    Raises ReplayError when it is not a run folder (no config.json, unreadable, a run config that
+    does not parse here, a model spec that does not resolve here), or when it recorded no update.
     """
-    path = Path(path)
-    config_path = path / "config.json"
-    if not path.is_dir():
-        raise ReplayError(f"{path} is not a run folder (no such folder)")
-    if not config_path.is_file():
-        raise ReplayError(f"{path} is not a run folder (no config.json)")
+    folder = RunFolder(path)
+    if not folder.path.is_dir():
+        raise ReplayError(f"{folder} is not a run folder (no such folder)")
+    if not folder.config_file.is_file():
+        raise ReplayError(f"{folder} is not a run folder (no config.json)")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"{config_path} is unreadable: {exc}") from None
-    run_config = config.get("run_config") if isinstance(config, dict) else None
+        config = folder.read_config()
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    run_config = config.get("run_config")
     if not isinstance(run_config, dict):
-        raise ReplayError(f"{config_path} has no run_config")
-    missing = [k for k in _REQUIRED if k not in run_config]
-    if missing:
-        raise ReplayError(f"{config_path}: run_config lacks {', '.join(missing)}")
+        raise ReplayError(f"{folder.config_file} has no run_config")
     try:
-        rc = {
-            k: typed_value(f"{config_path}: run_config '{k}'", run_config.get(k, d), d)
-            for k, d in {**_REQUIRED, **_OPTIONAL}.items()
-        }
+        settings = RunSettings.from_run_config(run_config)  # the model spec must resolve here too
         attack_config = AttackConfig.from_overrides(None, **dict(config.get("attack_config") or {}))
-        resolve_model(rc["model"], rc["dataset"])  # the victims' architecture must resolve here too
     except (TypeError, ValueError) as exc:
-        raise ReplayError(str(exc) if str(exc).startswith(str(config_path)) else f"{config_path}: {exc}") from None
-    labels = rc["attack-labels"]
-    if labels not in LABEL_MODES:
-        raise ReplayError(f"{config_path}: run_config 'attack-labels' must be recovered or oracle, got {labels!r}")
-    defense = config.get("defense")
-    defense = (
-        str(defense["label"])
-        if isinstance(defense, dict) and defense.get("label")
-        else str(run_config.get("defense") or "none")
-    )
-    index = read_update_index(path / "updates")
+        raise ReplayError(f"{folder.config_file}: {exc}") from None
+    index = read_update_index(folder.updates)
     if not index:
         raise ReplayError(
-            f"{path} has no recorded updates ({Path('updates') / 'index.csv'}); "
+            f"{folder} has no recorded updates ({Path('updates') / 'index.csv'}); "
             "a run records them with record-updates=true"
         )
-    data = DataSettings(
-        dataset=rc["dataset"],
-        samples=rc["samples-per-client"],
-        data_dir=rc["data-dir"] or None,
-        classes=rc["classes-per-client"] or None,
-        seed=rc["seed"],
-        held_out=rc["server-test-samples"],
-    )
+    defense = config.get("defense")
+    label = defense.get("label") if isinstance(defense, dict) else None
     return RecordedRun(
-        path=path,
-        config=config,
-        run_config=dict(run_config),
-        data=data,
-        methods=_methods(rc["attack-method"], f"{config_path}: run_config 'attack-method'"),
-        labels=labels,
-        attack_config=attack_config,
-        defense=defense,
-        index=index,
-        model=rc["model"],
+        folder.path, config, dict(run_config), settings, attack_config, str(label or settings.defense.label), index
     )
 
 

@@ -564,6 +564,17 @@ class RunSettings:
         settings.validate()
         return settings
 
+    def check_device(self) -> None:
+        """ValueError when attack-device='cuda' and torch sees no CUDA device on this machine (kept
+        apart from ``validate``: a run recorded on a GPU machine is still read back elsewhere)."""
+        import torch
+
+        if self.attack_device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
+                "use attack-device='auto' or 'cpu'"
+            )
+
     def validate(self) -> None:
         """Check every value against its range before round 1 (ValueError "invalid run config: <key>
         ..." naming the key). What needs the federation is checked by ``check_nodes``."""
@@ -620,14 +631,6 @@ class RunSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid run config: {message}")
-        if self.attack_device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    "invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
-                    "use attack-device='auto' or 'cpu'"
-                )
         parse_methods(self.attack_method, "invalid run config: attack-method")
         rounds = self.attack_rounds.strip()
         try:

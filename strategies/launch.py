@@ -114,6 +114,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
             "[tool.flwr.app.config] (README: Running federations)"
         )
     settings = RunSettings.from_run_config({**defaults, **pairs})
+    settings.check_device()
     if federation is None:
         return
     nodes = re.search(r"num-supernodes=(\d+)", federation)

@@ -211,6 +211,7 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
 def main(grid: Grid, context: Context) -> None:
     main_started = time.time()  # epoch seconds: the launcher subtracts its own launch time
     settings = RunSettings.from_run_config(context.run_config)
+    settings.check_device()
     num_nodes = len(list(grid.get_node_ids()))
     check_partitions(settings, num_nodes)
     settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
