@@ -34,13 +34,14 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from fl_attack.config import PRESETS
 from fl_attack.records import write_text_atomic
+
+from .studies import launch_run
 
 GRID: list[tuple[str, dict]] = [
     ("none", {"defense": "none"}),
@@ -83,27 +84,6 @@ TABLE_COLUMNS = [
     "label_accuracy",
     "final_accuracy",
 ]
-
-
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
-
-
-def run_config(setting: dict, dataset: str, rounds: int, results: Path, name: str, scale: dict) -> str:
-    """The --run-config text of one run."""
-    values = {
-        "dataset": dataset,
-        "num-server-rounds": rounds,
-        **scale,
-        **setting,
-        "results-dir": str(results),
-        "run-name": name,
-    }
-    return " ".join(f"{k}={_toml(v)}" for k, v in values.items())
 
 
 def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
@@ -180,35 +160,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 1 and --supernodes >= 2")
     out = Path(args.out).resolve()
     results = out / "runs"
+
+    def log(message):
+        print(f"analysis.defenses: {message}", flush=True)
+
     scale = {
         **SCALE,
         "samples-per-client": args.samples,
         "batch-size": min(SCALE["batch-size"], args.samples),
         "attack-iterations": args.iterations,
     }
-    federation = f"num-supernodes={args.supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
-
-    from strategies.launch import main as launch
-
     run_dirs, settings, failed = [], [], []
     for name, setting in GRID:
         if name not in chosen:
             continue
-        run_dir = results / name
-        if not (args.resume and (run_dir / "summary.json").is_file() and (run_dir / "rounds.csv").is_file()):
-            started = time.time()
-            print(f"analysis.defenses: running {name}", flush=True)
-            config = run_config(setting, args.dataset, args.rounds, results, name, scale)
-            try:
-                code = launch(["--run-config", config, "--federation-config", federation])
-            except SystemExit as exc:  # the launcher refused its arguments: this setting fails, not the study
-                code = exc.code if isinstance(exc.code, int) else 2
-            print(f"analysis.defenses: {name} finished with code {code} in {time.time() - started:.0f} s", flush=True)
-            if code != 0:
-                failed.append(name)
-                continue
-        run_dirs.append(run_dir)
-        settings.append(name)
+        config = {"dataset": args.dataset, "num-server-rounds": args.rounds, **scale, **setting}
+        if launch_run(results / name, config, args.supernodes, log, reuse=args.resume):
+            run_dirs.append(results / name)
+            settings.append(name)
+        else:
+            failed.append(name)
     if not run_dirs:
         print("analysis.defenses: error: no run completed", file=sys.stderr)
         return 1

@@ -21,7 +21,6 @@ an interrupted run is resumed from its checkpoint. Written into DIR:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ import pandas as pd
 
 from fl_attack.records import write_text_atomic
 from strategies import run_configs
+
+from .studies import finished, launch_run
 
 # The learning regime (FedAvg on real writers at lr 0.05, the paper's local protocol shape at a CPU
 # size) lives in the run-config presets strategies/run_configs/learning-{femnist,cifar100}.toml, which
@@ -63,60 +64,26 @@ TABLE_COLUMNS = [
 ]
 
 
-def _value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, str) else repr(value)
-
-
-def run_config(config: dict, results: Path, name: str) -> str:
-    """The --run-config string of one run."""
-    return " ".join(f"{k}={_value(v)}" for k, v in {**config, "results-dir": str(results), "run-name": name}.items())
-
-
-def _finished(folder: Path) -> bool:
-    return (folder / "summary.json").is_file()
-
-
 def run_all(out: Path, only: set[str] | None, replays: bool, log=print) -> list[Path]:
     """Launch every missing run (resume an interrupted one), then every missing replay; returns
     the folders of the runs and replays that exist, in order."""
     from fl_attack.cli import main as fl_attack_main
-    from strategies.launch import main as launch
 
     results, folders = out / "runs", []
     for name, config, supernodes in RUNS:
-        if only and name not in only:
-            continue
-        folder = results / name
-        if not _finished(folder):
-            resume = (folder / "checkpoint.pt").is_file()
-            extra = f' resume="{folder}"' if resume else ""
-            log(f"leakage study: {'resuming' if resume else 'running'} {name}")
-            clock = time.time()
-            code = launch(
-                [
-                    "--run-config",
-                    run_config(config, results, name) + extra,
-                    "--federation-config",
-                    f"num-supernodes={supernodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0",
-                ]
-            )
-            log(f"leakage study: {name} exited {code} after {time.time() - clock:.0f} s")
-            if code != 0:
-                continue
-        folders.append(folder)
+        if not (only and name not in only) and launch_run(results / name, config, supernodes, log):
+            folders.append(results / name)
     for name, args in REPLAYS if replays else []:
         folder = results / name
-        if (only and name not in only) or not _finished(folder):
+        if (only and name not in only) or not finished(folder):
             continue
         replay = folder / "replays" / args[args.index("--name") + 1]
-        if not _finished(replay):
-            log(f"leakage study: replay {name} {' '.join(args)}")
-            clock = time.time()
+        if not finished(replay):
+            log(f"replay {name} {' '.join(args)}")
+            started = time.time()
             code = fl_attack_main(["replay", str(folder), *args, "--threads", "2"])
-            log(f"leakage study: replay exited {code} after {time.time() - clock:.0f} s")
-        if _finished(replay):
+            log(f"replay exited {code} after {time.time() - started:.0f} s")
+        if finished(replay):
             folders.append(replay)
     return folders
 
@@ -190,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out).resolve()
     started = time.time()
-    folders = run_all(out, only, not args.skip_replays, log=lambda m: print(m, flush=True))
+    folders = run_all(out, only, not args.skip_replays, log=lambda m: print(f"leakage study: {m}", flush=True))
     table = write_outputs(out, folders)
     print(
         f"leakage study: {len(folders)} run(s) and replay(s), {len(table)} table rows, "

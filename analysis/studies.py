@@ -1,0 +1,54 @@
+"""What the studies (analysis.leakage_study, analysis.defenses) share: a run config as the
+launcher's --run-config text, and federations launched into their run folders, skipping the
+finished ones and resuming the interrupted ones, so a stopped study picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from fl_attack.runs import RunFolder
+
+FEDERATION = "num-supernodes={} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+
+
+def toml_value(value) -> str:
+    """A run-config value as TOML: true/false, a quoted string, a number."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def run_config_text(values: dict) -> str:
+    """The launcher's --run-config text of ``values`` (kebab-case run-config keys)."""
+    return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
+
+
+def finished(folder: str | Path) -> bool:
+    """The run folder holds a finished run (its summary.json is written last)."""
+    return RunFolder(folder).summary_file.is_file()
+
+
+def launch_run(folder: Path, config: dict, supernodes: int, log=print, reuse: bool = True) -> bool:
+    """Run the federation of ``config`` into ``folder`` (results-dir and run-name set here) on
+    ``supernodes`` clients; with ``reuse``, a finished run is kept and an interrupted one (with a
+    checkpoint) resumed. True when the run finished; a launcher that fails or refuses its arguments
+    is logged, not raised, so the study goes on with its other runs."""
+    from strategies.launch import main as launch
+
+    run = RunFolder(folder)
+    if reuse and finished(run):
+        return True
+    values = {**config, "results-dir": str(run.path.parent), "run-name": run.path.name}
+    if reuse and run.checkpoint_file.is_file():
+        values["resume"] = str(run.path)
+    log(f"{'resuming' if 'resume' in values else 'running'} {run.path.name}")
+    started = time.time()
+    try:
+        code = launch(["--run-config", run_config_text(values), "--federation-config", FEDERATION.format(supernodes)])
+    except SystemExit as exc:  # the launcher refused its arguments
+        code = exc.code if isinstance(exc.code, int) else 2
+    log(f"{run.path.name} exited {code} after {time.time() - started:.0f} s")
+    return code == 0
