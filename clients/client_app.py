@@ -17,15 +17,14 @@ import time
 from collections import OrderedDict
 
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client import ClientApp as LegacyClientApp
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
-from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.data import client_partition, load_pool
 from fl_attack.run_config import RunSettings
-from fl_attack.training import train_local
+from fl_attack.training import evaluate_model, train_local
 
 from .defenses import TRAIN_MODS
 
@@ -79,11 +78,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     )
     meta = result.update.metadata
     metrics = {
-        "num-examples": meta.num_samples,
-        "local-steps": meta.local_steps,
-        "lr": meta.lr,
-        "batch-size": meta.batch_size,
-        "local-epochs": meta.local_epochs,
+        **meta.to_metrics(),
         "train-loss": result.train_loss,
         "train-seconds": time.perf_counter() - clock,
     }
@@ -97,10 +92,7 @@ def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) ->
     split = _load_split(settings, partition_id)
     model = _model(settings, weights)
     test = split.test if len(split.test.labels) else split.train
-    with torch.no_grad():
-        logits = model(get_spec(settings.dataset).normalize(test.images))
-        loss = F.cross_entropy(logits, test.labels).item()
-        accuracy = (logits.argmax(1) == test.labels).float().mean().item()
+    loss, accuracy = evaluate_model(model, test.images, test.labels, settings.dataset)
     return {"num-examples": len(test.labels), "eval-loss": loss, "eval-accuracy": accuracy}
 
 

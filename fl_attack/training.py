@@ -32,6 +32,20 @@ class LocalResult:
     batches: list = field(default_factory=list)
 
 
+def evaluate_model(model, images: torch.Tensor, labels: torch.Tensor, dataset: str, batch: int = 500):
+    """(mean cross-entropy, accuracy in [0,1]) of ``model`` (put in eval mode) on ``images`` in
+    [0,1] NCHW with ``labels`` (N,), in batches of ``batch``: the server's and the clients' evaluation."""
+    spec = get_spec(dataset)
+    model.eval()
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(labels), batch):
+            logits = model(spec.normalize(images[i : i + batch]))
+            loss += F.cross_entropy(logits, labels[i : i + batch], reduction="sum").item()
+            correct += int((logits.argmax(1) == labels[i : i + batch]).sum())
+    return loss / len(labels), correct / len(labels)
+
+
 def train_local(
     model: torch.nn.Module,
     images: torch.Tensor,

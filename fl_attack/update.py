@@ -47,6 +47,29 @@ class TrainingMetadata:
         elif self.local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
 
+    def to_metrics(self) -> dict:
+        """The metadata as a Flower client's reply metrics (kebab-case: "num-examples", "lr", ...)."""
+        return {
+            "num-examples": self.num_samples,
+            "local-steps": self.local_steps,
+            "lr": self.lr,
+            "batch-size": self.batch_size,
+            "local-epochs": self.local_epochs,
+        }
+
+    @classmethod
+    def from_metrics(cls, dataset: str, metrics) -> TrainingMetadata:
+        """Back from a reply's metrics (``to_metrics``); KeyError for a missing one, ValueError for a bad one."""
+        m = metrics
+        return cls(
+            dataset,
+            lr=float(m["lr"]),
+            batch_size=int(m["batch-size"]),
+            local_epochs=int(m["local-epochs"]),
+            num_samples=int(m["num-examples"]),
+            local_steps=int(m["local-steps"]),
+        )
+
     def to_dict(self) -> dict:
         return dict(
             dataset=self.dataset,

@@ -60,14 +60,7 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, cli
             raise ValueError(f"participants differ in '{key}'; the aggregate has no single training setting")
     total = sum(int(r.num_examples) for r in results)
     steps = round(sum(int(r.num_examples) * int(m["local-steps"]) for r, m in zip(results, metrics)) / total)
-    meta = TrainingMetadata(
-        dataset=dataset,
-        lr=float(metrics[0]["lr"]),
-        batch_size=int(metrics[0]["batch-size"]),
-        local_epochs=int(metrics[0]["local-epochs"]),
-        num_samples=total,
-        local_steps=steps,
-    )
+    meta = TrainingMetadata.from_metrics(dataset, {**metrics[0], "num-examples": total, "local-steps": steps})
     w0_state = w0.to_torch_state_dict()
     aggregate = parameters_to_ndarrays(results[0].parameters)
     wT = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(w0_state, aggregate, strict=True))

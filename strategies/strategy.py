@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -28,12 +27,12 @@ from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.attacks import get_attack
-from fl_attack.data import get_spec
 from fl_attack.evaluator import Evaluator
 from fl_attack.models import resolve_model
 from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.runs import RunFolder
 from fl_attack.timings import Timings
+from fl_attack.training import evaluate_model
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 from fl_attack.victims import ground_truth, private_samples
 from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers
@@ -51,15 +50,7 @@ def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict)
     Only the ArrayRecord and the public training metrics are read; the reply's "simulation"
     record (partition id, for the evaluator) is not part of it.
     """
-    metrics = reply.content["metrics"]
-    meta = TrainingMetadata(
-        dataset=dataset,
-        lr=float(metrics["lr"]),
-        batch_size=int(metrics["batch-size"]),
-        local_epochs=int(metrics["local-epochs"]),
-        num_samples=int(metrics["num-examples"]),
-        local_steps=int(metrics["local-steps"]),
-    )
+    meta = TrainingMetadata.from_metrics(dataset, reply.content["metrics"])
     wT = reply.content["arrays"]
     return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, client)
 
@@ -84,24 +75,6 @@ def in_partition_order(replies: Iterable[Message]) -> list[Message]:
 def is_finite(arrays: ArrayRecord) -> bool:
     """True when every array of the record is free of NaN and inf."""
     return all(np.isfinite(array.numpy()).all() for array in arrays.values())
-
-
-def evaluate_model(
-    dataset: str, state: dict, images: torch.Tensor, labels: torch.Tensor, batch: int = 500, model: str = ""
-) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy in [0,1]) of the model ``state`` on images in [0,1] NCHW;
-    ``model``: the architecture's spec (fl_attack.models.resolve_model; "" = the paper's CNN)."""
-    spec = get_spec(dataset)
-    net = resolve_model(model, dataset)
-    net.load_state_dict(state)
-    net.eval()
-    loss, correct = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(labels), batch):
-            logits = net(spec.normalize(images[i : i + batch]))
-            loss += F.cross_entropy(logits, labels[i : i + batch], reduction="sum").item()
-            correct += int((logits.argmax(1) == labels[i : i + batch]).sum())
-    return loss / len(labels), correct / len(labels)
 
 
 def federation_workers(settings: RunSettings, threads: int) -> Workers:
@@ -311,9 +284,9 @@ class LeakageTracking:
         if self.test_set is None:
             return None
         with self.timings.measure("global_evaluation"):
-            loss, accuracy = evaluate_model(
-                self.settings.dataset, state, self.test_set.images, self.test_set.labels, model=self.settings.model
-            )
+            net = resolve_model(self.settings.model, self.settings.dataset)
+            net.load_state_dict(state)
+            loss, accuracy = evaluate_model(net, self.test_set.images, self.test_set.labels, self.settings.dataset)
         if server_round == 0:
             self.folder.event(
                 f"initial global model: test accuracy {accuracy:.4f}, loss {loss:.4f} "

@@ -10,11 +10,11 @@ import pytest
 import torch
 from flwr.supercore.task_identity import TaskIdentity
 
-from fl_attack.data import load_pool, server_test_set
+from fl_attack.data import get_spec, load_pool, server_test_set
+from fl_attack.models import build_model
 from fl_attack.runs import RunFolder
 from fl_attack.update import load_update, read_update_index
 from fl_attack.workers import Pipeline
-from strategies.strategy import evaluate_model
 from tests.inprocess import federate
 
 FAST = dict(attack_iterations=1, partitions=(0, 1, 2, 3), server_test_samples=200)
@@ -92,7 +92,12 @@ def test_each_round_is_evaluated_centrally_and_checkpointed(tmp_path):
     assert checkpoint["round"] == 2
     # The recorded accuracy is the checkpointed model's on the server's held-out set.
     test = server_test_set(load_pool("femnist"), 200, seed=0)
-    loss, accuracy = evaluate_model("femnist", checkpoint["arrays"], test.images, test.labels)
+    net = build_model("femnist")  # computed here in one batch, not with the server's batched evaluation
+    net.load_state_dict(checkpoint["arrays"])
+    with torch.no_grad():
+        logits = net.eval()(get_spec("femnist").normalize(test.images))
+    loss = float(torch.nn.functional.cross_entropy(logits, test.labels))
+    accuracy = float((logits.argmax(1) == test.labels).float().mean())
     assert float(rounds[-1]["global_accuracy"]) == pytest.approx(accuracy)
     assert float(rounds[-1]["global_loss"]) == pytest.approx(loss)
     assert all(0 <= float(r["global_accuracy"]) <= 1 for r in rounds)

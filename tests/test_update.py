@@ -268,3 +268,12 @@ def test_reconstruct_checks_the_update_against_the_model_before_any_work(monkeyp
     meta = TrainingMetadata("cifar100", 0.004, 10, 1, 50)
     with pytest.raises(ValueError, match="has shape"):
         reconstruct(ObservedUpdate(_state(0), _state(1), meta), "ig", iterations=1)
+
+
+def test_metadata_goes_to_the_reply_metrics_and_back():
+    meta = TrainingMetadata(dataset="femnist", lr=0.05, batch_size=4, local_epochs=3, num_samples=10)
+    metrics = meta.to_metrics()
+    assert metrics == {"num-examples": 10, "local-steps": 9, "lr": 0.05, "batch-size": 4, "local-epochs": 3}
+    assert TrainingMetadata.from_metrics("femnist", {**metrics, "train-loss": 1.0}) == meta
+    with pytest.raises(KeyError):
+        TrainingMetadata.from_metrics("femnist", {k: v for k, v in metrics.items() if k != "lr"})
