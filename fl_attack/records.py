@@ -236,3 +236,68 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
         os.close(fd)  # also releases the flock
     if created:
         _fsync_dir(path.parent)
+
+
+def _typed(text: str):
+    """A CSV cell read back: int, float, None for "", else the text."""
+    if text is None or text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+class CsvTable:
+    """A CSV of result rows (results.csv, an experiment's NAME.csv), rewritten whole and atomically
+    (temporary file + os.replace) after every row, so a reader never sees half a file and a crash
+    loses nothing done. Columns: ``columns``, then any new key of a row, in first-seen order.
+
+    key: the columns that identify one measurement. With a key, the rows already in NAME.csv are
+    kept and ``done(...)`` tells the experiment which to skip, so rerunning the same command
+    resumes where it stopped. NAME.json beside it records ``identity`` (the scale); a CSV
+    written with another identity raises ValueError (use another --out) before any work.
+    Without a key, the file starts empty (a header only), replacing one of the same name.
+    """
+
+    def __init__(self, path: Path, columns: list[str], key: tuple = (), identity: dict | None = None):
+        self.path, self.columns, self.key, self.rows = Path(path), list(columns), tuple(key), []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.key:
+            self._resume(identity or {})
+        self._write()
+
+    def _resume(self, identity: dict) -> None:
+        meta = self.path.with_suffix(".json")
+        header, rows = read_csv(self.path)
+        if rows:
+            if not meta.is_file():
+                raise ValueError(f"{self.path} has rows but no {meta.name}: its scale is unknown; use another --out")
+            recorded = json.loads(meta.read_text())
+            if recorded != identity:
+                diff = ", ".join(
+                    f"{k}: {recorded.get(k)!r} there, {identity.get(k)!r} now"
+                    for k in sorted(set(recorded) | set(identity))
+                    if recorded.get(k) != identity.get(k)
+                )
+                raise ValueError(f"{self.path} was written at another scale ({diff}); use another --out")
+            self.rows = [{k: _typed(v) for k, v in row.items()} for row in rows]
+            self.columns += [c for c in header if c not in self.columns]
+        write_json_atomic(meta, identity)
+
+    def done(self, **key) -> bool:
+        """Whether a row with these key values (compared as CSV text) is already recorded."""
+        want = {k: csv_cell(v) for k, v in key.items()}
+        return any(all(csv_cell(row.get(k)) == v for k, v in want.items()) for row in self.rows)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(dict(row))
+        for key in row:
+            if key not in self.columns:
+                self.columns.append(key)
+        self._write()
+
+    def _write(self) -> None:
+        write_text_atomic(self.path, csv_text(self.rows, self.columns))

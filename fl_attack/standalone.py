@@ -44,7 +44,7 @@ from .config import PRESETS, TrainingProtocol
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
 from .evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
 from .models import resolve_model
-from .records import csv_text, write_text_atomic
+from .records import CsvTable, csv_text, write_text_atomic
 from .update import AttackTarget, TrainingMetadata
 from .victims import Victim
 from .victims import train_victim as _train_victim
@@ -56,7 +56,6 @@ __all__ = [
     "validate_settings",
     "train_victim",
     "attack_victim",
-    "ResultsTable",
     "write_trace",
     "run_attack_experiment",
 ]
@@ -211,22 +210,6 @@ def attack_victim(
     return row, outcome
 
 
-class ResultsTable:
-    """results.csv, rewritten whole and atomically (temporary file + os.replace) on every ``add``.
-
-    A reader never sees a half-written file, and a crash loses no row already added. Starts empty
-    (a header only) and replaces an existing file of the same name.
-    """
-
-    def __init__(self, path: str | Path, columns=RESULT_COLUMNS):
-        self.path, self.columns, self.rows = Path(path), tuple(columns), []
-        write_text_atomic(self.path, csv_text(self.rows, self.columns))
-
-    def add(self, row: dict) -> None:
-        self.rows.append(dict(row))
-        write_text_atomic(self.path, csv_text(self.rows, self.columns))
-
-
 def write_trace(path: str | Path, trace: list[dict]) -> None:
     """A trace as CSV, columns in first-seen order (iteration first), written atomically."""
     columns: list[str] = []
@@ -261,7 +244,7 @@ def run_attack_experiment(
         "torch": torch.__version__,
     }
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
-    table = ResultsTable(out / "results.csv")
+    table = CsvTable(out / "results.csv", RESULT_COLUMNS)
     evaluator = Evaluator(settings.dataset, folder=out, grid_columns=GRID_COLUMNS)
 
     from tqdm.auto import tqdm

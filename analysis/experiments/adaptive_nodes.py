@@ -21,7 +21,7 @@ from fl_attack.update import flatten, layout
 
 from .common import (
     Context,
-    Recorder,
+    CsvTable,
     attack_and_score,
     check_clients,
     column,
@@ -82,7 +82,7 @@ def true_batch_errors(victim, orders=ESTIMATE_ORDERS) -> dict:
 def run(ctx: Context) -> None:
     sc = ctx.scale
     check_clients(ctx, DATASET, sc.clients_for(DATASET), sc.samples)
-    recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS)
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS)
     estimates = []
     for paper_T, epochs in sc.epochs:
         for client in range(sc.clients_for(DATASET)):

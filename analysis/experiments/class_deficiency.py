@@ -14,8 +14,8 @@ from functools import partial
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
+    CsvTable,
     Lazy,
-    Recorder,
     Task,
     check_clients,
     column,
@@ -56,7 +56,7 @@ def run(ctx: Context) -> None:
     Cs, label_sources = ctx.axis("classes", CLASSES), ctx.axis("labels", ("recovered",))
     for C in Cs:
         check_clients(ctx, DATASET, clients, sc.samples, classes_used(C, sc.samples))
-    recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
     # Client-major order: a stopped run has whole clients done at every C, not all clients at one C.
     for client in range(clients):

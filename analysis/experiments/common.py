@@ -11,7 +11,6 @@ attack's X_hat initialisation. "Over clients and seeds" therefore means over (pa
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import sys
@@ -30,7 +29,7 @@ from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.config import PRESETS, Preset
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluator import Evaluator, results_row
-from fl_attack.records import csv_cell, csv_text, read_csv, write_json_atomic, write_text_atomic
+from fl_attack.records import CsvTable, write_text_atomic
 from fl_attack.run_config import usable_cpus
 from fl_attack.victims import Victim
 from fl_attack.workers import Pipeline, make_workers, run_job
@@ -295,7 +294,7 @@ def attack_and_score(ctx: Context, victim: Victim, method: str, labels: str = "r
 class Task:
     """One attack of an experiment's grid, for ``run_tasks``.
 
-    key: the Recorder key values that identify its row (a rerun skips it when recorded);
+    key: the CsvTable key values that identify its row (a rerun skips it when recorded);
     victim: a ``Lazy`` victim (trained only when one of its attacks is still to do);
     extra: the row's experiment columns, or a function of the victim that returns them."""
 
@@ -321,7 +320,7 @@ def victims(ctx: Context, datasets: tuple, steps: tuple):
                     yield client, seed, dataset, paper_T, victim
 
 
-def run_tasks(ctx: Context, recorder: Recorder, tasks: list[Task]) -> None:
+def run_tasks(ctx: Context, recorder: CsvTable, tasks: list[Task]) -> None:
     """Run the tasks not yet recorded on the context's workers (``--workers``, ``--ray-address``:
     this process, local processes or a Ray cluster) and record each row as it is scored.
 
@@ -375,69 +374,6 @@ def _gradient_evaluations(method: str, config, trace, iterations: int) -> float:
 
 
 # ----------------------------------------------------------------------------------- output
-
-
-class Recorder:
-    """NAME.csv, rewritten whole and atomically after every row, so a crash loses nothing done.
-
-    key: the columns that identify one measurement. With a key, the rows already in NAME.csv are
-    kept and ``done(...)`` tells the experiment which to skip, so rerunning the same command
-    resumes where it stopped. NAME.json beside it records ``identity`` (the scale); a CSV
-    written with another identity raises ValueError (use another --out) before any work.
-    Without a key, NAME.csv starts empty.
-    """
-
-    def __init__(self, path: Path, columns: list[str], key: tuple = (), identity: dict | None = None):
-        self.path, self.columns, self.key, self.rows = Path(path), list(columns), tuple(key), []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.key:
-            self._resume(identity or {})
-        self._write()
-
-    def _resume(self, identity: dict) -> None:
-        meta = self.path.with_suffix(".json")
-        header, rows = read_csv(self.path)
-        if rows:
-            if not meta.is_file():
-                raise ValueError(f"{self.path} has rows but no {meta.name}: its scale is unknown; use another --out")
-            recorded = json.loads(meta.read_text())
-            if recorded != identity:
-                diff = ", ".join(
-                    f"{k}: {recorded.get(k)!r} there, {identity.get(k)!r} now"
-                    for k in sorted(set(recorded) | set(identity))
-                    if recorded.get(k) != identity.get(k)
-                )
-                raise ValueError(f"{self.path} was written at another scale ({diff}); use another --out")
-            self.rows = [{k: _typed(v) for k, v in row.items()} for row in rows]
-            self.columns += [c for c in header if c not in self.columns]
-        write_json_atomic(meta, identity)
-
-    def done(self, **key) -> bool:
-        """Whether a row with these key values (compared as CSV text) is already recorded."""
-        want = {k: csv_cell(v) for k, v in key.items()}
-        return any(all(csv_cell(row.get(k)) == v for k, v in want.items()) for row in self.rows)
-
-    def add(self, row: dict) -> None:
-        self.rows.append(dict(row))
-        for key in row:
-            if key not in self.columns:
-                self.columns.append(key)
-        self._write()
-
-    def _write(self) -> None:
-        write_text_atomic(self.path, csv_text(self.rows, self.columns))
-
-
-def _typed(text: str):
-    """A CSV cell read back: int, float, None for "", else the text."""
-    if text is None or text == "":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 class Lazy:

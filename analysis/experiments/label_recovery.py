@@ -54,7 +54,7 @@ from fl_attack.metrics import label_count_accuracy
 from fl_attack.models import build_model
 from fl_attack.training import train_local
 
-from .common import Context, Recorder, fmt, group, markdown_table, save_figure, write_markdown
+from .common import Context, CsvTable, fmt, group, markdown_table, save_figure, write_markdown
 
 DATASET = "femnist"
 ESTIMATORS = ("paper", "support", "aux", "oracle")
@@ -137,7 +137,7 @@ def run(ctx: Context) -> None:
     path = ctx.out / f"{ctx.name}.csv"
     old = _load_rows(path)
     done = {(int(r["round"]), int(r["client"]), r["estimator"]) for r in old}
-    recorder = Recorder(path, COLUMNS)
+    recorder = CsvTable(path, COLUMNS)
     for row in old:
         recorder.add(row)
     splits = [client_partition(pool, p, k) for p in range(federation)]

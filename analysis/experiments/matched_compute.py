@@ -13,7 +13,7 @@ from __future__ import annotations
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    Recorder,
+    CsvTable,
     Task,
     check_clients,
     column,
@@ -49,7 +49,7 @@ def run(ctx: Context) -> None:
     steps, label_sources = ctx.axis("paper_T", (PAPER_T,)), ctx.axis("labels", ("recovered",))
     for dataset in datasets:
         check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
-    recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     plan = [("pisme", 1)] + [("nlsme", k) for k in MULTIPLES]
     tasks = []
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):

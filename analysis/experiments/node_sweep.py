@@ -10,7 +10,7 @@ from __future__ import annotations
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    Recorder,
+    CsvTable,
     Task,
     check_clients,
     column,
@@ -43,7 +43,7 @@ def run(ctx: Context) -> None:
     nodes, label_sources = ctx.axis("nodes", NODES), ctx.axis("labels", ("recovered",))
     for dataset in datasets:
         check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
-    recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
         for labels in label_sources:

@@ -44,7 +44,7 @@ from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
 from fl_attack.update import flatten, layout
 
-from .common import Context, Recorder, fmt, markdown_table, save_figure, train_victim, write_markdown
+from .common import Context, CsvTable, fmt, markdown_table, save_figure, train_victim, write_markdown
 
 DATASET = "cifar100"
 NODES = (2, 3, 5)
@@ -204,7 +204,7 @@ def run(ctx: Context) -> None:
     clients = ctx.scale.clients if "clients" in ctx.explicit else 1
     seeds = ctx.scale.seeds if "seeds" in ctx.explicit else 1
     spec = get_spec(DATASET)
-    recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS)
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS)
     curves: dict = {}
     for paper_T, epochs in proto["epochs"]:
         for client in range(clients):

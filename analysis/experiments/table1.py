@@ -15,7 +15,7 @@ import numpy as np
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    Recorder,
+    CsvTable,
     attack_and_score,
     check_clients,
     column,
@@ -46,7 +46,7 @@ def run(ctx: Context) -> None:
     sc = ctx.scale
     for dataset in DATASETS:
         check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
-    recorder = Recorder(ctx.out / f"{ctx.name}.csv", COLUMNS)
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS)
     for dataset in DATASETS:
         for paper_T, epochs in sc.epochs:
             for client in range(sc.clients_for(dataset)):
