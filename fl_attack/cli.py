@@ -99,6 +99,30 @@ def _methods(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _add_attack_choice(parser, methods, labels, device, methods_text, labels_text, device_text) -> None:
+    """--methods, --labels and --device, shared by ``attack`` and ``replay`` (defaults and their text)."""
+    parser.add_argument(
+        "--methods",
+        type=_methods,
+        default=methods,
+        metavar="LIST",
+        help=f"comma-separated attacks from {', '.join(sorted(ATTACKS))} (default: {methods_text})",
+    )
+    parser.add_argument(
+        "--labels",
+        choices=("recovered", "oracle"),
+        default=labels,
+        help="labels the attack uses: recovered from the update's output-bias change, or the true labels "
+        f"(oracle, an explicit leak, recorded in the labels column) (default: {labels_text})",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default=device,
+        help=f"where training and attacks run; auto = cuda if available (default: {device_text})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description="Honest-but-curious server attacks (PI-SME, NL-SME, SME, IG) on FedAvg client updates."
@@ -122,13 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer) or cifar100 "
         f"(3x32x32, 100 classes) (default: {d.dataset})",
     )
-    a.add_argument(
-        "--methods",
-        type=_methods,
-        default=d.methods,
-        metavar="LIST",
-        help="comma-separated attacks from " + ", ".join(sorted(ATTACKS)) + f" (default: {','.join(d.methods)})",
-    )
+    _add_attack_choice(a, d.methods, d.labels, d.device, f"{','.join(d.methods)}", d.labels, d.device)
     a.add_argument(
         "--clients",
         type=int,
@@ -160,13 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: a uniform draw over all classes)",
     )
     a.add_argument(
-        "--labels",
-        choices=("recovered", "oracle"),
-        default=d.labels,
-        help="labels the attack uses: recovered from the output-bias update, or the true labels "
-        f"(oracle) (default: {d.labels})",
-    )
-    a.add_argument(
         "--label-refine",
         type=float,
         default=None,
@@ -182,12 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seed of the initial model w0, the victims' batch shuffling, the client draw and "
         f"the attack's initial images (default: {d.seed})",
-    )
-    a.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default=d.device,
-        help=f"where training and attacks run; auto = cuda if available (default: {d.device})",
     )
     a.add_argument(
         "--data-dir",
@@ -355,20 +360,7 @@ def _add_replay_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run folder with recorded updates (record-updates=true)")
-    r.add_argument(
-        "--methods",
-        type=_methods,
-        default=None,
-        metavar="LIST",
-        help="comma-separated attacks from " + ", ".join(sorted(ATTACKS)) + " (default: the run's)",
-    )
-    r.add_argument(
-        "--labels",
-        choices=("recovered", "oracle"),
-        default=None,
-        help="labels the attack uses: recovered from the update, or the true labels (oracle, an "
-        "explicit leak, recorded in the labels column) (default: the run's)",
-    )
+    _add_attack_choice(r, None, None, "auto", "the run's", "the run's", "auto")
     r.add_argument(
         "--iterations",
         type=int,
@@ -419,12 +411,6 @@ def _add_replay_parser(sub) -> None:
         metavar="ADDR",
         help="run the attacks on the running Ray cluster at ADDR: auto, HOST:PORT or ray://HOST:PORT "
         "(from `ray start --head`) (default: none)",
-    )
-    r.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where the attacks run; auto = cuda if available (default: auto)",
     )
     r.add_argument(
         "--name",

@@ -145,11 +145,12 @@ def sampled_clients(num_nodes: int, fraction: float, minimum: int) -> int:
 
 
 def check_defense(settings: RunSettings, num_nodes: int) -> int:
-    """Fail before round 1 when the federation cannot run the defense; returns the clients per round."""
+    """Fail before round 1 when the federation cannot run the defense; returns the clients sampled
+    per round (at most ``num_nodes``)."""
     defense = settings.defense
     minimum = defense.secagg_min_clients if defense.secagg else 1
-    sampled = sampled_clients(num_nodes, settings.fraction_train, minimum)
-    defense.check_clients(min(sampled, num_nodes))
+    sampled = min(num_nodes, sampled_clients(num_nodes, settings.fraction_train, minimum))
+    defense.check_clients(sampled)
     return sampled
 
 
@@ -161,10 +162,7 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
         test_set = server_test_set(pool, settings.server_test_samples, seed=settings.seed)
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
-    clients_per_round = min(
-        num_nodes,
-        sampled_clients(num_nodes, settings.fraction_train, defense.secagg_min_clients if defense.secagg else 1),
-    )
+    clients_per_round = check_defense(settings, num_nodes)
     if defense.secagg:
         strategy = SecAggLeakageFedAvg(
             settings,
@@ -198,12 +196,11 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
         if defense.clipping == "server"
         else DifferentialPrivacyClientSideFixedClipping
     )
-    sampled = sampled_clients(num_nodes, settings.fraction_train, 1)
     return wrapper(
         strategy,
         noise_multiplier=defense.noise_multiplier,
         clipping_norm=defense.clip_norm,
-        num_sampled_clients=sampled,
+        num_sampled_clients=clients_per_round,
     ), strategy
 
 
