@@ -60,7 +60,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     """E local epochs from ``w0``: returns (wT state dict, public metrics, simulation bookkeeping).
 
     The metrics include ``train-seconds`` (loading the partition and training), the bookkeeping
-    ``train-started`` (epoch seconds), for the run's time breakdown (strategies/timings.py).
+    ``train-started`` (epoch seconds), for the run's time breakdown (fl_attack/timings.py).
     """
     started, clock = time.time(), time.perf_counter()
     torch.set_num_threads(settings.threads)

@@ -14,7 +14,7 @@ Plain ``flwr run`` returns 0 even when the run failed and leaves a detached Supe
    group is killed, the reason printed, and the exit status is 1;
 3. stops the SuperLink it started and prints where the run folder is (as the ServerApp named it);
 4. adds its clock (launch, ``flwr run`` exit) to the run's summary.json timings and prints where the
-   time went (strategies/timings.py);
+   time went (fl_attack/timings.py);
 5. exits 0 only when the run completed and wrote its leakage record.
 
 ``--deployment N`` runs on Flower's deployment engine instead of the simulation: a SuperLink and N

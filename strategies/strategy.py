@@ -111,7 +111,7 @@ class LeakageTracking:
     ``round_offset``: rounds already done before this strategy started (a resumed run): Flower's
     round r is the run's round r + round_offset everywhere, also in what the clients are told.
 
-    It also keeps the run's timings (strategies/timings.py). Attacks get torch threads by the run
+    It also keeps the run's timings (fl_attack/timings.py). Attacks get torch threads by the run
     config's rule (RunSettings.attack_thread_count).
     """
 
