@@ -1,1 +1,1 @@
-"""Server side: the honest-but-curious FedAvg strategy, the attacker actors and the evaluator."""
+"""Server side: the ServerApp, the honest-but-curious FedAvg strategies, ready-made run configs and the launcher."""
