@@ -119,8 +119,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     settings = RunSettings.from_run_config(context.run_config)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
-    metrics = local_evaluation(settings, node_partition(context), msg.content["arrays"].to_torch_state_dict())
-    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+    partition_id = node_partition(context)
+    metrics = local_evaluation(settings, partition_id, msg.content["arrays"].to_torch_state_dict())
+    # The partition id lets the server average the replies in one order (float sums depend on it).
+    simulation = ConfigRecord({"partition-id": partition_id})
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics), "simulation": simulation}), reply_to=msg)
 
 
 class SecAggClient(NumPyClient):

@@ -174,7 +174,8 @@ class RunFolder:
             checkpoint = torch.load(self.checkpoint_file, weights_only=True)
             return int(checkpoint["round"]), checkpoint["arrays"]
         except Exception as exc:  # missing, cut off, not ours
-            raise ValueError(f"{self.checkpoint_file} is unreadable: {type(exc).__name__}: {exc}") from None
+            first = (str(exc).strip().splitlines() or [""])[0]  # torch's errors run over several lines
+            raise ValueError(f"{self.checkpoint_file} is unreadable: {type(exc).__name__}: {first}") from None
 
     def cut_back(self, done: int) -> None:
         """Cut rounds.csv, attacks.csv and updates/index.csv back to rounds <= ``done``, atomically

@@ -39,9 +39,19 @@ from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_
 
 log = logging.getLogger(__name__)
 
-# Set to a round number, the ServerApp process exits abruptly right after that round's checkpoint
-# (no clean-up, no summary.json): how the tests interrupt a real federation.
+# Set to a round number R, the ServerApp process exits abruptly (os._exit: no clean-up, no
+# summary.json) right after round R's checkpoint, or with "R:before-checkpoint" after its rounds.csv
+# row but before its checkpoint (the resume must then cut that row back): how the tests interrupt a
+# real federation.
 CRASH_ENV = "FL_ATTACK_CRASH_AFTER_ROUND"
+
+
+def _crash_here(server_round: int, point: str, folder) -> None:
+    if os.environ.get(CRASH_ENV) in ((f"{server_round}:{point}",) if point else (str(server_round),)):
+        folder.event(
+            f"round {server_round}: {CRASH_ENV}={os.environ[CRASH_ENV]}: the ServerApp dies here, as if killed"
+        )
+        os._exit(70)
 
 
 def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
@@ -319,13 +329,12 @@ class LeakageTracking:
         try:
             with self.timings.measure("writing"):
                 self.folder.append_round(row)
+                _crash_here(server_round, "before-checkpoint", self.folder)  # fault injection (tests)
                 if state is not None:
                     self.folder.save_checkpoint(server_round, state)
         except OSError as exc:  # the federation goes on; the round's row is in events.log at least
             self.folder.event(f"round {server_round}: could not write rounds.csv or the checkpoint ({exc}); row: {row}")
-        if os.environ.get(CRASH_ENV) == str(server_round):  # fault injection for the resume tests
-            self.folder.event(f"round {server_round}: {CRASH_ENV} set: the ServerApp dies here, as if killed")
-            os._exit(70)
+        _crash_here(server_round, "", self.folder)  # fault injection (tests)
         accuracy = record.get("global_accuracy")
         self.folder.event(
             f"round {server_round}: done; global accuracy "
@@ -502,7 +511,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         server_round = self._run_round(server_round)
         self._evaluation_received(server_round)
         with self.timings.measure("strategy"):
-            metrics = super().aggregate_evaluate(server_round, replies)
+            metrics = super().aggregate_evaluate(server_round, in_partition_order(replies))
         found = metrics if metrics is not None else {}
         self._clients_evaluated(
             server_round,

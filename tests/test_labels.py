@@ -126,3 +126,23 @@ def test_label_refine_setting_is_validated_and_skips_oracle_labels():
     assert torch.equal(rec.labels, truth) and rec.label_source == "oracle"
     rec = reconstruct(update, "pisme", iterations=4, nodes=2, label_refine=0.5)  # runs the refinement
     assert rec.labels.shape == (6,) and rec.label_source == "recovered"
+
+
+def test_label_refine_runs_once_at_its_fraction_and_its_labels_are_kept(monkeypatch):
+    """Unit test of the wiring (a spy stands in for the re-estimation): label_refine=0.5 of 4
+    iterations calls it once, and the attack goes on with, and returns, the labels it gave."""
+    import fl_attack.api as api
+
+    update, _ = _victim("femnist", 1, k=6, batch_size=3, local_epochs=1)
+    calls = []
+
+    def spy(update_, x, y, model):
+        calls.append(y.clone())
+        return torch.flip(y, [0])
+
+    monkeypatch.setattr(api, "refine_labels", spy)
+    rec = api.reconstruct(update, "pisme", iterations=4, nodes=2, label_refine=0.5)
+    assert len(calls) == 1 and torch.equal(rec.labels, torch.flip(calls[0], [0]))
+    calls.clear()
+    api.reconstruct(update, "pisme", iterations=4, nodes=2)  # label_refine 0: the labels stay fixed
+    assert calls == []

@@ -42,11 +42,9 @@ def fake_flwr(monkeypatch, tmp_path):
 
 def test_a_silent_run_is_abandoned_and_its_process_group_killed(fake_flwr, capsys):
     fake_flwr(SILENT)
-    start = time.monotonic()
     rc = launch.main(["--silence-timeout", "2", "--timeout", "60"])
-    elapsed = time.monotonic() - start
     out, err = capsys.readouterr()
-    assert rc == 1 and elapsed < 15, elapsed
+    assert rc == 1
     assert (
         "fl-attack: error: run abandoned: no output for 2 s (--silence-timeout); the flwr process group was killed"
         in err
@@ -60,9 +58,7 @@ def test_a_silent_run_is_abandoned_and_its_process_group_killed(fake_flwr, capsy
 
 def test_the_overall_timeout_is_checked_even_while_lines_keep_coming(fake_flwr, capsys):
     fake_flwr("import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n")
-    start = time.monotonic()
     assert launch.main(["--silence-timeout", "5", "--timeout", "2"]) == 1
-    assert time.monotonic() - start < 15
     assert "run abandoned: still running after 2 s (--timeout)" in capsys.readouterr().err
 
 

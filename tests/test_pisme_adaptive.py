@@ -101,6 +101,16 @@ def test_adaptive_attack_runs_and_reports_its_nodes(real_batch):
     assert evaluations == sorted(evaluations) and evaluations[-1] > sum(nodes[:-1])
 
 
+@pytest.mark.parametrize("tolerance, m", [(2.0, 1), (1e-12, 5)])
+def test_the_tolerance_sets_the_nodes_the_attack_uses(real_batch, tolerance, m):
+    """Any error meets tolerance 2 (one node); none meets 1e-12 (the largest m): m really moves."""
+    model, shapes, w0, p1, wT, x, y, _ = real_batch
+    config = AttackConfig(iterations=4, nodes=5, node_tolerance=tolerance)
+    attack = get_attack("pisme-adaptive")(model, w0, wT, shapes, config)
+    attack.surrogate_gradient(x, y)
+    assert len(attack.nodes) == m and attack.checks[0][1] == m
+
+
 def test_adaptive_attack_checks_every_n_iterations(real_batch):
     model, shapes, w0, p1, wT, x, y, _ = real_batch
     config = AttackConfig(iterations=10, nodes=3, node_check_every=4)

@@ -219,6 +219,30 @@ def test_files_and_their_folder_are_fsynced(tmp_path, monkeypatch):
     assert len(synced) == 2 and synced[0].startswith(str(tmp_path / ".report.md.")) and synced[1] == str(tmp_path)
 
 
+def test_a_folder_that_refuses_new_files_raises_naming_the_file_even_as_root(tmp_path, monkeypatch):
+    """What a read-only folder does, injected where it happens: EACCES from os.open of any file in
+    the folder (root ignores file modes, so the chmod test below skips there)."""
+    import errno
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    append_csv_row(folder / "attacks.csv", {"a": 1}, ["a"])
+    real_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if str(path).startswith(str(folder)) and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    with pytest.raises(PermissionError, match=f"could not write {folder / 'summary.json'}: Permission denied"):
+        write_text_atomic(folder / "summary.json", "x")
+    with pytest.raises(PermissionError, match=f"could not write {folder / 'rounds.csv'}: Permission denied"):
+        append_csv_row(folder / "rounds.csv", {"a": 1}, ["a"])
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == ["attacks.csv"]  # nothing half-written left
+
+
 def test_a_read_only_folder_raises_naming_the_file(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()

@@ -1,5 +1,7 @@
-"""Resume on the real path: a federation launched with flwr run, killed after round 2, resumed from
-its checkpoint, gives the same rounds.csv as an uninterrupted run with the same seed."""
+"""Resume on the real path: a federation launched with flwr run, killed in round 3 after its
+rounds.csv row but before its checkpoint, resumed from round 2's checkpoint, gives the same
+rounds.csv as an uninterrupted run with the same seed (round 3's first row cut back, not doubled).
+Resume's refusals and cut-back on real run folders, without a federation, are below it."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fl_attack.runs import ATTACK_COLUMNS
+import pytest
+
+from fl_attack.run_config import RunSettings
+from fl_attack.runs import ATTACK_COLUMNS, RunFolder
+from strategies.server_app import prepare_resume, write_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = (
@@ -56,10 +62,11 @@ def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     whole = launch(tmp_path, 'run-name="whole"')
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    crashed = launch(tmp_path, 'run-name="cut"', {"FL_ATTACK_CRASH_AFTER_ROUND": "2"})
+    crashed = launch(tmp_path, 'run-name="cut"', {"FL_ATTACK_CRASH_AFTER_ROUND": "3:before-checkpoint"})
     run = tmp_path / "results" / "cut"
-    assert crashed.returncode != 0
-    assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2"] and not (run / "summary.json").exists()
+    assert crashed.returncode != 0 and not (run / "summary.json").exists()
+    assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2", "3"]  # a row past the checkpoint
+    assert RunFolder(run).load_checkpoint()[0] == 2
     # The same folder cannot be started again by mistake, only resumed.
     again = launch(tmp_path, 'run-name="cut"')
     assert again.returncode != 0 and "already holds a run" in again.stdout + again.stderr
@@ -99,5 +106,58 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     assert len(set(attacks)) == len(attacks) and ("3", "0", "ig") in attacks
     assert {r["round"] for r in rows(run / "updates" / "index.csv")} == {"1", "2", "3"}
     config = json.loads((run / "config.json").read_text())
-    assert config["resumed"][0]["after_round"] == 2
+    assert config["resumed"][0]["after_round"] == 2 and len(config["resumed"]) == 1
     assert "resumed after round 2" in (run / "events.log").read_text()
+
+
+# --- resume's checks and cut-back on real run folders (no federation) ---------------------------
+
+
+def _interrupted_run(tmp_path, done=2, recorded=3, **keys):
+    """A run folder as a federation leaves it when killed after round ``done``'s checkpoint, with
+    rows of rounds 1..``recorded`` in every CSV (rows past the checkpoint: a crash mid-round)."""
+    values = {"num-server-rounds": 4, "resume": "", **keys}
+    settings = RunSettings.from_run_config(values)
+    folder = RunFolder(tmp_path / "run")
+    write_run_config(folder, settings, values, num_nodes=2)
+    folder.save_checkpoint(done, settings.new_model(seed=0).state_dict())
+    for r in range(1, recorded + 1):
+        folder.append_round({"round": r, "clients": 2})
+        folder.append_attack({"round": r, "partition_id": 0, "method": "ig", "status": "ok", "image": "x.png"})
+    (folder.updates).mkdir()
+    index = "round,partition_ids,node_id,client_id,aggregate,file,sha256\n"
+    (folder.updates / "index.csv").write_text(index + "".join(f"{r},0,,w,False,f{r}.pt,0\n" for r in range(1, 4)))
+    return folder, values
+
+
+def test_resume_cuts_every_record_back_to_the_checkpoint(tmp_path):
+    folder, values = _interrupted_run(tmp_path)
+    settings = RunSettings.from_run_config({**values, "resume": str(folder)})
+    run, done, arrays = prepare_resume(settings, {**values, "resume": str(folder)})
+    assert done == 2 and run.path == folder.path and arrays
+    assert [r["round"] for r in rows(folder.rounds_file)] == ["1", "2"]
+    assert [r["round"] for r in rows(folder.attacks_file)] == ["1", "2"]
+    assert [r["round"] for r in rows(folder.updates / "index.csv")] == ["1", "2"]
+
+
+def test_resume_refuses_another_run_config_and_a_finished_run(tmp_path):
+    folder, values = _interrupted_run(tmp_path)
+    resume = {"resume": str(folder)}
+    changed = {**values, **resume, "lr": 0.1}
+    with pytest.raises(ValueError, match="differs from the interrupted run's in lr; only "):
+        prepare_resume(RunSettings.from_run_config(changed), changed)
+    assert [r["round"] for r in rows(folder.rounds_file)] == ["1", "2", "3"]  # refused: nothing cut
+    allowed = {**values, **resume, "attack-timeout": 60.0}  # where and how fast attacks run may change
+    assert prepare_resume(RunSettings.from_run_config(allowed), allowed)[1] == 2
+    finished = {**values, **resume, "num-server-rounds": 2}
+    with pytest.raises(ValueError, match="has finished all 2 rounds; raise num-server-rounds"):
+        prepare_resume(RunSettings.from_run_config(finished), finished)
+
+
+def test_resume_refuses_a_folder_without_a_readable_checkpoint(tmp_path):
+    folder, values = _interrupted_run(tmp_path)
+    folder.checkpoint_file.write_bytes(b"cut off")
+    resume = {**values, "resume": str(folder)}
+    with pytest.raises(ValueError, match="is not a resumable run folder") as info:
+        prepare_resume(RunSettings.from_run_config(resume), resume)
+    assert "\n" not in str(info.value)

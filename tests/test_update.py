@@ -228,8 +228,10 @@ def test_non_floating_weights_are_rejected():
 def test_an_update_of_the_real_model_passes_its_check(dataset):
     model = build_model(dataset, seed=0)
     update = ObservedUpdate(model.state_dict(), build_model(dataset, seed=1).state_dict(), _meta(dataset=dataset))
-    update.check_against(model)
-    update.check_against(model.state_dict())
+    assert update.check_against(model) is None and update.check_against(model.state_dict()) is None
+    other = build_model("cifar100" if dataset == "femnist" else "femnist", seed=0)
+    with pytest.raises(ValueError):  # the same check refuses another architecture
+        update.check_against(other)
 
 
 def test_a_tensor_that_is_not_the_models_is_rejected_by_name():
