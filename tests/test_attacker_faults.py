@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,27 +21,50 @@ def _job(job_id: int) -> AttackJob:
     return AttackJob(job_id, small_update(), "sme", AttackConfig(iterations=1, trace_every=1), AttackTarget(1, (0,)))
 
 
-def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs():
-    dispatcher = RayWorkers(num_actors=3)
-    calls = []
-
-    def actor(index):
-        return SimpleNamespace(run=SimpleNamespace(remote=lambda job: calls.append((index, job)) or object()))
-
-    dispatcher._actors, dispatcher._load = [actor(0), actor(1), actor(2)], [2, 0, 1]
-    for job_id in range(4):
-        dispatcher._assign(SimpleNamespace(job_id=job_id), 0)
-    # loads 2,0,1 -> actor 1 (0), then actors 1 and 2 are tied at 1 -> lowest index, ...
-    assert [i for i, _ in calls] == [1, 1, 2, 0]
-    assert dispatcher._load == [3, 2, 2] and dispatcher.in_flight == 4
-
-
 @pytest.fixture(scope="module")
 def ray_runtime():
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs(ray_runtime, tmp_path):
+    """Real actors whose jobs wait for a go-file: pending jobs are an actor's load, and a finished
+    job takes its load off (the next job goes to the actor it freed). Where each ran: its worker id."""
+    plan = str(tmp_path)
+
+    class GatedActor(AttackWorker):  # defined here so that Ray pickles it by value
+        def run(self, job):
+            while not os.path.exists(os.path.join(plan, f"go-{job.job_id}")):
+                time.sleep(0.05)
+            return super().run(job)
+
+    def finish(dispatcher, job_id):
+        (tmp_path / f"go-{job_id}").touch()
+        while True:  # wait for the event, then assert state
+            done = dispatcher.poll()
+            if done:
+                return done
+            time.sleep(0.1)
+
+    dispatcher = RayWorkers(num_actors=2, threads=1, device="cpu", actor_cls=GatedActor)
+    try:
+        # loads 0,0 -> actor 0; 1,0 -> actor 1; 1,1 -> the lowest index, actor 0; 2,1 -> actor 1
+        for job_id in (1, 2, 3, 4):
+            dispatcher.submit(_job(job_id))
+        outcomes = {}
+        for job_id in (2, 4):  # actor 1's jobs finish: its load drops to 0, actor 0's stays 2
+            outcomes.update({o.job_id: o for o in finish(dispatcher, job_id)})
+        assert sorted(outcomes) == [2, 4] and dispatcher.in_flight == 2
+        dispatcher.submit(_job(5))  # goes to actor 1 (were finished jobs still counted: a tie, actor 0)
+        for job_id in (1, 3, 5):
+            outcomes.update({o.job_id: o for o in finish(dispatcher, job_id)})
+    finally:
+        dispatcher.shutdown()
+    assert all(o.status == "ok" for o in outcomes.values())
+    where = {job_id: o.worker_id for job_id, o in outcomes.items()}
+    assert where[1] == where[3] != where[2] == where[4] == where[5], where
 
 
 def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp_path):

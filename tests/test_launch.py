@@ -20,6 +20,18 @@ time.sleep(120)
 """
 
 
+# Ignores SIGTERM, it and its child: only the SIGKILL that follows the grace period ends them.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+child.stdout.readline()  # the child ignores SIGTERM from here on
+print("child", child.pid, flush=True)
+time.sleep(120)
+"""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -120,3 +132,15 @@ def test_superlink_submits_to_that_address_through_a_connection_of_its_own(fake_
     out = capsys.readouterr().out
     assert seen == {"federation": None, "superlink": launch.CONNECTION}
     assert f'default = "{launch.CONNECTION}"' in out and 'address = "10.0.0.5:9093"' in out and "insecure = true" in out
+
+
+def test_a_flwr_that_ignores_sigterm_is_killed_with_sigkill(fake_flwr, capsys):
+    fake_flwr(STUBBORN)
+    assert launch.main(["--silence-timeout", "2", "--timeout", "60"]) == 1
+    out, err = capsys.readouterr()
+    assert "run abandoned: no output for 2 s (--silence-timeout); the flwr process group was killed" in err
+    child = int(re.search(r"child (\d+)", out).group(1))
+    deadline = time.monotonic() + 10  # a wait for the event, not a bound: SIGKILL'd processes exit at once
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "a SIGTERM-ignoring child survived the SIGKILL escalation"
