@@ -238,6 +238,11 @@ def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> No
         _fsync_dir(path.parent)
 
 
+# Set to N, the process SIGKILLs itself right after a CsvTable's N-th row is written: how the tests
+# interrupt a real experiment at a known point.
+KILL_ENV = "FL_ATTACK_SIGKILL_AFTER_ROWS"
+
+
 def _typed(text: str):
     """A CSV cell read back: int, float, None for "", else the text."""
     if text is None or text == "":
@@ -298,6 +303,8 @@ class CsvTable:
             if key not in self.columns:
                 self.columns.append(key)
         self._write()
+        if os.environ.get(KILL_ENV) == str(len(self.rows)):  # fault injection for the resume tests
+            os.kill(os.getpid(), 9)  # SIGKILL: no clean-up of any kind
 
     def _write(self) -> None:
         write_text_atomic(self.path, csv_text(self.rows, self.columns))

@@ -416,6 +416,8 @@ class RayWorkers:
         if not ray.is_initialized():
             if not self.address:
                 raise RuntimeError("Ray is not initialised and no Ray cluster address was given")
+            if self.address.startswith("ray://"):  # Ray's client notes on stderr which options it passes on
+                logging.getLogger("ray.client_builder").setLevel(logging.WARNING)
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             self._joined = True
             log.info("joined the Ray cluster at %s: %s", self.address, ray.cluster_resources())

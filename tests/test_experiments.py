@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -293,22 +293,16 @@ def test_a_rerun_at_another_scale_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_a_killed_run_resumes_where_it_stopped(tmp_path):
-    """SIGKILL the real command after its first rows; the rerun keeps them and completes the grid."""
+    """The real command SIGKILLs itself right after its second row (FL_ATTACK_SIGKILL_AFTER_ROWS);
+    the rerun keeps those rows and completes the grid."""
     argv = _tiny("node-sweep", tmp_path, "--grid", "nodes=1,2,3,4,5,6,7,8")
-    csv_path = tmp_path / "node-sweep.csv"
-    proc = subprocess.Popen([sys.executable, "-m", "analysis.experiments", *argv], cwd=REPO, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if csv_path.exists() and len(read(tmp_path, "node-sweep")[1]) >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the run ended before it could be killed"
-    finally:
-        proc.kill()
-        proc.wait()
+    env = {**os.environ, "FL_ATTACK_SIGKILL_AFTER_ROWS": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.experiments", *argv], cwd=REPO, env=env, stderr=subprocess.DEVNULL
+    )
+    assert proc.returncode == -9
     _, kept = read(tmp_path, "node-sweep")
-    assert 2 <= len(kept) < 8
+    assert len(kept) == 2
     assert main(argv) == 0
     _, rows = read(tmp_path, "node-sweep")
     assert rows[: len(kept)] == kept

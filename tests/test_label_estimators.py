@@ -128,12 +128,13 @@ def accuracies(federation):
 
 
 def test_new_estimators_beat_the_paper_after_learning(accuracies):
-    """After ROUNDS-1 rounds of FedAvg the paper's estimator has lost counts; support and aux recover
-    most of them (measured on these 6 clients: paper 0.72, support 0.82, aux 0.85)."""
-    acc = {e: np.mean(accuracies[ROUNDS, e]) for e in ("paper", "support", "aux")}
-    assert acc["paper"] < 0.8, acc
-    assert acc["support"] >= acc["paper"] + 0.08 and acc["support"] >= 0.8, acc
-    assert acc["aux"] >= acc["support"] and acc["aux"] >= 0.83, acc
+    """After ROUNDS-1 rounds of FedAvg the paper's estimator has lost counts; support recovers some
+    on every client, aux at least as many (measured on these 6 clients: paper 0.72, support 0.82,
+    aux 0.85 on average). Asserted as relations, client by client, not as the measured values."""
+    paper, support, aux = (np.array(accuracies[ROUNDS, e]) for e in ("paper", "support", "aux"))
+    assert paper.mean() < np.mean(accuracies[1, "paper"]), paper  # the premise: learning costs the paper counts
+    assert (support > paper).all(), (paper, support)
+    assert (aux >= support).all(), (support, aux)
 
 
 def test_no_loss_at_an_untrained_w0(accuracies):
