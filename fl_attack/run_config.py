@@ -543,6 +543,38 @@ class RunSettings:
                 f"federation has {num_nodes} node(s) (partition ids 0..{num_nodes - 1})"
             )
 
+    def check_partitions(self, num_nodes: int) -> None:
+        """ValueError before round 1 when the data cannot give each of ``num_nodes`` nodes its own
+        partition of samples-per-client samples beside the server's held-out test set, or when
+        data-dir does not exist."""
+        from .data import load_pool, num_partitions
+
+        try:
+            pool = load_pool(self.dataset, self.data_dir or None)
+        except FileNotFoundError as exc:
+            raise ValueError(f"invalid run config: data-dir: {exc}") from None
+        available = num_partitions(pool, self.samples, self.classes, held_out=self.held_out)
+        if num_nodes > available:
+            raise ValueError(
+                f"{num_nodes} clients asked for, but the {self.dataset} data has only {available} "
+                f"partitions of {self.samples} samples; lower num-supernodes or samples-per-client"
+            )
+
+    def check_resumable(self) -> None:
+        """With resume="RUN_DIR": ValueError (one line) when RUN_DIR has no readable config.json or
+        checkpoint.pt, before anything starts (the ServerApp checks the rest and cuts the record back)."""
+        if not self.resume:
+            return
+        from .paths import resolve_in_project
+        from .runs import RunFolder
+
+        folder = RunFolder(resolve_in_project(self.resume))
+        try:
+            folder.read_config()
+            folder.load_checkpoint()
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: resume='{self.resume}' cannot be resumed: {exc}") from None
+
     # Parsing --------------------------------------------------------------------------------
     @classmethod
     def from_run_config(cls, run_config) -> RunSettings:

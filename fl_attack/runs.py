@@ -173,9 +173,13 @@ class RunFolder:
         try:
             checkpoint = torch.load(self.checkpoint_file, weights_only=True)
             return int(checkpoint["round"]), checkpoint["arrays"]
-        except Exception as exc:  # missing, cut off, not ours
-            first = (str(exc).strip().splitlines() or [""])[0]  # torch's errors run over several lines
-            raise ValueError(f"{self.checkpoint_file} is unreadable: {type(exc).__name__}: {first}") from None
+        except FileNotFoundError:
+            raise ValueError(f"{self.checkpoint_file} is missing") from None
+        except Exception as exc:  # cut off, or not ours: torch's own advice (weights_only=False) is unsafe
+            raise ValueError(
+                f"{self.checkpoint_file} is not a checkpoint fl-attack wrote ({type(exc).__name__}: cut off or "
+                "another file); start a new run, or restore the file"
+            ) from None
 
     def cut_back(self, done: int) -> None:
         """Cut rounds.csv, attacks.csv and updates/index.csv back to rounds <= ``done``, atomically

@@ -98,10 +98,11 @@ def _parse_overrides(overrides: list[str]) -> dict:
 
 
 def _check_run_config(pairs: dict, federation: str | None) -> None:
-    """Every check the ServerApp makes before round 1 that needs no federation, here in a second:
-    unknown keys (Flower would only say "Invalid run configuration"), then each value's type and
-    range (RunSettings), then attack-clients against num-supernodes (not for ``federation`` None:
-    a SuperLink elsewhere, whose nodes the ServerApp counts). ValueError naming the key."""
+    """Every check the ServerApp makes before round 1, here in a second: unknown keys (Flower would
+    only say "Invalid run configuration"), each value's type and range (RunSettings), a resume
+    folder's config and checkpoint, then attack-clients and the data's partitions against
+    num-supernodes (not for ``federation`` None: a SuperLink elsewhere, whose nodes the ServerApp
+    counts). ValueError naming the key."""
     import tomllib
 
     from fl_attack.run_config import RunSettings
@@ -115,10 +116,13 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
         )
     settings = RunSettings.from_run_config({**defaults, **pairs})
     settings.check_device()
+    settings.check_resumable()
     if federation is None:
         return
     nodes = re.search(r"num-supernodes=(\d+)", federation)
-    settings.check_nodes(int(nodes.group(1)) if nodes else 2)  # Flower's default: 2 SuperNodes
+    num_nodes = int(nodes.group(1)) if nodes else 2  # Flower's default: 2 SuperNodes
+    settings.check_nodes(num_nodes)
+    settings.check_partitions(num_nodes)
 
 
 def _check_federation(federation: str) -> None:

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
-from fl_attack.data import load_pool, num_partitions, server_test_set
+from fl_attack.data import load_pool, server_test_set
 from fl_attack.paths import resolve_in_project
 from fl_attack.run_config import RunSettings
 from fl_attack.runs import RunFolder
@@ -127,18 +127,6 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
     return folder, done, arrays
 
 
-def check_partitions(settings: RunSettings, num_nodes: int) -> None:
-    """Fail before round 1 when the data cannot give every node its own partition (beside the
-    server's held-out test set)."""
-    pool = load_pool(settings.dataset, settings.data_dir or None)
-    available = num_partitions(pool, settings.samples, settings.classes, held_out=settings.held_out)
-    if num_nodes > available:
-        raise ValueError(
-            f"{num_nodes} clients asked for, but the {settings.dataset} data has only {available} "
-            f"partitions of {settings.samples} samples; lower num-supernodes or samples-per-client"
-        )
-
-
 def sampled_clients(num_nodes: int, fraction: float, minimum: int) -> int:
     """How many clients Flower's FedAvg (either API) samples per round: max(int(n * fraction), minimum)."""
     return max(int(num_nodes * fraction), minimum)
@@ -210,7 +198,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = RunSettings.from_run_config(context.run_config)
     settings.check_device()
     num_nodes = len(list(grid.get_node_ids()))
-    check_partitions(settings, num_nodes)
+    settings.check_partitions(num_nodes)
     settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
     check_defense(settings, num_nodes)
     run_config = dict(context.run_config)

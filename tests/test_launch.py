@@ -144,3 +144,34 @@ def test_a_flwr_that_ignores_sigterm_is_killed_with_sigkill(fake_flwr, capsys):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), "a SIGTERM-ignoring child survived the SIGKILL escalation"
+
+
+@pytest.mark.parametrize(
+    "run_config, message",
+    [
+        ("samples-per-client=5000", "partitions of 5000 samples; lower num-supernodes or samples-per-client"),
+        ('data-dir="/no/such/folder"', "invalid run config: data-dir: "),
+    ],
+)
+def test_data_that_cannot_serve_the_federation_is_refused_before_anything_starts(
+    fake_flwr, capsys, run_config, message
+):
+    fake_flwr("raise SystemExit('flwr started')")  # reached only if the checks let it through
+    assert launch.main(["--run-config", run_config, "--federation-config", "num-supernodes=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fl-attack: error: ") and message in err, err
+
+
+def test_a_resume_without_a_readable_checkpoint_is_refused_in_one_line_before_anything_starts(
+    fake_flwr, capsys, tmp_path
+):
+    from fl_attack.runs import RunFolder
+
+    run = RunFolder(tmp_path / "run")
+    run.write_config({"run_config": {}})
+    run.checkpoint_file.write_bytes(b"not a checkpoint")  # cut off, or another file
+    fake_flwr("raise SystemExit('flwr started')")
+    assert launch.main(["--run-config", f'resume="{run}"']) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"resume='{run}' cannot be resumed: {run.checkpoint_file}" in err, err
+    assert "weights_only" not in err

@@ -161,3 +161,64 @@ def test_resume_refuses_a_folder_without_a_readable_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="is not a resumable run folder") as info:
         prepare_resume(RunSettings.from_run_config(resume), resume)
     assert "\n" not in str(info.value)
+
+
+def _tree(pid: int) -> list[int]:
+    """pid and its live descendants, read from /proc (independent of the launcher's own helpers)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(current := todo.pop())
+        todo += parents.get(current, [])
+    return found
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
+    """SIGKILL of the launcher and every process it started (SuperLink, flwr, the apps), from
+    outside, once round 1's checkpoint is on disk: the rounds it recorded are kept whole, and the
+    run resumes to the end with no round twice."""
+    import signal
+    import time
+
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
+    run = tmp_path / "results" / "killed"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "strategies.launch",
+            "--run-config",
+            f'{CONFIG} results-dir="{tmp_path / "results"}" run-name="killed"',
+            "--federation-config",
+            "num-supernodes=3 client-resources-num-cpus=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while not (run / "checkpoint.pt").exists():  # wait for the event
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+    finally:
+        for pid in reversed(_tree(proc.pid)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    done, _ = RunFolder(run).load_checkpoint()
+    kept = [r["round"] for r in rows(run / "rounds.csv")]
+    assert done >= 1 and kept[:done] == [str(r) for r in range(1, done + 1)]
+    resumed = launch(tmp_path, f'resume="{run}"')
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2", "3"]
+    assert (run / "summary.json").is_file()
