@@ -5,7 +5,6 @@ finished ones and resuming the interrupted ones, so a stopped study picks up whe
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -14,15 +13,10 @@ from fl_attack.runs import RunFolder
 FEDERATION = "num-supernodes={} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
 
 
-def toml_value(value) -> str:
-    """A run-config value as TOML: true/false, a quoted string, a number."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, str) else repr(value)
-
-
 def run_config_text(values: dict) -> str:
     """The launcher's --run-config text of ``values`` (kebab-case run-config keys)."""
+    from strategies.launch import toml_value
+
     return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
 
 

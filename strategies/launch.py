@@ -67,7 +67,8 @@ def _environment() -> dict:
     return env
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
+    """A run-config value as TOML: true/false, a number, a quoted string."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -150,7 +151,7 @@ def _run_config(overrides: list[str], federation: str | None, folder: Path) -> t
     fd, name = tempfile.mkstemp(prefix="run-config-", suffix=".toml", dir=folder)  # one per launch
     os.close(fd)
     path = Path(name)
-    path.write_text("".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in pairs.items()))
+    path.write_text("".join(f"{json.dumps(k)} = {toml_value(v)}\n" for k, v in pairs.items()))
     return path, str(pairs.get("run-name", ""))
 
 
