@@ -396,7 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     if deploy_dir is not None:  # the logs of a deployment that worked are not needed
         shutil.rmtree(deploy_dir, ignore_errors=True)
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
-    _report_timings(run_dir, started, flwr_exited)
+    summary = _report_timings(run_dir, started, flwr_exited)
+    if summary.get("writes_refused") or summary.get("attacks_unwritten"):
+        from .server_app import incomplete
+
+        print(f"fl-attack: error: the disk refused part of the record: {incomplete(summary)}", file=sys.stderr)
+        return 1
     if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)
         Path(args.run_dir_file).write_text(f"{run_dir}\n")
     return 0
@@ -407,8 +412,9 @@ def _mkdir(folder: Path) -> Path:
     return folder
 
 
-def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> None:
-    """Add the launcher's clock to summary.json's timings and print where the time went."""
+def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> dict:
+    """Add the launcher's clock to summary.json's timings and print where the time went; returns
+    summary.json ({} when it cannot be read)."""
     from fl_attack.records import write_json_atomic
     from fl_attack.timings import table
 
@@ -416,13 +422,14 @@ def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> None:
     try:
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return
+        return {}
     if "timings" not in summary:
-        return
+        return summary
     launcher = {"launched": launched, "flwr_exited": flwr_exited}
     summary["timings"]["launcher"] = launcher
     write_json_atomic(path, summary)
     print(table(summary["timings"]), flush=True)
+    return summary
 
 
 if __name__ == "__main__":

@@ -261,3 +261,15 @@ def main(grid: Grid, context: Context) -> None:
         except OSError as exc:
             print(f"fl-attack: error: could not write {run_dir.summary_file}: {exc}", flush=True)
     print(f"fl-attack: {counts['attacks_ok']}/{counts['attacks']} attacks succeeded; results in {run_dir}", flush=True)
+    if counts["writes_refused"] or counts["attacks_unwritten"]:
+        print(f"fl-attack: error: the disk refused part of the record: {incomplete(counts)}", flush=True)
+
+
+def incomplete(counts: dict) -> str:
+    """What of a run's record the disk refused (summary.json's counts), in words."""
+    refused = counts.get("writes_refused") or {}
+    what = {"rounds": "rounds.csv rows", "checkpoints": "checkpoints", "updates": "recorded updates"}
+    parts = [f"{what[k]} of round(s) {','.join(map(str, sorted(set(v))))}" for k, v in refused.items()]
+    if counts.get("attacks_unwritten"):
+        parts.append(f"{counts['attacks_unwritten']} attacks.csv row(s) (kept in unwritten-*.pt)")
+    return "; ".join(parts) + " (see events.log): the run may not resume or replay in full"

@@ -158,6 +158,7 @@ class LeakageTracking:
         # per round: clients, losses, accuracies, attack counts, excluded partitions
         self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
+        self.refused: dict[str, list[int]] = {"rounds": [], "checkpoints": [], "updates": []}  # rounds the disk refused
         self._round_start: dict[int, float] = {}
         self._jobs = 0
         self.folder.event(
@@ -231,6 +232,7 @@ class LeakageTracking:
                 with self.timings.measure("writing"):
                     save_update(update, target, self.folder.updates)
             except Exception as exc:  # the attack can still run; only the replay copy is missing
+                self.refused["updates"].append(target.round)
                 self.folder.event(f"could not record the update of {target.describe()}: {type(exc).__name__}: {exc}")
         for method in self.settings.methods:
             self._jobs += 1
@@ -329,11 +331,17 @@ class LeakageTracking:
         try:
             with self.timings.measure("writing"):
                 self.folder.append_round(row)
-                _crash_here(server_round, "before-checkpoint", self.folder)  # fault injection (tests)
-                if state is not None:
-                    self.folder.save_checkpoint(server_round, state)
         except OSError as exc:  # the federation goes on; the round's row is in events.log at least
-            self.folder.event(f"round {server_round}: could not write rounds.csv or the checkpoint ({exc}); row: {row}")
+            self.refused["rounds"].append(server_round)
+            self.folder.event(f"round {server_round}: could not write rounds.csv ({exc}); row: {row}")
+        _crash_here(server_round, "before-checkpoint", self.folder)  # fault injection (tests)
+        try:
+            if state is not None:
+                with self.timings.measure("writing"):
+                    self.folder.save_checkpoint(server_round, state)
+        except OSError as exc:  # a resume goes back to the last checkpoint that was written
+            self.refused["checkpoints"].append(server_round)
+            self.folder.event(f"round {server_round}: could not write the checkpoint ({exc})")
         _crash_here(server_round, "", self.folder)  # fault injection (tests)
         accuracy = record.get("global_accuracy")
         self.folder.event(
@@ -431,6 +439,7 @@ class LeakageTracking:
             "attacks_ok": ok,
             "attacks_failed": len(self.rows) - ok,
             "attacks_unwritten": len(self.unwritten),
+            "writes_refused": {k: v for k, v in self.refused.items() if v},  # rounds whose file the disk refused
         }
 
     def timing_record(self) -> dict:

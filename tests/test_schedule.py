@@ -141,3 +141,32 @@ def test_every_attacked_update_is_recorded_with_a_checksum(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="does not match its checksum"):
         load_update(tmp_path / "updates", index[0])
+
+
+def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_path, monkeypatch):
+    """A real refused write (ENOSPC from os.write past the writer's retries) of every checkpoint and
+    recorded update: the federation goes on, and the counts summary.json and the console report
+    name what is missing, instead of '2/2 attacks succeeded' alone."""
+    import errno
+    import os
+
+    from strategies.server_app import incomplete
+
+    real_write = os.write
+
+    def write(fd, data):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if ".checkpoint.pt." in name or "/updates/" in name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    settings, strategy, _, _ = federate(tmp_path, num_rounds=2, **FAST)
+    counts = strategy.finish(60)
+    refused = counts["writes_refused"]
+    assert refused["checkpoints"] == [1, 2] and set(refused["updates"]) == {1, 2} and "rounds" not in refused
+    assert counts["attacks_ok"] == counts["attacks"] > 0  # the attacks themselves were not lost
+    assert not RunFolder(tmp_path).checkpoint_file.exists()
+    text = incomplete(counts)
+    assert "checkpoints of round(s) 1,2" in text and "recorded updates of round(s) 1,2" in text
+    assert "could not write the checkpoint" in (tmp_path / "events.log").read_text()
