@@ -90,6 +90,10 @@ def _parse_overrides(overrides: list[str]) -> dict:
         stray = _PAIR.sub(" ", text).split()
         if stray:
             raise ValueError(f"expected key=value pairs, got '{stray[0]}' in '{text}'")
+    keys = [key for text in overrides if not text.endswith(".toml") for key, _ in _PAIR.findall(text)]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice:  # Flower says only "invalid format" in one argument, and keeps the last across two
+        raise ValueError(f"run-config key '{twice}' is given more than once; give it once")
     try:
         return parse_config_args(overrides or None)
     except (ValueError, OSError):

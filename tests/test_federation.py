@@ -479,7 +479,8 @@ def test_the_launcher_refuses_a_bad_run_config_in_a_second(tmp_path, capsys):
         'attack-round="all"': "unknown run-config key 'attack-round'",
         'attack-rounds="every:0"': "attack-rounds must be",
         'attack-clients="7"': "attack-clients lists partition id 7, but the federation has 3 node(s)",
-        'num-server-rounds=1 num-server-rounds="abc"': "invalid format",
+        'num-server-rounds=1 num-server-rounds="abc"': "run-config key 'num-server-rounds' is given more than once",
+        "lr=0.1 seed=1 lr=0.2": "run-config key 'lr' is given more than once; give it once",
         "num-server-rounds=2.5": "num-server-rounds' must be an integer",
     }
     for text, message in cases.items():
