@@ -365,6 +365,18 @@ class AttackWorker:
         return {"threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(), "node": node, "worker": worker}
 
 
+def _check_listening(address: str, timeout: float = 5.0) -> None:
+    """ConnectionError within ``timeout`` seconds when nothing listens at a "host:port" or
+    "ray://host:port" address (ray.init would wait minutes on a dead one); "auto" is Ray's to find."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {address} ({exc.strerror or exc})") from None
+
+
 class RayWorkers:
     """``num_actors`` Ray actors, started lazily at the first submit.
 
@@ -416,6 +428,7 @@ class RayWorkers:
         if not ray.is_initialized():
             if not self.address:
                 raise RuntimeError("Ray is not initialised and no Ray cluster address was given")
+            _check_listening(self.address)
             if self.address.startswith("ray://"):  # Ray's client notes on stderr which options it passes on
                 logging.getLogger("ray.client_builder").setLevel(logging.WARNING)
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
