@@ -9,11 +9,19 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from fl_attack.records import append_csv_row, csv_text, write_bytes_atomic, write_json_atomic, write_text_atomic
+from fl_attack.records import (
+    append_csv_row,
+    csv_text,
+    read_csv,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 def test_atomic_text_and_json_replace_whole_files_and_leave_no_temporaries(tmp_path):
@@ -258,3 +266,37 @@ def test_a_read_only_folder_raises_naming_the_file(tmp_path):
         assert sorted(p.name for p in folder.iterdir()) == ["attacks.csv"]
     finally:
         folder.chmod(0o700)
+
+
+def _append_rows(path: str, writer: int, count: int) -> None:
+    """A writer whose every os.write lands half its bytes after a pause (a nearly full disk): another
+    writer sees its half row on the file's end, and only the flock keeps it from cutting it off."""
+    real_write = os.write
+
+    def short_write(fd, data):
+        time.sleep(0.001)
+        return real_write(fd, data[: max(1, len(data) // 2)])
+
+    os.write = short_write
+    for i in range(count):
+        append_csv_row(path, {"writer": writer, "i": i, "text": "x" * 500}, ["writer", "i", "text"])
+
+
+def test_concurrent_appenders_each_keep_every_row_whole(tmp_path):
+    """Two real processes appending 300 rows each to one CSV, with short writes (the flock): 600
+    whole rows, one header."""
+    import multiprocessing
+
+    path = str(tmp_path / "attacks.csv")
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_append_rows, args=(path, w, 300)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0, 0]
+    header, rows = read_csv(path)
+    assert header == ["writer", "i", "text"] and len(rows) == 600
+    for w in ("1", "2"):
+        assert [r["i"] for r in rows if r["writer"] == w] == [str(i) for i in range(300)]
+    assert all(r["text"] == "x" * 500 for r in rows)

@@ -222,3 +222,20 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2", "3"]
     assert (run / "summary.json").is_file()
+
+
+def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp_path):
+    from strategies.server_app import run_folder
+
+    settings = RunSettings.from_run_config({"results-dir": str(tmp_path)})
+    first = run_folder(settings)
+    first.write_config({})
+    second = run_folder(settings)
+    second.write_config({})
+    third = run_folder(settings)
+    if second.path.name.startswith(first.path.name):  # within one second: the -2, -3 suffixes
+        assert (second.path.name, third.path.name) == (f"{first.path.name}-2", f"{first.path.name}-3")
+    assert len({first.path, second.path, third.path}) == 3
+    named = RunSettings.from_run_config({"results-dir": str(tmp_path), "run-name": first.path.name})
+    with pytest.raises(ValueError, match="already holds a run; choose another run-name, or resume it"):
+        run_folder(named)

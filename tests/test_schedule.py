@@ -170,3 +170,18 @@ def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_pat
     text = incomplete(counts)
     assert "checkpoints of round(s) 1,2" in text and "recorded updates of round(s) 1,2" in text
     assert "could not write the checkpoint" in (tmp_path / "events.log").read_text()
+
+
+def test_record_updates_false_records_none_and_still_attacks(tmp_path):
+    settings, strategy, _, jobs = federate(tmp_path, num_rounds=1, record_updates=False, **FAST)
+    assert not settings.record_updates and jobs and strategy.rows
+    assert not RunFolder(tmp_path).updates.exists()
+
+
+def test_a_fraction_of_clients_is_attacked_seeded_by_round(tmp_path):
+    """attack-clients="fraction:0.5" in the real in-process federation: half of the 4 clients each
+    round, the ones RunSettings.select_clients draws for that round and seed (rounds may differ)."""
+    settings, _, _, jobs = federate(tmp_path, num_rounds=2, attack_clients="fraction:0.5", **FAST)
+    for rnd in (1, 2):
+        attacked = sorted({j.target.partition_id for j in jobs if j.target.round == rnd})
+        assert attacked == settings.select_clients([0, 1, 2, 3], rnd) and len(attacked) == 2
