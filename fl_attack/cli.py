@@ -322,8 +322,9 @@ With --missing the rows of the attacks an interrupted run left undone go to RUN_
 The attacks run in this process one after another (--workers 0), or on N local processes
 (--workers N) or N Ray actors (--ray-address ADDR --workers N); this process scores each one and
 writes its row as it finishes (in finishing order; worker_node and worker_id say where it ran).
-The same method, settings, seed and --threads as the run reproduce its rows' PSNR exactly, in
-this process and on local --workers alike.
+The same method, settings and seed reproduce the run's rows' PSNR exactly, in this process and on
+local --workers alike: by default each attack runs with the torch threads its recorded row names
+(attacks.csv's threads column).
 Exit status: 0, 1 when every attack failed, 2 for bad input (found before any attack).
 
 examples:
@@ -393,9 +394,9 @@ def _add_replay_parser(sub) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="torch threads for each attack (per worker); the run's attack-threads reproduces its rows "
-        "exactly (default: 0, torch's own choice; with --workers N this process's count split over "
-        "the N processes, 1 per Ray actor)",
+        help="torch threads for each attack (per worker) (default: 0, the threads each attack of the run "
+        "recorded, which reproduces its rows exactly; for a run without them torch's own choice, with "
+        "--workers N this process's count split over the N processes, 1 per Ray actor)",
     )
     r.add_argument(
         "--workers",

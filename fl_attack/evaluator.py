@@ -117,6 +117,7 @@ def attack_row(
     worker_node: str = "",
     worker_id: str = "",
     device: str = "",
+    threads: int | None = None,
 ) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
@@ -125,7 +126,7 @@ def attack_row(
     "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
-    device it ran on (cpu, cuda), empty where unknown.
+    device it ran on (cpu, cuda), empty where unknown; threads: its torch threads.
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -150,6 +151,7 @@ def attack_row(
         worker_node=worker_node,
         worker_id=worker_id,
         device=device,
+        threads=threads,
         image=image,
         **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
     )
@@ -232,6 +234,7 @@ class Evaluator:
             worker_node=outcome.worker_node,
             worker_id=outcome.worker_id,
             device=outcome.device,
+            threads=outcome.threads,
         )
         if outcome.status == "ok":
             try:

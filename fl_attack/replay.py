@@ -31,7 +31,7 @@ import importlib.util
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -76,6 +76,7 @@ class RecordedRun:
     attack_config: AttackConfig
     defense: str
     index: list[dict]
+    threads: dict = field(default_factory=dict)  # (round, partition id text) -> the torch threads its attack ran with
 
     updates = property(lambda self: self.path / "updates")
     data = property(lambda self: self.settings.data)  # how the clients' private samples were drawn
@@ -122,9 +123,13 @@ def open_run(path: str | Path) -> RecordedRun:
         )
     defense = config.get("defense")
     label = defense.get("label") if isinstance(defense, dict) else None
-    return RecordedRun(
-        folder.path, config, dict(run_config), settings, attack_config, str(label or settings.defense.label), index
-    )
+    threads = {  # what reproduces the run's rows exactly (attacks.csv's threads column, when it has one)
+        (int(r["round"]), r.get("partition_id") or ""): int(r["threads"])
+        for r in read_csv(folder.attacks_file)[1]
+        if r.get("threads") and r.get("round")
+    }
+    label = str(label or settings.defense.label)
+    return RecordedRun(folder.path, config, dict(run_config), settings, attack_config, label, index, threads)
 
 
 @dataclass
@@ -490,5 +495,9 @@ def _jobs(replay: Replay):
                 labels = replay.truths[target.partition_ids][1].clone()
             else:
                 labels = "recovered"
-            yield AttackJob(job_id, update, method, replay.config, target, labels=labels, model=replay.run.model)
+            pid = "" if target.partition_id is None else str(target.partition_id)
+            threads = None if replay.threads else replay.run.threads.get((target.round, pid))  # the run's, by default
+            yield AttackJob(
+                job_id, update, method, replay.config, target, labels=labels, model=replay.run.model, threads=threads
+            )
             job_id += 1

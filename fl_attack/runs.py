@@ -72,6 +72,7 @@ ATTACKS: dict[str, type] = {
     "worker_node": str,
     "worker_id": str,
     "device": str,
+    "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
     "image": str,
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)

@@ -92,6 +92,7 @@ class AttackOutcome:
     trace: list | None = None  # the attack's trace (Reconstruction.trace)
     worker_node: str = ""
     worker_id: str = ""
+    threads: int | None = None  # torch threads the attack ran with
 
     @classmethod
     def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
@@ -150,6 +151,7 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
             device=_device_name(device),
             **job.described(rec.trace),
             trace=rec.trace,
+            threads=torch.get_num_threads(),
             worker_node=node,
             worker_id=worker,
         )

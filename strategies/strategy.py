@@ -328,20 +328,19 @@ class LeakageTracking:
             "attacks_skipped": record.get("skipped", 0),
             "excluded": ",".join(map(str, record.get("excluded", []))),
         }
-        try:
-            with self.timings.measure("writing"):
+        with self.timings.measure("writing"):
+            try:
                 self.folder.append_round(row)
-        except OSError as exc:  # the federation goes on; the round's row is in events.log at least
-            self.refused["rounds"].append(server_round)
-            self.folder.event(f"round {server_round}: could not write rounds.csv ({exc}); row: {row}")
-        _crash_here(server_round, "before-checkpoint", self.folder)  # fault injection (tests)
-        try:
-            if state is not None:
-                with self.timings.measure("writing"):
+            except OSError as exc:  # the federation goes on; the round's row is in events.log at least
+                self.refused["rounds"].append(server_round)
+                self.folder.event(f"round {server_round}: could not write rounds.csv ({exc}); row: {row}")
+            _crash_here(server_round, "before-checkpoint", self.folder)  # fault injection (tests)
+            try:
+                if state is not None:
                     self.folder.save_checkpoint(server_round, state)
-        except OSError as exc:  # a resume goes back to the last checkpoint that was written
-            self.refused["checkpoints"].append(server_round)
-            self.folder.event(f"round {server_round}: could not write the checkpoint ({exc})")
+            except OSError as exc:  # a resume goes back to the last checkpoint that was written
+                self.refused["checkpoints"].append(server_round)
+                self.folder.event(f"round {server_round}: could not write the checkpoint ({exc})")
         _crash_here(server_round, "", self.folder)  # fault injection (tests)
         accuracy = record.get("global_accuracy")
         self.folder.event(

@@ -94,3 +94,22 @@ def test_tiny_federation_end_to_end(tmp_path):
 
     assert numbers(timings) and all(math.isfinite(n) and n >= 0 for n in numbers(timings)), timings
     assert "where the time went" in proc.stdout
+    # A replay of the real run on Ray reproduces its rows: each attack with the threads it recorded.
+    assert all(int(r["threads"]) >= 1 for r in attacks)
+    replay = subprocess.run(
+        [sys.executable, "-m", "fl_attack.cli", "replay", str(run), "--name", "same"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert replay.returncode == 0, replay.stderr[-4000:]
+    with open(run / "replays" / "same" / "attacks.csv") as f:
+        replayed = {(r["round"], r["partition_id"], r["method"]): r for r in csv.DictReader(f)}
+    for row in attacks:
+        again = replayed[(row["round"], row["partition_id"], row["method"])]
+        assert (again["psnr"], again["lsim_honest"], again["threads"]) == (
+            row["psnr"],
+            row["lsim_honest"],
+            row["threads"],
+        ), (row, again)
