@@ -167,6 +167,8 @@ def _tree(pid: int) -> list[int]:
     """pid and its live descendants, read from /proc (independent of the launcher's own helpers)."""
     parents = {}
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
