@@ -28,7 +28,7 @@ from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.config import PRESETS, Preset
 from fl_attack.data import load_pool, num_partitions
-from fl_attack.evaluator import Evaluator, results_row
+from fl_attack.evaluator import RESULT_COLUMNS, Evaluator, results_row
 from fl_attack.records import CsvTable, write_text_atomic
 from fl_attack.run_config import usable_cpus
 from fl_attack.victims import Victim
@@ -41,17 +41,7 @@ ATTACK_ROW_COLUMNS = [
     "client",
     "seed",
     "method",
-    "nodes",
-    "iterations",
-    "labels",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "seconds",
+    *RESULT_COLUMNS[RESULT_COLUMNS.index("nodes") :],  # nodes ... seconds: the results.csv row's
     "seconds_per_iteration",
     "gradient_evaluations",
 ]
