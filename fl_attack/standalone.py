@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .api import resolve_device
-from .attacks import AttackConfig, get_attack, parse_methods
+from .attacks import AttackConfig, parse_methods
 from .config import PRESETS, TrainingProtocol
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
 from .evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
@@ -48,7 +48,7 @@ from .records import CsvTable, csv_text, write_text_atomic
 from .update import AttackTarget, TrainingMetadata
 from .victims import Victim
 from .victims import train_victim as _train_victim
-from .workers import AttackOutcome, run_job
+from .workers import AttackJob, AttackOutcome, run_job
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -288,19 +288,9 @@ def _not_trained(settings: AttackSettings, partition: int, method: str) -> dict:
         local_epochs=settings.local_epochs,
         num_samples=settings.samples,
     )
-    config = settings.attack_config()
-    outcome = AttackOutcome(
-        0,
-        method,
-        AttackTarget(1, (partition,)),
-        "failed",
-        error="training failed",
-        label_source=settings.labels,
-        local_steps=meta.local_steps,
-        nodes=get_attack(method).nodes_per_iteration(config),
-        iterations=config.iterations,
-        label_estimator=config.label_estimator,
-    )
+    job = AttackJob(0, None, method, settings.attack_config(), AttackTarget(1, (partition,)), settings.labels)
+    outcome = AttackOutcome.failed(job, "training failed")
+    outcome.local_steps = meta.local_steps
     return Evaluator(settings.dataset).record(outcome, None)
 
 

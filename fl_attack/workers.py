@@ -58,10 +58,10 @@ class AttackJob:
 
     def described(self, trace: list | None = None) -> dict:
         """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
-        estimator), the same whether it succeeded or not."""
+        estimator), the same whether it succeeded or not (T is None for a job without an update)."""
         attack = ATTACKS.get(self.method)
         return dict(
-            local_steps=self.update.metadata.local_steps,
+            local_steps=self.update.metadata.local_steps if self.update is not None else None,
             nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
             iterations=self.config.iterations,
             label_estimator=self.config.label_estimator,

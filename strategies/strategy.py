@@ -26,7 +26,6 @@ from flwr.serverapp.strategy import FedAvg
 from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
-from fl_attack.attacks import get_attack
 from fl_attack.evaluator import Evaluator
 from fl_attack.models import resolve_model
 from fl_attack.run_config import RunSettings, usable_cpus
@@ -237,19 +236,8 @@ class LeakageTracking:
         for method in self.settings.methods:
             self._jobs += 1
             if update is None:
-                config = self.attack_config
-                failed = AttackOutcome(
-                    self._jobs,
-                    method,
-                    target,
-                    "failed",
-                    error=error,
-                    label_source=self.settings.attack_labels,
-                    nodes=get_attack(method).nodes_per_iteration(config),
-                    iterations=config.iterations,
-                    label_estimator=config.label_estimator,
-                )
-                self.rows.append(self.evaluator.record(failed, None))
+                unbuilt = AttackJob(self._jobs, None, method, self.attack_config, target, self.settings.attack_labels)
+                self.rows.append(self.evaluator.record(AttackOutcome.failed(unbuilt, error), None))
                 continue
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
             job = AttackJob(
