@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .attacks import AttackConfig, get_attack
-from .attacks.base import build_optimizers, lr_milestones
+from .attacks.base import JointAttack, build_optimizers, lr_milestones
 from .data import get_spec
 from .labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from .models import check_model, resolve_model
@@ -28,7 +28,8 @@ class Reconstruction:
 
     images: (k,C,H,W) float32 in [0,1] on the CPU, in the attack's own order (match before scoring).
     labels: (k,) int64, the labels the attack used; label_source: "recovered" or "oracle".
-    lsim_honest / lsim_calibrated: final Lsim(G, delta_w) with d = 1 and with the learned d.
+    lsim_honest / lsim_calibrated: final Lsim(G, delta_w) with d = 1 and with the learned d (of a
+    joint attack on several updates: their weighted means; lsim_per_update: the honest one of each).
     trace: one dict every ``trace_every`` iterations (iteration, loss, lsim_honest,
     lsim_calibrated, tv, the attack's own variables, and whatever ``callback`` returned).
     seconds: wall time of the attack; from ``reconstruct_batch``, the batch's wall time / N.
@@ -43,6 +44,7 @@ class Reconstruction:
     seconds: float
     config: dict
     trace: list = field(default_factory=list)
+    lsim_per_update: list = field(default_factory=list)  # honest Lsim on each given update, in their order
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -57,7 +59,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def reconstruct(
-    update: ObservedUpdate,
+    update: ObservedUpdate | Sequence[ObservedUpdate],
     method: str = "pisme",
     *,
     labels: str | torch.Tensor = "recovered",
@@ -69,9 +71,12 @@ def reconstruct(
     model: torch.nn.Module | str | None = None,
     label_aux: AuxiliaryData | None = None,
     dtype: torch.dtype = torch.float32,
+    weights: Sequence[float] | None = None,
+    init: torch.Tensor | None = None,
     **overrides,
 ) -> Reconstruction:
-    """Reconstruct a client's k private images from its observed update (w0, wT, metadata).
+    """Reconstruct a client's k private images from its observed update (w0, wT, metadata), or
+    from several observed updates of the same k samples (a client watched over several rounds).
 
     method: "pisme" (default), "nlsme", "sme", "ig" or "pisme-adaptive" (``fl_attack.attacks.ATTACKS``).
     labels: "recovered" (from the output-bias update, fl_attack.labels) or an (k,) int64 tensor of
@@ -89,6 +94,13 @@ def reconstruct(
     path of ``fl_attack.attacks.gradients``, any other model the generic one.
     dtype: the attack's working precision, torch.float32 (default) or torch.float64 (for exactness
     checks; X_hat is drawn in float32 either way, so both start from the same images).
+    update as a sequence of n ObservedUpdates of one client (one dataset, layout and k): one X_hat
+    is fitted to all of them (``fl_attack.attacks.base.JointAttack``: the weighted sum of each
+    update's own objective, each update with its own path variables); n = 1 is exactly the single
+    update's attack. Recovered labels are read from the update of the largest weight.
+    weights: (n,) non-negative, not all 0, normalised to sum 1 (default: equal).
+    init: (k,C,H,W) images in [0,1] to start X_hat from (a warm start, e.g. a remembered estimate)
+    instead of N(0, I) noise.
     Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, a model that
     breaks the contract (``fl_attack.models.check_model``), an update that is not the model's
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
@@ -98,11 +110,23 @@ def reconstruct(
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
     _check_dtype(dtype)
-    if not isinstance(update, ObservedUpdate):
-        raise TypeError(f"update must be an ObservedUpdate, got {type(update).__name__}")
+    if not isinstance(update, (ObservedUpdate, list, tuple)):
+        raise TypeError(f"update must be an ObservedUpdate or a list of them, got {type(update).__name__}")
+    updates = [update] if isinstance(update, ObservedUpdate) else list(update)
+    for i, u in enumerate(updates):
+        if not isinstance(u, ObservedUpdate):
+            raise TypeError(f"update {i} must be an ObservedUpdate, got {type(u).__name__}")
+    share = _joint_weights(updates, weights, config)
+    update = updates[int(share.argmax())]  # labels and refinement read from the strongest update
     spec = get_spec(update.metadata.dataset)
     model = _victim_model(model, update.metadata.dataset)
-    update.check_against(model)
+    for u in updates:
+        u.check_against(model)
+    if init is not None and tuple(init.shape) != (update.metadata.num_samples, *spec.image_shape):
+        raise ValueError(
+            f"init must be (k,C,H,W) = {(update.metadata.num_samples, *spec.image_shape)} images in [0,1], "
+            f"got {tuple(init.shape)}"
+        )
     oracle = _check_labels(labels, update.metadata.num_samples, spec.num_classes, config, label_aux)
     if oracle is None:
         y = recover_labels(update, model, seed=config.seed, estimator=config.label_estimator, aux=label_aux)
@@ -114,9 +138,16 @@ def reconstruct(
 
     model = _frozen(model, dev)
     shapes = layout(update.w0)
-    w0, wT = (flatten(w).to(device=dev, dtype=dtype) for w in (update.w0, update.wT))
-    attack = attack_cls(model, w0, wT, shapes, config)
-    x = _initial_images(config.seed, update.metadata.num_samples, spec, dev, dtype).requires_grad_(True)
+    attacks = [
+        attack_cls(model, *(flatten(w).to(device=dev, dtype=dtype) for w in (u.w0, u.wT)), shapes, config)
+        for u in updates
+    ]
+    attack = attacks[0] if len(attacks) == 1 else JointAttack(attacks, share.to(device=dev, dtype=dtype))
+    if init is None:
+        x = _initial_images(config.seed, update.metadata.num_samples, spec, dev, dtype)
+    else:
+        x = spec.normalize(init.detach().to(device=dev, dtype=dtype).clamp(0, 1))
+    x.requires_grad_(True)
 
     def refine(x_now, y_now):  # once, on the current reconstruction (AttackConfig.label_refine)
         return refine_labels(update, x_now.detach().to(torch.float32), y_now, model)
@@ -144,6 +175,7 @@ def reconstruct(
         seconds=time.perf_counter() - start,
         config=asdict(config),
         trace=trace,
+        lsim_per_update=[float(v) for v in final.get("lsim_per_update", final["lsim_honest"].reshape(1))],
     )
 
 
@@ -298,6 +330,33 @@ def reconstruct_batch(
     ]
 
 
+def _joint_weights(updates: list, weights, config: AttackConfig) -> torch.Tensor:
+    """(n,) float64 weights summing to 1 for the updates of one client; ValueError for none, a
+    mismatch of dataset, layout or k, bad weights, or label refinement on several updates."""
+    if not updates:
+        raise ValueError("reconstruct needs at least one update")
+    first = updates[0]
+    for i, u in enumerate(updates[1:], start=1):
+        if u.metadata.dataset != first.metadata.dataset or u.metadata.num_samples != first.metadata.num_samples:
+            raise ValueError(
+                f"update {i} is ({u.metadata.dataset}, k={u.metadata.num_samples}), update 0 "
+                f"({first.metadata.dataset}, k={first.metadata.num_samples}): "
+                "a joint attack needs one client's k samples"
+            )
+        if layout(u.w0) != layout(first.w0):
+            raise ValueError(f"update {i} has another state-dict layout (keys, order, shapes) than update 0")
+    share = (
+        torch.ones(len(updates), dtype=torch.float64)
+        if weights is None
+        else torch.as_tensor(weights, dtype=torch.float64)
+    )
+    if share.shape != (len(updates),) or not bool(torch.isfinite(share).all()) or share.min() < 0 or share.sum() <= 0:
+        raise ValueError(f"weights must be {len(updates)} finite values >= 0, not all 0, got {list(share.tolist())}")
+    if len(updates) > 1 and config.label_refine:
+        raise ValueError("label_refine works on one update; a joint attack keeps its labels fixed")
+    return share / share.sum()
+
+
 def _check_dtype(dtype) -> None:
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
@@ -348,6 +407,8 @@ def _row(iteration: int, values: dict, client: int | None) -> dict:
     for name, v in values.items():
         if isinstance(v, torch.Tensor):
             v = v.detach()
+            if client is None and v.dim():  # a joint attack's per-update vector: not a trace column
+                continue
             row[name] = float(v if client is None or v.dim() == 0 else v[client])
         else:
             row[name] = v

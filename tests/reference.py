@@ -136,10 +136,17 @@ def lr_factor_reference(iteration: int, iterations: int) -> float:
     return 0.1 ** sum(1 for d in drops if d <= iteration)
 
 
-def pisme_reconstruct_reference(
+def pisme_reconstruct_reference(model, w0: dict, wT: dict, x: torch.Tensor, y: torch.Tensor, m: int, **options):
+    """``iterations`` steps of Algorithm 1 on one update: ``pisme_joint_reconstruct_reference`` with
+    the one update at weight 1. Returns (X_hat, P1, d), the last two as dicts like w0."""
+    x, (p,), (d,) = pisme_joint_reconstruct_reference(model, [(w0, wT)], [1.0], x, y, m, **options)
+    return x, p, d
+
+
+def pisme_joint_reconstruct_reference(
     model,
-    w0: dict,
-    wT: dict,
+    updates: list,
+    weights: list,
     x: torch.Tensor,
     y: torch.Tensor,
     m: int,
@@ -162,22 +169,24 @@ def pisme_reconstruct_reference(
     box_dtype: torch.dtype = torch.float64,
     lsim_guard: float = 0.0,
 ) -> tuple[torch.Tensor, dict, dict]:
-    """``iterations`` steps of Algorithm 1 from X_hat = x, P1 = (w0+wT)/2, d = 1 (docs/PISME.md,
-    "Optimisation"), with Adam written out, SME's schedule, the pixel-box clamp and d's clamp.
+    """``iterations`` steps of Algorithm 1 from X_hat = x, P1_j = (w0_j+wT_j)/2, d_j = 1 (docs/PISME.md,
+    "Optimisation"), with Adam written out, SME's schedule, the pixel-box clamp and d's clamp, on
+    the weighted sum of the objectives of several updates ``[(w0_j, wT_j)]`` of the same samples,
+    each with its own P1_j and d_j (one X_hat; ``weights`` used as given).
 
-    Each step: eq. 10 by ``pisme_objective_reference``, its gradient with respect to X_hat, P1 and
-    d, one Adam step of each (at its own learning rate times the schedule's factor), then X_hat
-    clamped to the box of ``mean``/``std`` (its bounds computed in ``box_dtype``) and d to
-    [calibration_min, calibration_max]. ``box_dtype`` and ``lsim_guard`` (see
-    ``pisme_objective_reference``) let a test reproduce two rounding-level choices of an
-    implementation; the defaults are the formulas as written. Returns (X_hat, P1, d), the last two as dicts like w0.
+    Each step: eq. 10 of each update by ``pisme_objective_reference``, their weighted sum, its
+    gradient with respect to X_hat and every P1_j and d_j, one Adam step of each (at its own
+    learning rate times the schedule's factor), then X_hat clamped to the box of ``mean``/``std``
+    (its bounds computed in ``box_dtype``) and each d_j to [calibration_min, calibration_max].
+    ``box_dtype`` and ``lsim_guard`` (see ``pisme_objective_reference``) let a test reproduce two
+    rounding-level choices of an implementation; the defaults are the formulas as written.
+    Returns (X_hat, [P1_j], [d_j]), the last two as lists of dicts like w0.
     """
-    keys = list(w0)
-    params = {
-        "x": x.detach().clone(),
-        **{("p", k): ((w0[k] + wT[k]) / 2).detach().clone() for k in keys},
-        **{("d", k): torch.ones_like(w0[k]) for k in keys},
-    }
+    keys = list(updates[0][0])
+    params = {"x": x.detach().clone()}
+    for j, (w0, wT) in enumerate(updates):
+        params.update({("p", j, k): ((w0[k] + wT[k]) / 2).detach().clone() for k in keys})
+        params.update({("d", j, k): torch.ones_like(w0[k]) for k in keys})
     base_lr = {name: {"x": lr_images, "p": lr_control_point, "d": lr_calibration}[name[0]] for name in params}
     first = {name: torch.zeros_like(v) for name, v in params.items()}
     second = {name: torch.zeros_like(v) for name, v in params.items()}
@@ -185,21 +194,23 @@ def pisme_reconstruct_reference(
     b1, b2 = betas
     for it in range(iterations):
         leaves = {name: v.detach().clone().requires_grad_(True) for name, v in params.items()}
-        loss = pisme_objective_reference(
-            model,
-            w0,
-            wT,
-            {k: leaves["p", k] for k in keys},
-            {k: leaves["d", k] for k in keys},
-            leaves["x"],
-            y,
-            m,
-            tv_weight=tv_weight,
-            control_point_weight=control_point_weight,
-            calibration_weight=calibration_weight,
-            tv_reduction=tv_reduction,
-            lsim_guard=lsim_guard,
-        )
+        loss = 0.0
+        for j, (w0, wT) in enumerate(updates):
+            loss = loss + weights[j] * pisme_objective_reference(
+                model,
+                w0,
+                wT,
+                {k: leaves["p", j, k] for k in keys},
+                {k: leaves["d", j, k] for k in keys},
+                leaves["x"],
+                y,
+                m,
+                tv_weight=tv_weight,
+                control_point_weight=control_point_weight,
+                calibration_weight=calibration_weight,
+                tv_reduction=tv_reduction,
+                lsim_guard=lsim_guard,
+            )
         names = list(leaves)
         grads = dict(zip(names, torch.autograd.grad(loss, [leaves[n] for n in names])))
         step = it + 1
@@ -212,6 +223,10 @@ def pisme_reconstruct_reference(
             v_hat = second[name] / (1 - b2**step)
             params[name] = params[name] - base_lr[name] * factor * m_hat / (torch.sqrt(v_hat) + eps)
         params["x"] = torch.where(params["x"] < lo, lo, torch.where(params["x"] > hi, hi, params["x"]))
-        clamped = project_calibration_reference({k: params["d", k] for k in keys}, calibration_min, calibration_max)
-        params.update({("d", k): v for k, v in clamped.items()})
-    return params["x"], {k: params["p", k] for k in keys}, {k: params["d", k] for k in keys}
+        for j in range(len(updates)):
+            d_j = {k: params["d", j, k] for k in keys}
+            clamped = project_calibration_reference(d_j, calibration_min, calibration_max)
+            params.update({("d", j, k): v for k, v in clamped.items()})
+    points = [{k: params["p", j, k] for k in keys} for j in range(len(updates))]
+    calibrations = [{k: params["d", j, k] for k in keys} for j in range(len(updates))]
+    return params["x"], points, calibrations

@@ -269,3 +269,95 @@ def test_reference_loop_matches_reconstruct(victim, monkeypatch, case):
     for name, tol in AS_WRITTEN.items():
         err = _rel_err(got[name] - start[name], as_written[name] - start[name])
         assert err < tol, f"{name} against eq. 10 as written: {err:.3g}"
+
+
+# --- several updates of one client: the joint attack against the same loop --------------------------
+
+
+@pytest.fixture(scope="module")
+def second_update(victim):
+    """The same writer's samples one round later: trained again from the first update's wT."""
+    update, images, labels = victim
+    model = build_model("femnist", seed=0)
+    model.load_state_dict(update.wT)
+    return train_local(model, images, labels, dataset="femnist", lr=0.01, batch_size=3, local_epochs=1).update
+
+
+def test_joint_reference_loop_matches_reconstruct(victim, second_update, monkeypatch):
+    """Two updates, unequal weights, float64: one X_hat and each update's own P1 and d agree with the
+    literal loop (one autograd call per node per update) to rounding."""
+    update, _, labels = victim
+    seen = {}
+    original = api.build_optimizers
+
+    def spy(x, attack, config):
+        seen["x"], seen["attack"] = x, attack
+        return original(x, attack, config)
+
+    monkeypatch.setattr(api, "build_optimizers", spy)
+    settings = dict(nodes=3, iterations=4)
+    rec = reconstruct(
+        [update, second_update],
+        "pisme",
+        labels=labels,
+        weights=[3, 1],
+        device="cpu",
+        dtype=torch.float64,
+        seed=3,
+        **settings,
+    )
+    assert len(rec.lsim_per_update) == 2
+    attacks = seen["attack"].attacks
+    model = build_model("femnist")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    pairs = [
+        ({k: v.double() for k, v in u.w0.items()}, {k: v.double() for k, v in u.wT.items()})
+        for u in (update, second_update)
+    ]
+    x0 = torch.randn(len(labels), 1, 28, 28, generator=torch.Generator().manual_seed(3)).double()
+    defaults = AttackConfig()
+    x, points, calibrations = R.pisme_joint_reconstruct_reference(
+        model,
+        pairs,
+        [0.75, 0.25],
+        x0,
+        labels,
+        3,
+        mean=FEMNIST_MEAN,
+        std=FEMNIST_STD,
+        iterations=4,
+        tv_weight=defaults.tv_weight,
+        **SHIPPED_ROUNDING,
+    )
+    assert _rel_err(seen["x"].detach(), x) < TIGHT["X_hat"]
+    for j, (w0, wT) in enumerate(pairs):
+        anchor = torch.cat([((w0[k] + wT[k]) / 2).reshape(-1) for k in w0])
+        p_ref = torch.cat([points[j][k].reshape(-1) for k in w0])
+        d_ref = torch.cat([calibrations[j][k].reshape(-1) for k in w0])
+        assert float((p_ref - anchor).abs().max()) > 1e-6  # each path moved on its own
+        assert _rel_err(attacks[j].control_point.detach() - anchor, p_ref - anchor) < TIGHT["P1"]
+        assert _rel_err(attacks[j].calibration.detach() - 1, d_ref - 1) < TIGHT["d"]
+
+
+def test_one_update_joint_call_is_the_single_attack_exactly(victim):
+    """A list of one update (any weight) is today's reconstruct, bit for bit."""
+    update, _, _ = victim
+    single = reconstruct(update, "pisme", device="cpu", iterations=6, nodes=3, seed=1)
+    listed = reconstruct([update], "pisme", weights=[5.0], device="cpu", iterations=6, nodes=3, seed=1)
+    assert torch.equal(single.images, listed.images) and torch.equal(single.labels, listed.labels)
+    assert single.lsim_honest == listed.lsim_honest and listed.lsim_per_update == [single.lsim_honest]
+
+
+@pytest.mark.parametrize("method", ["ig", "sme", "nlsme", "pisme"])
+def test_joint_attack_of_every_method_weighs_each_update(victim, second_update, method):
+    """Every method runs on several updates through the one loop: an update at weight 0 changes
+    nothing (X_hat is the other update's attack exactly), and at a real weight it changes X_hat."""
+    update, _, _ = victim
+    run = dict(device="cpu", iterations=5, nodes=2, seed=2, labels="recovered")
+    alone = reconstruct(update, method, **run)
+    ignored = reconstruct([update, second_update], method, weights=[1, 0], **run)
+    both = reconstruct([update, second_update], method, weights=[1, 1], **run)
+    assert torch.equal(alone.images, ignored.images)
+    assert float((both.images - alone.images).abs().max()) > 1e-3
+    assert len(both.lsim_per_update) == 2 and all(0 <= v <= 2 for v in both.lsim_per_update)

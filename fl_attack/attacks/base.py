@@ -231,6 +231,52 @@ class Attack:
         return {"loss": loss, "lsim_honest": honest, "lsim_calibrated": matched.detach(), "tv": tv.detach()}
 
 
+class JointAttack:
+    """One X_hat matched to several observed updates of the same k samples at once.
+
+    attacks: n >= 2 Attacks of one method, one per update, each with its own path variables (P1, d,
+    SME's alpha, NL-SME's t); weights: (n,) non-negative, summing to 1. The loss is
+    sum_j weights[j] * loss_j(X_hat), each loss_j the update's own objective (eq. 10 for PI-SME), so
+    each update's variables get exactly their own gradient. Its "lsim_honest" / "lsim_calibrated"
+    are the weighted means, and "lsim_per_update" is the (n,) vector of the honest Lsim of each
+    update (the attacker's own signal of how well X_hat explains it). Not in the paper: the
+    multi-update objective of temporal gradient inversion (Li et al., arXiv 2306.07883, eq. 5) with
+    PI-SME's per-update path.
+    """
+
+    batch_shape = ()
+
+    def __init__(self, attacks: list, weights: torch.Tensor):
+        if len(attacks) < 2 or weights.shape != (len(attacks),):
+            raise ValueError(
+                f"a joint attack needs n >= 2 attacks and (n,) weights, got {len(attacks)} and {tuple(weights.shape)}"
+            )
+        self.attacks, self.weights = attacks, weights
+
+    def param_groups(self) -> list[dict]:
+        return [group for attack in self.attacks for group in attack.param_groups()]
+
+    def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        terms = [attack.objective(x, y) for attack in self.attacks]
+        honest = torch.stack([t["lsim_honest"] for t in terms])
+        calibrated = torch.stack([t["lsim_calibrated"] for t in terms])
+        return {
+            "loss": sum(w * t["loss"] for w, t in zip(self.weights, terms)),
+            "lsim_honest": (self.weights * honest).sum(),
+            "lsim_calibrated": (self.weights * calibrated).sum(),
+            "tv": terms[0]["tv"],
+            "lsim_per_update": honest,
+        }
+
+    @torch.no_grad()
+    def project(self) -> None:
+        for attack in self.attacks:
+            attack.project()
+
+    def summary(self) -> dict:
+        return {f"{name}_{j}": v for j, a in enumerate(self.attacks) for name, v in a.summary().items()}
+
+
 class BezierMixin:
     """Learnable control point P1 (eq. 4) and calibration d (eq. 10), shared by NL-SME and PI-SME."""
 
