@@ -118,6 +118,7 @@ def attack_row(
     worker_id: str = "",
     device: str = "",
     threads: int | None = None,
+    memory: str = "",
 ) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
@@ -126,7 +127,8 @@ def attack_row(
     "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
-    device it ran on (cpu, cuda), empty where unknown; threads: its torch threads.
+    device it ran on (cpu, cuda), empty where unknown; threads: its torch threads. memory: the
+    attack memory of a remembering server's row (fl_attack.memory), else "".
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -152,6 +154,7 @@ def attack_row(
         worker_id=worker_id,
         device=device,
         threads=threads,
+        memory=memory,
         image=image,
         **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
     )
@@ -235,6 +238,7 @@ class Evaluator:
             worker_id=outcome.worker_id,
             device=outcome.device,
             threads=outcome.threads,
+            memory=outcome.memory,
         )
         if outcome.status == "ok":
             try:

@@ -399,6 +399,8 @@ class RunSettings:
     attack_rounds: str = "all"
     attack_budget: int = 0
     attack_max_backlog: int = 0
+    attack_memory: str = "none"
+    attack_memory_rounds: str = "best:2,latest:1"
     record_updates: bool = True
     server_test_samples: int = 1000
     resume: str = ""
@@ -437,7 +439,21 @@ class RunSettings:
 
     @property
     def methods(self) -> list[str]:
-        return [m.strip() for m in self.attack_method.split(",") if m.strip()]
+        """attack-method's names; with attack-memory on, each memoryless method is followed by its
+        remembering twin "METHOD+memory" (fl_attack.memory), unless that is listed already."""
+        from .memory import MEMORY_SUFFIX
+
+        names = [m.strip() for m in self.attack_method.split(",") if m.strip()]
+        if self.attack_memory == "none":
+            return names
+        twins = [m + MEMORY_SUFFIX for m in names if not m.endswith(MEMORY_SUFFIX) and m + MEMORY_SUFFIX not in names]
+        return names + twins
+
+    def attack_memory_state(self):
+        """A new fl_attack.memory.AttackMemory of attack-memory and attack-memory-rounds."""
+        from .memory import AttackMemory
+
+        return AttackMemory(self.attack_memory, self.attack_memory_rounds)
 
     def new_model(self, seed: int | None = None):
         """A fresh victim model of the run config's ``model`` spec ("" = the paper's CNN for the
@@ -453,6 +469,39 @@ class RunSettings:
         return TrainingProtocol(
             samples=self.samples_per_client, batch_size=self.batch_size, local_epochs=self.local_epochs, lr=self.lr
         )
+
+    def _check_memory(self) -> None:
+        """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
+        from .memory import MEMORY_MODES, MEMORY_SUFFIX, parse_joint_rounds
+
+        what = "invalid run config: attack-method"
+        names = [m.strip() for m in self.attack_method.split(",") if m.strip()]
+        parse_methods(",".join(dict.fromkeys(m.removesuffix(MEMORY_SUFFIX) for m in names)), what)
+        twice = next((m for m in names if names.count(m) > 1), None)
+        if twice:
+            raise ValueError(f"{what}: method '{twice}' is listed more than once in '{self.attack_method}'")
+        if self.attack_memory not in MEMORY_MODES:
+            raise ValueError(
+                f"invalid run config: attack-memory must be one of {', '.join(MEMORY_MODES)}, "
+                f"got '{self.attack_memory}'"
+            )
+        remembering = [m for m in names if m.endswith(MEMORY_SUFFIX)]
+        if remembering and self.attack_memory == "none":
+            raise ValueError(f"{what}: '{remembering[0]}' needs attack-memory = labels, keep or joint (it is 'none')")
+        if self.attack_memory != "none" and self.attack_labels == "oracle":
+            raise ValueError(
+                "invalid run config: attack-memory keeps only what the attacker produced; "
+                "it cannot be used with attack-labels = 'oracle' (the ground truth)"
+            )
+        if self.attack_memory != "none" and self.defense.secagg:
+            raise ValueError(
+                "invalid run config: attack-memory remembers one client across rounds; under secagg the "
+                "server sees only aggregates"
+            )
+        try:
+            parse_joint_rounds(self.attack_memory_rounds)
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: {exc}") from None
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig for every attack of this run (attack-options override the defense's adaptation)."""
@@ -663,7 +712,7 @@ class RunSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid run config: {message}")
-        parse_methods(self.attack_method, "invalid run config: attack-method")
+        self._check_memory()
         rounds = self.attack_rounds.strip()
         try:
             kind, _, number = rounds.partition(":")
@@ -691,7 +740,11 @@ class RunSettings:
             ids = self.attack_client_ids()
             if len(set(ids)) != len(ids):
                 raise ValueError(f"invalid run config: attack-clients names a partition id twice: '{clients}'")
-        self.attack_config()  # checks attack-options
+        if self.attack_config().label_estimator == "aux" and not self.server_test_samples:  # checks attack-options
+            raise ValueError(
+                "invalid run config: label_estimator=aux estimates labels from the server's held-out "
+                "test pool: set server-test-samples > 0"
+            )
         self.defense.validate()
         if self.model.strip() or self.defense.low_rank:  # a user model: resolved once here, before round 1
             from .models import output_bias_key

@@ -7,6 +7,7 @@
     RUN/images/         round-R/METHOD/NAME.png grids of each scored attack
     RUN/updates/        the recorded updates (fl_attack.update: index.csv, round-R/*.pt)
     RUN/checkpoint.pt   the last finished round's global model (``save_checkpoint``)
+    RUN/memory.pt       the server's attack memory of its tracked clients (fl_attack.memory), if on
     RUN/summary.json    written at the end (``write_summary``)
     RUN/replays/NAME/   ``fl-attack replay``'s records, each a run folder of its own
 
@@ -73,6 +74,7 @@ ATTACKS: dict[str, type] = {
     "worker_id": str,
     "device": str,
     "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
+    "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.memory), else empty
     "image": str,
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
@@ -118,6 +120,7 @@ class RunFolder:
     attacks_file = property(lambda self: self.path / "attacks.csv")
     summary_file = property(lambda self: self.path / "summary.json")
     checkpoint_file = property(lambda self: self.path / "checkpoint.pt")
+    memory_file = property(lambda self: self.path / "memory.pt")  # the server's attack memory (fl_attack.memory)
     updates = property(lambda self: self.path / "updates")
     replays = property(lambda self: self.path / "replays")
 

@@ -34,6 +34,8 @@ import torch
 
 from .api import reconstruct
 from .attacks import ATTACKS, AttackConfig
+from .labels import AuxiliaryData
+from .memory import MEMORY_SUFFIX, MemoryInputs, attack_with_memory
 from .update import AttackTarget, ObservedUpdate
 
 log = logging.getLogger(__name__)
@@ -55,11 +57,13 @@ class AttackJob:
     time_limit: float | None = None
     threads: int | None = None  # torch threads on the worker for this job (None = the worker's own)
     model: str = ""  # the victims' architecture as a spec (fl_attack.models.resolve_model), rebuilt on the worker
+    memory: MemoryInputs | None = None  # a "+memory" method's snapshot of the server's memory (fl_attack.memory)
+    label_aux: AuxiliaryData | None = None  # the server's public labelled data, for label_estimator "aux"
 
     def described(self, trace: list | None = None) -> dict:
         """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
         estimator), the same whether it succeeded or not (T is None for a job without an update)."""
-        attack = ATTACKS.get(self.method)
+        attack = ATTACKS.get(self.method.removesuffix(MEMORY_SUFFIX))
         return dict(
             local_steps=self.update.metadata.local_steps if self.update is not None else None,
             nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
@@ -93,6 +97,8 @@ class AttackOutcome:
     worker_node: str = ""
     worker_id: str = ""
     threads: int | None = None  # torch threads the attack ran with
+    candidates: list | None = None  # a "+memory" job's fl_attack.memory.Candidates, for the server's memory
+    memory: str = ""  # a "+memory" job's attack memory mode
 
     @classmethod
     def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
@@ -105,6 +111,7 @@ class AttackOutcome:
             error=error,
             seconds=seconds,
             label_source="oracle" if not isinstance(job.labels, str) else job.labels,
+            memory=job.memory.mode if job.memory is not None else "",
             **job.described(),
         )
 
@@ -127,30 +134,31 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
     start = time.perf_counter()
     node, worker = where_am_i()
     try:
-        rec = reconstruct(
-            job.update,
-            job.method,
-            labels=job.labels,
+        options = dict(
             config=job.config,
             device=device,
             time_limit=job.time_limit,
             model=job.model,
             callback=callback,
+            label_aux=job.label_aux,
         )
+        if job.memory is None:
+            rec = reconstruct(job.update, job.method, labels=job.labels, **options)
+            found = dict(images=rec.images, labels=rec.labels, label_source=rec.label_source, trace=rec.trace)
+            found.update(lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated, seconds=rec.seconds)
+        else:  # the server chooses its estimate from the candidates when the outcome is back
+            candidates = attack_with_memory(job.update, job.method.removesuffix(MEMORY_SUFFIX), job.memory, **options)
+            best = min(candidates, key=lambda c: c.fit)
+            found = dict(images=best.images, labels=best.labels, label_source="recovered", lsim_honest=best.fit)
+            found.update(seconds=time.perf_counter() - start, candidates=candidates, memory=job.memory.mode)
         return AttackOutcome(
             job.job_id,
             job.method,
             job.target,
             "ok",
-            images=rec.images,
-            labels=rec.labels,
-            label_source=rec.label_source,
-            lsim_honest=rec.lsim_honest,
-            lsim_calibrated=rec.lsim_calibrated,
-            seconds=rec.seconds,
+            **found,
             device=_device_name(device),
-            **job.described(rec.trace),
-            trace=rec.trace,
+            **job.described(found.get("trace")),
             threads=torch.get_num_threads(),
             worker_node=node,
             worker_id=worker,

@@ -27,6 +27,8 @@ from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.evaluator import Evaluator
+from fl_attack.labels import NEEDS_AUX, AuxiliaryData
+from fl_attack.memory import MEMORY_SUFFIX, AttackMemory
 from fl_attack.models import resolve_model
 from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.runs import RunFolder
@@ -150,6 +152,15 @@ class LeakageTracking:
             table=self.folder.append_attack,
             timings=self.timings,
         )
+        self.memory = settings.attack_memory_state()  # the server's memory of its tracked clients
+        if settings.attack_memory != "none" and self.folder.memory_file.exists():  # a resumed run
+            self.memory = AttackMemory.load(self.folder.memory_file)
+            self.memory.cut_back(round_offset)
+        self.label_aux = (
+            AuxiliaryData(test_set.images, test_set.labels)
+            if self.attack_config.label_estimator in NEEDS_AUX and test_set is not None
+            else None
+        )
         self.round_times: dict[int, dict] = {}
         self.global_arrays: dict[int, ArrayRecord] = {}
         self.rows: list[dict] = []
@@ -240,6 +251,11 @@ class LeakageTracking:
                 self.rows.append(self.evaluator.record(AttackOutcome.failed(unbuilt, error), None))
                 continue
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
+            memory = None
+            if method.endswith(MEMORY_SUFFIX):
+                key = (target.partition_id, method)
+                self.memory.observe(key, target.round, update)
+                memory = self.memory.inputs(key, target.round)
             job = AttackJob(
                 self._jobs,
                 update,
@@ -250,6 +266,8 @@ class LeakageTracking:
                 time_limit=self.settings.attack_timeout,
                 threads=self.drain_threads if last_round else self.attack_threads,
                 model=self.settings.model,
+                memory=memory,
+                label_aux=self.label_aux,
             )
             self._round[target.round]["dispatched"] += 1
             self.pipeline.submit(job)
@@ -329,6 +347,7 @@ class LeakageTracking:
             except OSError as exc:  # a resume goes back to the last checkpoint that was written
                 self.refused["checkpoints"].append(server_round)
                 self.folder.event(f"round {server_round}: could not write the checkpoint ({exc})")
+            self.save_memory()  # after the checkpoint: a resume cuts the memory back to it
         _crash_here(server_round, "", self.folder)  # fault injection (tests)
         accuracy = record.get("global_accuracy")
         self.folder.event(
@@ -346,7 +365,29 @@ class LeakageTracking:
         outcomes = [outcome for _, outcome in (self.pipeline.poll() if done is None else done)]
         for outcome in outcomes:
             self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
+        self._remember(outcomes)
         return self._record(outcomes)
+
+    def _remember(self, outcomes: list[AttackOutcome]) -> None:
+        """The memory takes each "+memory" outcome's candidates; the outcome then carries the
+        estimate the server holds after it (what its row scores). memory.pt is saved after."""
+        remembered = [o for o in outcomes if o.candidates]
+        for outcome in remembered:
+            held = self.memory.remember((outcome.target.partition_id, outcome.method), outcome.candidates)
+            outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
+            outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
+        if remembered:
+            self.save_memory()
+
+    def save_memory(self) -> None:
+        """memory.pt, atomically; a refused write is logged (the memory stays in this process)."""
+        if self.settings.attack_memory == "none":
+            return
+        try:
+            self.memory.save(self.folder.memory_file)
+        except OSError as exc:
+            self.refused.setdefault("memory", []).append(self.current_round)
+            self.folder.event(f"could not write the attack memory ({exc}); kept in memory, tried again later")
 
     def _record(self, outcomes: list[AttackOutcome]) -> list[dict]:
         """Score and write each outcome's row. An outcome whose row cannot be written (the disk
