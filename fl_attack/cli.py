@@ -420,6 +420,20 @@ def _add_replay_parser(sub) -> None:
         help="the replay's folder under RUN_DIR/replays/ (default: built from the settings)",
     )
     r.add_argument(
+        "--memory",
+        default=None,
+        choices=("none", "labels", "keep", "joint"),
+        help="the replaying server remembers each client across its rounds (docs/attacker-memory.md): "
+        "every method also runs as METHOD+memory (default: the run's attack-memory)",
+    )
+    r.add_argument(
+        "--memory-rounds",
+        default=None,
+        metavar="CHOICE",
+        help="joint: the earlier rounds fitted with each round, 'best:N,latest:M' or 'all' "
+        "(default: the run's attack-memory-rounds)",
+    )
+    r.add_argument(
         "--missing",
         action="store_true",
         help="complete the run itself: attack the recorded updates that have no row in its "
@@ -446,6 +460,8 @@ def _replay(args) -> int:
             missing=args.missing,
             workers=args.workers,
             ray_address=args.ray_address,
+            memory=args.memory,
+            memory_rounds=args.memory_rounds,
         )
     except ReplayError as exc:
         raise UsageError(str(exc)) from None

@@ -32,13 +32,34 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .api import Reconstruction, reconstruct
-from .attacks import AttackConfig
+from .attacks import AttackConfig, parse_methods
 from .update import ObservedUpdate, save_torch_atomic
 
 MEMORY_MODES = ("none", "labels", "keep", "joint")
 MEMORY_SUFFIX = "+memory"  # the method name of the rows of the remembering server's estimate
 JOINT_ITERATIONS = 1 / 3  # a warm-started joint attack runs this fraction of the attack's iterations
 FORMAT = 1
+
+
+def memory_methods(text: str, mode: str, what: str = "") -> tuple[str, ...]:
+    """The methods of a run or replay: "pisme,ig" with mode "keep" -> ("pisme", "ig",
+    "pisme+memory", "ig+memory"): each memoryless method and its remembering twin, unless the
+    twin is listed already; "pisme+memory" alone runs only the twin. ValueError (prefixed with
+    ``what``) for an unknown mode or method, a method listed twice, or "+memory" with mode "none"."""
+    prefix = f"{what}: " if what else ""
+    if mode not in MEMORY_MODES:
+        raise ValueError(f"{prefix}attack-memory must be one of {', '.join(MEMORY_MODES)}, got '{mode}'")
+    names = [m.strip() for m in str(text).split(",") if m.strip()]
+    parse_methods(",".join(dict.fromkeys(m.removesuffix(MEMORY_SUFFIX) for m in names)), what)
+    twice = next((m for m in names if names.count(m) > 1), None)
+    if twice:
+        raise ValueError(f"{prefix}method '{twice}' is listed more than once in '{text}'")
+    remembering = [m for m in names if m.endswith(MEMORY_SUFFIX)]
+    if remembering and mode == "none":
+        raise ValueError(f"{prefix}'{remembering[0]}' needs attack-memory = labels, keep or joint (it is 'none')")
+    if mode == "none":
+        return tuple(names)
+    return tuple(names + [m + MEMORY_SUFFIX for m in names if m + MEMORY_SUFFIX not in names and m not in remembering])
 
 
 def parse_joint_rounds(text: str) -> tuple[int, int] | None:
@@ -242,8 +263,11 @@ class AttackMemory:
         """Drop the updates no later joint attack can choose (all are kept under "all")."""
         if self.mode != "joint":
             memory.observed.clear()
-        elif self.choice is not None:
-            keep = self._chosen(memory, max(memory.observed, default=0) + 1)
+        elif self.choice is not None:  # what the next round and the rounds still waiting may choose
+            waiting = {r for r, (_, fit) in memory.observed.items() if math.isnan(fit)}
+            keep = set(waiting)
+            for r in waiting | {max(memory.observed, default=0) + 1}:
+                keep |= self._chosen(memory, r)
             memory.observed = {r: v for r, v in memory.observed.items() if r in keep}
 
     def cut_back(self, done: int) -> None:

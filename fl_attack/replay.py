@@ -38,9 +38,11 @@ from typing import TextIO
 import torch
 
 from .api import resolve_device
-from .attacks import AttackConfig, parse_methods
+from .attacks import AttackConfig
 from .config import parse_key_values
 from .evaluator import Evaluator
+from .labels import NEEDS_AUX, AuxiliaryData
+from .memory import MEMORY_SUFFIX, AttackMemory, memory_methods
 from .records import header_mismatch, read_csv, write_bytes_atomic
 from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
@@ -85,9 +87,9 @@ class RecordedRun:
     model = property(lambda self: self.settings.model)  # the victims' architecture ("" = the paper's CNN)
 
 
-def _methods(text: str, what: str) -> tuple[str, ...]:
+def _methods(text: str, what: str, memory: str = "none") -> tuple[str, ...]:
     try:
-        return parse_methods(text, what)
+        return memory_methods(text, memory, what)
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
 
@@ -158,6 +160,8 @@ class Replay:
     truths: dict
     workers: int = 0
     ray_address: str = ""
+    memory: AttackMemory | None = None  # the replaying server's memory of each client (attack-memory)
+    label_aux: AuxiliaryData | None = None  # the server's held-out pool, for label_estimator=aux
 
     @property
     def attacks(self) -> int:
@@ -227,6 +231,8 @@ def prepare_replay(
     missing: bool = False,
     workers: int = 0,
     ray_address: str = "",
+    memory: str | None = None,
+    memory_rounds: str | None = None,
 ) -> Replay:
     """Check everything a replay needs, before any attack: the run folder, the settings, the
     recorded updates' checksums and the ground truth of every target.
@@ -241,6 +247,10 @@ def prepare_replay(
     N local processes, or N Ray actors (at least 1) on the cluster at ``ray_address``, each with
     ``threads`` torch threads (0 there: this process's torch threads split over the N processes,
     1 per Ray actor).
+    memory, memory_rounds: the replaying server's attack memory (fl_attack.memory; default: the
+    run's attack-memory and attack-memory-rounds): each method also runs as "METHOD+memory", and
+    the updates are attacked one after another in round order. With ``missing``, the run's own
+    memory.pt is where it starts from; a new replay starts from none and saves its own memory.pt.
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)
@@ -261,10 +271,15 @@ def prepare_replay(
             raise ReplayError(
                 f"--missing completes the run's own attacks with its own settings; it takes no {', '.join(given)}"
             )
+    if missing and (memory is not None or memory_rounds is not None):
+        raise ReplayError("--missing completes the run's own attacks with its own memory; it takes no --memory")
+    memory = run.settings.attack_memory if memory is None else memory
+    memory_rounds = run.settings.attack_memory_rounds if memory_rounds is None else memory_rounds
     if methods is None:
-        methods = run.methods
+        methods = _methods(run.settings.attack_method, "methods", memory)
     else:
-        methods = _methods(",".join(methods) if isinstance(methods, (tuple, list)) else methods, "methods")
+        methods = _methods(",".join(methods) if isinstance(methods, (tuple, list)) else methods, "methods", memory)
+    remembers = any(m.endswith(MEMORY_SUFFIX) for m in methods)
     labels = labels or run.labels
     if labels not in LABEL_MODES:
         raise ReplayError(f"labels must be recovered or oracle, got {labels!r}")
@@ -278,6 +293,16 @@ def prepare_replay(
         dev = resolve_device(device)
     except (TypeError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
+    if remembers and labels == "oracle":
+        raise ReplayError("an attack memory keeps only what the attacker produced; it takes no labels=oracle")
+    state = None
+    if remembers:
+        try:
+            state = AttackMemory(memory, memory_rounds)
+            if missing and (run.path / "memory.pt").is_file():
+                state = AttackMemory.load(run.path / "memory.pt")
+        except ValueError as exc:
+            raise ReplayError(str(exc)) from None
     if isinstance(threads, bool) or int(threads) < 0:
         raise ReplayError(f"threads must be an integer >= 0 (0: torch's default), got {threads}")
     threads = _check_workers(workers, ray_address or "", int(threads))
@@ -350,7 +375,19 @@ def prepare_replay(
         truths=truths,
         workers=workers,
         ray_address=ray_address or "",
+        memory=state,
+        label_aux=_label_aux(run.settings, config),
     )
+
+
+def _label_aux(settings: RunSettings, config: AttackConfig):
+    """The server's held-out pool as label_estimator=aux's public data, as in the run; None otherwise."""
+    if config.label_estimator not in NEEDS_AUX:
+        return None
+    test_set = settings.server_test_set()
+    if test_set is None:
+        raise ReplayError("label_estimator=aux needs the server's held-out pool: the run had server-test-samples = 0")
+    return AuxiliaryData(test_set.images, test_set.labels)
 
 
 def _replay_run_config(replay: Replay) -> dict:
@@ -371,6 +408,11 @@ def _replay_run_config(replay: Replay) -> dict:
             "attack-options": ",".join(f"{k}={v}" for k, v in options.items()),
         }
     )
+    if replay.memory is not None:
+        rc.update({"attack-memory": replay.memory.mode, "attack-memory-rounds": replay.memory.rounds})
+        rc["attack-method"] = (
+            ",".join(m for m in replay.methods if not m.endswith(MEMORY_SUFFIX)) or rc["attack-method"]
+        )
     if replay.rounds is not None:
         rc["attack-rounds"] = ",".join(map(str, replay.rounds))
     if replay.threads:
@@ -452,8 +494,15 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             table=out.append_attack,
         )
         ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
+        if replay.memory is not None:  # each job starts from the memory the one before left
+            ahead = 1
         for job, outcome in pipeline.run(_jobs(replay), ahead):
             outcome.device = outcome.device or replay.device.type
+            if outcome.candidates:
+                held = replay.memory.remember((job.target.partition_id, job.method), outcome.candidates)
+                outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
+                outcome.candidates = None
+                replay.memory.save(out.memory_file)
             row = evaluator.record(outcome, replay.truths[job.target.partition_ids])
             rows.append(row)
             target, method = job.target, job.method
@@ -497,7 +546,20 @@ def _jobs(replay: Replay):
                 labels = "recovered"
             pid = "" if target.partition_id is None else str(target.partition_id)
             threads = None if replay.threads else replay.run.threads.get((target.round, pid))  # the run's, by default
-            yield AttackJob(
-                job_id, update, method, replay.config, target, labels=labels, model=replay.run.model, threads=threads
+            job = AttackJob(
+                job_id,
+                update,
+                method,
+                replay.config,
+                target,
+                labels=labels,
+                model=replay.run.model,
+                threads=threads,
+                label_aux=replay.label_aux,
             )
+            if method.endswith(MEMORY_SUFFIX):  # made when submitted: after the previous job's merge
+                key = (target.partition_id, method)
+                replay.memory.observe(key, target.round, update)
+                job.memory = replay.memory.inputs(key, target.round)
+            yield job
             job_id += 1

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from .attacks import AttackConfig, parse_methods
+from .attacks import AttackConfig
 from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
 from .data import get_spec
 from .defenses import weight_matrices
@@ -440,14 +440,21 @@ class RunSettings:
     @property
     def methods(self) -> list[str]:
         """attack-method's names; with attack-memory on, each memoryless method is followed by its
-        remembering twin "METHOD+memory" (fl_attack.memory), unless that is listed already."""
-        from .memory import MEMORY_SUFFIX
+        remembering twin "METHOD+memory" (fl_attack.memory.memory_methods)."""
+        from .memory import memory_methods
 
-        names = [m.strip() for m in self.attack_method.split(",") if m.strip()]
-        if self.attack_memory == "none":
-            return names
-        twins = [m + MEMORY_SUFFIX for m in names if not m.endswith(MEMORY_SUFFIX) and m + MEMORY_SUFFIX not in names]
-        return names + twins
+        return list(memory_methods(self.attack_method, self.attack_memory))
+
+    def server_test_set(self):
+        """The server's held-out test pool (fl_attack.data.ClientData: images in [0,1], labels),
+        disjoint from every client's data, or None with server-test-samples = 0. Also the public
+        data of label_estimator=aux."""
+        if not self.server_test_samples:
+            return None
+        from .data import load_pool, server_test_set
+
+        pool = load_pool(self.dataset, self.data_dir or None)
+        return server_test_set(pool, self.server_test_samples, seed=self.seed)
 
     def attack_memory_state(self):
         """A new fl_attack.memory.AttackMemory of attack-memory and attack-memory-rounds."""
@@ -472,22 +479,13 @@ class RunSettings:
 
     def _check_memory(self) -> None:
         """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
-        from .memory import MEMORY_MODES, MEMORY_SUFFIX, parse_joint_rounds
+        from .memory import memory_methods, parse_joint_rounds
 
-        what = "invalid run config: attack-method"
-        names = [m.strip() for m in self.attack_method.split(",") if m.strip()]
-        parse_methods(",".join(dict.fromkeys(m.removesuffix(MEMORY_SUFFIX) for m in names)), what)
-        twice = next((m for m in names if names.count(m) > 1), None)
-        if twice:
-            raise ValueError(f"{what}: method '{twice}' is listed more than once in '{self.attack_method}'")
-        if self.attack_memory not in MEMORY_MODES:
-            raise ValueError(
-                f"invalid run config: attack-memory must be one of {', '.join(MEMORY_MODES)}, "
-                f"got '{self.attack_memory}'"
-            )
-        remembering = [m for m in names if m.endswith(MEMORY_SUFFIX)]
-        if remembering and self.attack_memory == "none":
-            raise ValueError(f"{what}: '{remembering[0]}' needs attack-memory = labels, keep or joint (it is 'none')")
+        try:
+            memory_methods(self.attack_method, self.attack_memory)
+        except ValueError as exc:
+            key = "attack-memory" if "attack-memory must" in str(exc) else "attack-method"
+            raise ValueError(f"invalid run config: {key}: {exc}") from None
         if self.attack_memory != "none" and self.attack_labels == "oracle":
             raise ValueError(
                 "invalid run config: attack-memory keeps only what the attacker produced; "

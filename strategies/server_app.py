@@ -26,7 +26,6 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
-from fl_attack.data import load_pool, server_test_set
 from fl_attack.paths import resolve_in_project
 from fl_attack.run_config import RunSettings
 from fl_attack.runs import RunFolder
@@ -144,10 +143,7 @@ def check_defense(settings: RunSettings, num_nodes: int) -> int:
 
 def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict, round_offset: int = 0):
     """(the strategy that runs, the leakage-tracking strategy inside it)."""
-    test_set = None
-    if settings.server_test_samples:
-        pool = load_pool(settings.dataset, settings.data_dir or None)
-        test_set = server_test_set(pool, settings.server_test_samples, seed=settings.seed)
+    test_set = settings.server_test_set()
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
     clients_per_round = check_defense(settings, num_nodes)

@@ -156,6 +156,8 @@ class LeakageTracking:
         if settings.attack_memory != "none" and self.folder.memory_file.exists():  # a resumed run
             self.memory = AttackMemory.load(self.folder.memory_file)
             self.memory.cut_back(round_offset)
+        self._memory_queue: dict = {}  # (partition, method) -> its "+memory" jobs waiting, oldest first
+        self._memory_busy: set = set()  # the keys with a "+memory" job in flight
         self.label_aux = (
             AuxiliaryData(test_set.images, test_set.labels)
             if self.attack_config.label_estimator in NEEDS_AUX and test_set is not None
@@ -251,11 +253,6 @@ class LeakageTracking:
                 self.rows.append(self.evaluator.record(AttackOutcome.failed(unbuilt, error), None))
                 continue
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
-            memory = None
-            if method.endswith(MEMORY_SUFFIX):
-                key = (target.partition_id, method)
-                self.memory.observe(key, target.round, update)
-                memory = self.memory.inputs(key, target.round)
             job = AttackJob(
                 self._jobs,
                 update,
@@ -266,11 +263,28 @@ class LeakageTracking:
                 time_limit=self.settings.attack_timeout,
                 threads=self.drain_threads if last_round else self.attack_threads,
                 model=self.settings.model,
-                memory=memory,
                 label_aux=self.label_aux,
             )
             self._round[target.round]["dispatched"] += 1
-            self.pipeline.submit(job)
+            if method.endswith(MEMORY_SUFFIX):
+                key = (target.partition_id, method)
+                self.memory.observe(key, target.round, update)
+                self._memory_queue.setdefault(key, []).append(job)
+                self._next_memory_job(key)
+            else:
+                self.pipeline.submit(job)
+
+    def _next_memory_job(self, key) -> None:
+        """Submit ``key``'s oldest waiting "+memory" job unless one of its jobs is in flight: each
+        starts from the memory its previous round left, so a run's memory does not depend on timing
+        (and a replay reproduces it)."""
+        queue = self._memory_queue.get(key)
+        if key in self._memory_busy or not queue:
+            return
+        job = queue.pop(0)
+        job.memory = self.memory.inputs(key, job.target.round)
+        self._memory_busy.add(key)
+        self.pipeline.submit(job)
 
     def _training_received(self, server_round: int, train_seconds: list, train_started: list) -> None:
         """The replies are in (called first thing when aggregating): the clients' reported times."""
@@ -371,13 +385,18 @@ class LeakageTracking:
     def _remember(self, outcomes: list[AttackOutcome]) -> None:
         """The memory takes each "+memory" outcome's candidates; the outcome then carries the
         estimate the server holds after it (what its row scores). memory.pt is saved after."""
-        remembered = [o for o in outcomes if o.candidates]
+        remembered = [o for o in outcomes if o.method.endswith(MEMORY_SUFFIX)]
         for outcome in remembered:
-            held = self.memory.remember((outcome.target.partition_id, outcome.method), outcome.candidates)
-            outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
-            outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
+            key = (outcome.target.partition_id, outcome.method)
+            if outcome.candidates:  # a failed one leaves the memory as it was
+                held = self.memory.remember(key, outcome.candidates)
+                outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
+                outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
+            self._memory_busy.discard(key)
         if remembered:
             self.save_memory()
+        for outcome in remembered:
+            self._next_memory_job((outcome.target.partition_id, outcome.method))
 
     def save_memory(self) -> None:
         """memory.pt, atomically; a refused write is logged (the memory stays in this process)."""
@@ -459,6 +478,11 @@ class LeakageTracking:
         """At the end of the run: collect the attacks still in flight (``drain``), keep the rows the
         disk refused, stop the workers. Returns summary.json's attack counts."""
         self.drain(timeout)
+        waiting = [job for queue in self._memory_queue.values() for job in queue]
+        self._memory_queue.clear()
+        self._record(
+            [AttackOutcome.failed(job, "never started: the attacks before it outran the drain") for job in waiting]
+        )
         self.keep_unwritten()
         self.pipeline.shutdown()
         ok = sum(r["status"] == "ok" for r in self.rows)
