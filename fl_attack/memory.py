@@ -121,14 +121,18 @@ class MemoryInputs:
     earlier: list = field(default_factory=list)
 
 
-def attack_with_memory(update: ObservedUpdate, method: str, inputs: MemoryInputs, **options) -> list[Candidate]:
-    """This round's attack(s) for a remembering server; returns the candidates it produced.
+def attack_with_memory(
+    update: ObservedUpdate, method: str, inputs: MemoryInputs, **options
+) -> tuple[list[Candidate], Reconstruction]:
+    """This round's attack(s) for a remembering server: (the candidates it produced, the memoryless
+    attack of the round).
 
     update: the current round's ObservedUpdate; options: ``fl_attack.reconstruct``'s keywords
     (config, device, time_limit, model, label_aux, ...; not ``labels``, ``init`` or ``weights``).
-    1. the round's own attack from noise, with the remembered labels (the recovered ones the first
-       time); when this round's recovered labels differ from the remembered ones, a second attack
-       with them: both are candidates, the better fit keeps its labels.
+    1. the round's own attack from noise with this round's recovered labels: exactly today's
+       memoryless attack (returned too, so it is never run twice); when the remembered labels
+       differ from them, a second attack with the remembered ones. Both are candidates; the
+       better fit keeps its labels.
     2. mode "joint" with earlier updates: one attack on [earlier..., current] from the best
        candidate so far, a third of the iterations, updates weighted by 1 / their best known fit.
     Raises what ``reconstruct`` raises.
@@ -137,11 +141,10 @@ def attack_with_memory(update: ObservedUpdate, method: str, inputs: MemoryInputs
         raise ValueError(f"attack memory must be one of {', '.join(MEMORY_MODES[1:])}, got {inputs.mode!r}")
     if not isinstance(options.get("config"), AttackConfig):
         raise TypeError("attack_with_memory needs config=AttackConfig(...)")
-    candidates = []
-    if inputs.labels is not None:
+    memoryless = reconstruct(update, method, labels="recovered", **options)
+    candidates = [Candidate.of(memoryless, [inputs.round])]
+    if inputs.labels is not None and not torch.equal(inputs.labels.sort().values, memoryless.labels.sort().values):
         candidates.append(Candidate.of(reconstruct(update, method, labels=inputs.labels, **options), [inputs.round]))
-    if inputs.labels is None or _differ(inputs.labels, update, options):
-        candidates.append(Candidate.of(reconstruct(update, method, labels="recovered", **options), [inputs.round]))
     if inputs.mode == "joint" and inputs.earlier:
         best = min([c for c in (inputs.kept, *candidates) if c is not None], key=lambda c: c.fit)
         own = min(c.fit for c in candidates)
@@ -160,18 +163,7 @@ def attack_with_memory(update: ObservedUpdate, method: str, inputs: MemoryInputs
             **options,
         )
         candidates.append(Candidate.of(rec, [r for r, _, _ in inputs.earlier] + [inputs.round]))
-    return candidates
-
-
-def _differ(labels: torch.Tensor, update: ObservedUpdate, options: dict) -> bool:
-    """True when this update's recovered label counts differ from the remembered ``labels``."""
-    from .api import _victim_model
-    from .labels import recover_labels
-
-    config = options["config"]
-    model = _victim_model(options.get("model"), update.metadata.dataset)
-    y = recover_labels(update, model, seed=config.seed, estimator=config.label_estimator, aux=options.get("label_aux"))
-    return not torch.equal(y.sort().values, labels.sort().values)
+    return candidates, memoryless
 
 
 @dataclass

@@ -48,7 +48,7 @@ from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
 from .victims import ground_truth
-from .workers import AttackJob, Pipeline, RayWorkers, make_workers
+from .workers import AttackJob, Pipeline, RayWorkers, make_workers, outcomes
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -496,23 +496,24 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
         ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
         if replay.memory is not None:  # each job starts from the memory the one before left
             ahead = 1
-        for job, outcome in pipeline.run(_jobs(replay), ahead):
-            outcome.device = outcome.device or replay.device.type
-            if outcome.candidates:
-                held = replay.memory.remember((job.target.partition_id, job.method), outcome.candidates)
-                outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
-                outcome.candidates = None
+        for job, done in pipeline.run(_jobs(replay), ahead):
+            if done.candidates:
+                held = replay.memory.remember((job.target.partition_id, job.method), done.candidates)
+                done.images, done.labels, done.lsim_honest = held.images, held.labels, held.fit
+                done.candidates = None
                 replay.memory.save(out.memory_file)
-            row = evaluator.record(outcome, replay.truths[job.target.partition_ids])
-            rows.append(row)
-            target, method = job.target, job.method
-            text = (
-                f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
-                if row["status"] == "ok"
-                else f"{target.describe()} {method} failed: {row['error']}"
-            )
-            out.event(f"attack done: {text}")
-            print(f"fl-attack: {text}", file=log, flush=True)
+            for outcome in outcomes(job, done):
+                outcome.device = outcome.device or replay.device.type
+                row = evaluator.record(outcome, replay.truths[job.target.partition_ids])
+                rows.append(row)
+                target, method = job.target, outcome.method
+                text = (
+                    f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
+                    if row["status"] == "ok"
+                    else f"{target.describe()} {method} failed: {row['error']}"
+                )
+                out.event(f"attack done: {text}")
+                print(f"fl-attack: {text}", file=log, flush=True)
     finally:
         pipeline.shutdown()  # an interrupt: pipeline.run stopped the attacks in flight, with no row
         torch.set_num_threads(previous_threads)
@@ -540,6 +541,8 @@ def _jobs(replay: Replay):
     for index_row, target, methods in replay.work:
         update, _ = load_update(replay.run.updates, index_row)
         for method in methods:
+            if method + MEMORY_SUFFIX in methods:  # its "+memory" twin runs it and yields its row
+                continue
             if replay.labels == "oracle":  # an explicit leak the replay asked for, recorded as such
                 labels = replay.truths[target.partition_ids][1].clone()
             else:
@@ -556,6 +559,7 @@ def _jobs(replay: Replay):
                 model=replay.run.model,
                 threads=threads,
                 label_aux=replay.label_aux,
+                with_memoryless=method.removesuffix(MEMORY_SUFFIX) in methods,
             )
             if method.endswith(MEMORY_SUFFIX):  # made when submitted: after the previous job's merge
                 key = (target.partition_id, method)

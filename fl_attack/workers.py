@@ -59,6 +59,7 @@ class AttackJob:
     model: str = ""  # the victims' architecture as a spec (fl_attack.models.resolve_model), rebuilt on the worker
     memory: MemoryInputs | None = None  # a "+memory" method's snapshot of the server's memory (fl_attack.memory)
     label_aux: AuxiliaryData | None = None  # the server's public labelled data, for label_estimator "aux"
+    with_memoryless: bool = False  # a "+memory" job that also yields its METHOD's memoryless row (``outcomes``)
 
     def described(self, trace: list | None = None) -> dict:
         """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
@@ -70,6 +71,25 @@ class AttackJob:
             iterations=self.config.iterations,
             label_estimator=self.config.label_estimator,
         )
+
+
+def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
+    """The rows one job yields: its outcome, preceded, for a "+memory" job ``with_memoryless``, by
+    the round's memoryless attack (the job ran it anyway; failed when the job failed)."""
+    if not job.with_memoryless:
+        return [outcome]
+    base = job.method.removesuffix(MEMORY_SUFFIX)
+    memoryless = outcome.memoryless or AttackOutcome.failed(
+        AttackJob(job.job_id, job.update, base, job.config, job.target, job.labels), outcome.error, outcome.seconds
+    )
+    if outcome.memoryless is None:
+        memoryless.worker_node, memoryless.worker_id, memoryless.device = (
+            outcome.worker_node,
+            outcome.worker_id,
+            outcome.device,
+        )
+    outcome.memoryless = None
+    return [memoryless, outcome]
 
 
 @dataclass
@@ -99,6 +119,7 @@ class AttackOutcome:
     threads: int | None = None  # torch threads the attack ran with
     candidates: list | None = None  # a "+memory" job's fl_attack.memory.Candidates, for the server's memory
     memory: str = ""  # a "+memory" job's attack memory mode
+    memoryless: AttackOutcome | None = None  # a "+memory" job's memoryless attack of the round (its METHOD row)
 
     @classmethod
     def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
@@ -142,32 +163,54 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
             callback=callback,
             label_aux=job.label_aux,
         )
+        where = dict(device=_device_name(device), threads=torch.get_num_threads(), worker_node=node, worker_id=worker)
         if job.memory is None:
             rec = reconstruct(job.update, job.method, labels=job.labels, **options)
-            found = dict(images=rec.images, labels=rec.labels, label_source=rec.label_source, trace=rec.trace)
-            found.update(lsim_honest=rec.lsim_honest, lsim_calibrated=rec.lsim_calibrated, seconds=rec.seconds)
-        else:  # the server chooses its estimate from the candidates when the outcome is back
-            candidates = attack_with_memory(job.update, job.method.removesuffix(MEMORY_SUFFIX), job.memory, **options)
-            best = min(candidates, key=lambda c: c.fit)
-            found = dict(images=best.images, labels=best.labels, label_source="recovered", lsim_honest=best.fit)
-            found.update(seconds=time.perf_counter() - start, candidates=candidates, memory=job.memory.mode)
+            return _succeeded(job, job.method, rec, **where)
+        # the server chooses its estimate from the candidates when the outcome is back
+        base = job.method.removesuffix(MEMORY_SUFFIX)
+        candidates, rec = attack_with_memory(job.update, base, job.memory, **options)
+        best = min(candidates, key=lambda c: c.fit)
         return AttackOutcome(
             job.job_id,
             job.method,
             job.target,
             "ok",
-            **found,
-            device=_device_name(device),
-            **job.described(found.get("trace")),
-            threads=torch.get_num_threads(),
-            worker_node=node,
-            worker_id=worker,
+            images=best.images,
+            labels=best.labels,
+            label_source="recovered",
+            lsim_honest=best.fit,
+            seconds=time.perf_counter() - start,
+            candidates=candidates,
+            memory=job.memory.mode,
+            memoryless=_succeeded(job, base, rec, **where),
+            **job.described(),
+            **where,
         )
     except Exception as exc:  # one failed attack must never kill the caller
         log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
         outcome = AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
         outcome.worker_node, outcome.worker_id, outcome.device = node, worker, _device_name(device)
         return outcome
+
+
+def _succeeded(job: AttackJob, method: str, rec, **where) -> AttackOutcome:
+    """The outcome of ``job``'s reconstruction ``rec`` (fl_attack.Reconstruction) by ``method``."""
+    return AttackOutcome(
+        job.job_id,
+        method,
+        job.target,
+        "ok",
+        images=rec.images,
+        labels=rec.labels,
+        label_source=rec.label_source,
+        lsim_honest=rec.lsim_honest,
+        lsim_calibrated=rec.lsim_calibrated,
+        seconds=rec.seconds,
+        trace=rec.trace,
+        **job.described(rec.trace),
+        **where,
+    )
 
 
 def _device_name(device: str) -> str:

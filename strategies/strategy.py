@@ -37,6 +37,7 @@ from fl_attack.training import evaluate_model
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 from fl_attack.victims import ground_truth, private_samples
 from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers
+from fl_attack.workers import outcomes as outcomes_of
 
 log = logging.getLogger(__name__)
 
@@ -246,11 +247,15 @@ class LeakageTracking:
             except Exception as exc:  # the attack can still run; only the replay copy is missing
                 self.refused["updates"].append(target.round)
                 self.folder.event(f"could not record the update of {target.describe()}: {type(exc).__name__}: {exc}")
-        for method in self.settings.methods:
+        methods = self.settings.methods
+        for method in methods:
             self._jobs += 1
             if update is None:
                 unbuilt = AttackJob(self._jobs, None, method, self.attack_config, target, self.settings.attack_labels)
                 self.rows.append(self.evaluator.record(AttackOutcome.failed(unbuilt, error), None))
+                continue
+            if method + MEMORY_SUFFIX in methods:  # its "+memory" twin runs it and yields its row
+                self._round[target.round]["dispatched"] += 1
                 continue
             last_round = target.round >= self.settings.num_server_rounds  # clients idle now
             job = AttackJob(
@@ -264,6 +269,7 @@ class LeakageTracking:
                 threads=self.drain_threads if last_round else self.attack_threads,
                 model=self.settings.model,
                 label_aux=self.label_aux,
+                with_memoryless=method.removesuffix(MEMORY_SUFFIX) in methods,
             )
             self._round[target.round]["dispatched"] += 1
             if method.endswith(MEMORY_SUFFIX):
@@ -376,7 +382,9 @@ class LeakageTracking:
     def collect(self, done: list | None = None) -> list[dict]:
         """Evaluate and record every finished attack (does not wait); ``done``: (job, outcome) pairs
         already collected from the pipeline."""
-        outcomes = [outcome for _, outcome in (self.pipeline.poll() if done is None else done)]
+        outcomes = [
+            o for job, outcome in (self.pipeline.poll() if done is None else done) for o in outcomes_of(job, outcome)
+        ]
         for outcome in outcomes:
             self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
         self._remember(outcomes)
