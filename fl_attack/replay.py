@@ -559,7 +559,7 @@ def _jobs(replay: Replay):
                 model=replay.run.model,
                 threads=threads,
                 label_aux=replay.label_aux,
-                with_memoryless=method.removesuffix(MEMORY_SUFFIX) in methods,
+                with_memoryless=method.endswith(MEMORY_SUFFIX) and method.removesuffix(MEMORY_SUFFIX) in methods,
             )
             if method.endswith(MEMORY_SUFFIX):  # made when submitted: after the previous job's merge
                 key = (target.partition_id, method)

@@ -76,7 +76,7 @@ class AttackJob:
 def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
     """The rows one job yields: its outcome, preceded, for a "+memory" job ``with_memoryless``, by
     the round's memoryless attack (the job ran it anyway; failed when the job failed)."""
-    if not job.with_memoryless:
+    if not (job.with_memoryless and job.method.endswith(MEMORY_SUFFIX)):
         return [outcome]
     base = job.method.removesuffix(MEMORY_SUFFIX)
     memoryless = outcome.memoryless or AttackOutcome.failed(

@@ -269,7 +269,7 @@ class LeakageTracking:
                 threads=self.drain_threads if last_round else self.attack_threads,
                 model=self.settings.model,
                 label_aux=self.label_aux,
-                with_memoryless=method.removesuffix(MEMORY_SUFFIX) in methods,
+                with_memoryless=method.endswith(MEMORY_SUFFIX) and method.removesuffix(MEMORY_SUFFIX) in methods,
             )
             self._round[target.round]["dispatched"] += 1
             if method.endswith(MEMORY_SUFFIX):
