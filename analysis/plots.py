@@ -13,11 +13,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from fl_attack.records import write_bytes_atomic
 
-from .aggregate import GROUP_KEYS, METHOD_ORDER, MIN_CI_N, final_accuracy, per_round, run_labels, sorted_methods
+from .aggregate import (
+    GROUP_KEYS,
+    METHOD_ORDER,
+    MIN_CI_N,
+    final_accuracy,
+    per_round,
+    round_accuracy,
+    run_labels,
+    sorted_methods,
+)
 from .load import Run
 
 _LINESTYLES = ("-", "--", ":", "-.")
@@ -226,6 +236,55 @@ def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
     return fig
 
 
+def plot_memory(run: Run, metric: str = "psnr", x: str = "round") -> Figure:
+    """What a remembering server holds, per tracked client (one panel each): the ``METHOD+memory``
+    rows (the estimate held after each round, dashed) beside each round's memoryless ``METHOD``
+    rows (solid, the same colour), against the round or the model's accuracy that round
+    (``round_accuracy``). ValueError for another x, or a run without "+memory" rows."""
+    if x not in ("round", "accuracy"):
+        raise ValueError(f"x must be 'round' or 'accuracy', got {x!r}")
+    ok = run.attacks[run.attacks["status"] == "ok"] if not run.attacks.empty else run.attacks
+    remembering = sorted({m for m in ok.get("method", []) if str(m).endswith("+memory")})
+    if not remembering:
+        raise ValueError(f"{run.path} has no '+memory' rows (attack-memory is 'none')")
+    clients = sorted(ok[ok["method"].isin(remembering)]["partition_id"].dropna().unique())
+    accuracy, source = round_accuracy(run.rounds) if not run.rounds.empty else (pd.Series(dtype="float64"), None)
+    if x == "accuracy" and source is None:
+        raise ValueError(f"{run.path} has no accuracy per round for x='accuracy'")
+    columns = min(3, len(clients))
+    fig = Figure(figsize=(max(6.5, 4.2 * columns), 3.4 * math.ceil(len(clients) / columns)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(math.ceil(len(clients) / columns), columns, squeeze=False).ravel())
+    for ax in axes[len(clients) :]:
+        ax.set_visible(False)
+    for ax, client in zip(axes, clients):
+        for twin in remembering:
+            base = twin.removesuffix("+memory")
+            color = method_color(base)
+            for method, ls in ((base, "-"), (twin, "--")):
+                rows = ok[(ok["method"] == method) & (ok["partition_id"] == client)].sort_values("round")
+                if rows.empty:
+                    continue
+                xs = rows["round"].map(accuracy) if x == "accuracy" else rows["round"]
+                mode = rows["memory"].dropna().iloc[0] if method == twin and "memory" in rows else ""
+                label = f"{method} ({mode})" if mode else f"{method} (each round alone)"
+                ax.plot(
+                    xs.to_numpy(dtype=float),
+                    rows[metric].to_numpy(dtype=float),
+                    marker="o",
+                    ms=3,
+                    color=color,
+                    ls=ls,
+                    label=label,
+                )
+        ax.set_title(f"client {int(client)}", fontsize="medium")
+        ax.set_xlabel("round" if x == "round" else _ACCURACY_LABELS[source])
+        ax.set_ylabel(_METRIC_LABELS.get(metric, metric))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="x-small")
+    fig.suptitle("The server's estimate with memory (dashed) and each round's attack alone (solid)", fontsize="medium")
+    return fig
+
+
 def plot_per_client(run: Run, metric: str = "psnr", annotate_up_to: int = 16) -> Figure:
     """Heat map of ok-attack `metric` per client (rows) and round (columns), one panel per method.
 
@@ -309,4 +368,5 @@ __all__ = [
     "figure_png",
     "save_figure",
     "method_color",
+    "plot_memory",
 ]

@@ -47,7 +47,7 @@ from .aggregate import (
     summary_table,
 )
 from .load import NotARunError, Run, load_run
-from .plots import figure_png, plot_leakage, plot_per_client, plot_training, plot_utility_vs_leakage
+from .plots import figure_png, plot_leakage, plot_memory, plot_per_client, plot_training, plot_utility_vs_leakage
 
 FORMATS = ("html", "md")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -73,6 +73,7 @@ class _RunSection:
     summary: pd.DataFrame
     sentences: list[str]
     heat_map: _Picture | None = None
+    memory: list[_Picture] = field(default_factory=list)  # plot_memory's figures, with attack-memory on
     grids: list[tuple[int, list[_Picture | str]]] = field(default_factory=list)
 
 
@@ -153,6 +154,17 @@ def _build_sections(runs: list[Run], threshold: float) -> list[_RunSection]:
             summary=summary_table(run),
             sentences=summary_sentences(run, threshold=threshold),
         )
+        if not run.attacks.empty and run.attacks["method"].astype(str).str.endswith("+memory").any():
+            section.memory = [
+                _Picture(
+                    f"memory_{where}_{_slug(label)}",
+                    figure_png(plot_memory(run, x=where)),
+                    f"{label}: per tracked client, the estimate the remembering server holds after each round "
+                    f"(dashed) and each round's attack alone (solid), against the {what}.",
+                )
+                for where, what in (("round", "round"), ("accuracy", "model's accuracy that round"))
+                if where == "round" or not run.rounds.empty
+            ]
         if not run.attacks.empty:
             section.heat_map = _Picture(
                 f"per_client_{_slug(label)}",
@@ -524,6 +536,7 @@ def _render_html(
         parts.append(_html_table(section.per_round, "per-round", grouped=True))
         parts.append("<h3>Per client</h3>")
         parts.append(_html_table(section.per_client, "per-client"))
+        parts += [_figure_html(picture) for picture in section.memory]
         if section.heat_map is not None:
             parts.append(_figure_html(section.heat_map))
         failed = _failed_table(section.run)
@@ -610,6 +623,7 @@ def _render_markdown(
             "",
             _md_table(section.per_client),
         ]
+        lines += [saved(picture, figure_dir) for picture in section.memory]
         if section.heat_map is not None:
             lines.append(saved(section.heat_map, figure_dir))
         failed = _failed_table(section.run)

@@ -201,3 +201,29 @@ def test_a_replay_reproduces_the_memory_and_none_reproduces_todays_rows(memory_r
     for a, b in zip(plain, [r for r in theirs if r["method"] == "pisme"]):
         assert {c: a[c] for c in SCORES} == {c: b[c] for c in SCORES}
     assert not (run / "replays" / "none" / "memory.pt").exists()
+
+
+def test_the_report_draws_the_remembering_servers_curve_per_client(memory_run, tmp_path):
+    from analysis.load import load_run
+    from analysis.plots import plot_memory
+    from analysis.report import write_report
+
+    folder, _, _ = memory_run
+    run = load_run(folder)
+    fig = plot_memory(run)
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert set(lines) == {"pisme (each round alone)", "pisme+memory (joint)"}
+    psnr = {
+        m: [float(r["psnr"]) for r in _rows(folder / "attacks.csv") if r["method"] == m]
+        for m in ("pisme", "pisme+memory")
+    }
+    assert lines["pisme+memory (joint)"] == pytest.approx(psnr["pisme+memory"])
+    assert lines["pisme (each round alone)"] == pytest.approx(psnr["pisme"])
+    html = write_report([folder], tmp_path / "report").read_text()
+    held = "the estimate the remembering server holds after each round (dashed)"
+    assert html.count(held) == 4  # two figures (by round, by accuracy), each with its alt text and caption
+    assert "(solid), against the round." in html and "(solid), against the model" in html
+    plain = run.attacks[~run.attacks["method"].str.endswith("+memory")]
+    with pytest.raises(ValueError, match="no '\\+memory' rows"):
+        plot_memory(type(run)(**{**vars(run), "attacks": plain}))
