@@ -27,7 +27,7 @@ CONFIG = (
 TIMING = {"seconds", "attacks_in_flight", "attack_lag_rounds"}
 
 
-def launch(tmp_path, run_config: str, env_extra=None):
+def launch(tmp_path, run_config: str, env_extra=None, config: str = CONFIG):
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), **(env_extra or {})}
     return subprocess.run(
         [
@@ -35,7 +35,7 @@ def launch(tmp_path, run_config: str, env_extra=None):
             "-m",
             "strategies.launch",
             "--run-config",
-            f'{CONFIG} results-dir="{tmp_path / "results"}" {run_config}',
+            f'{config} results-dir="{tmp_path / "results"}" {run_config}',
             "--federation-config",
             "num-supernodes=3 client-resources-num-cpus=1",
         ],
@@ -241,3 +241,23 @@ def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp
     named = RunSettings.from_run_config({"results-dir": str(tmp_path), "run-name": first.path.name})
     with pytest.raises(ValueError, match="already holds a run; choose another run-name, or resume it"):
         run_folder(named)
+
+
+def test_the_attack_memory_survives_a_resume(tmp_path):
+    """A remembering server resumed for one more round starts from the memory.pt it left: its
+    history goes on from it, and the estimate held after round 3 fits no worse than the best one
+    remembered. (The cut-back of a memory past the checkpoint: tests/test_memory.py.)"""
+    from fl_attack.memory import AttackMemory
+
+    two = CONFIG.replace("num-server-rounds=3", "num-server-rounds=2")
+    first = launch(tmp_path, 'run-name="mem" attack-memory="keep"', config=two)
+    run = tmp_path / "results" / "mem"
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    before = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")]
+    assert before.history and all(max(c.rounds) <= 2 for c in before.history)
+    resumed = launch(tmp_path, f'resume="{run}" attack-memory="keep"')
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    after = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")]
+    assert [c.fit for c in after.history[: len(before.history)]] == [c.fit for c in before.history]
+    (row,) = [r for r in rows(run / "attacks.csv") if r["round"] == "3" and r["method"] == "ig+memory"]
+    assert row["memory"] == "keep" and float(row["lsim_honest"]) <= before.best.fit
