@@ -232,7 +232,7 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
-        waves = math.ceil(strategy.pipeline.in_flight / max(1, settings.attack_actors))
+        waves = math.ceil(strategy.attacks_pending / max(1, settings.attack_actors))
         counts = strategy.finish(timeout=settings.attack_timeout * waves + 60)
         strategy.timings.add("writing", config_seconds)
         # Where the time went (fl_attack/timings.py); the launcher adds its own clock and prints it.

@@ -280,6 +280,11 @@ class LeakageTracking:
             else:
                 self.pipeline.submit(job)
 
+    @property
+    def attacks_pending(self) -> int:
+        """Attacks in flight and "+memory" jobs waiting for their client's previous one."""
+        return self.pipeline.in_flight + sum(len(queue) for queue in self._memory_queue.values())
+
     def _next_memory_job(self, key) -> None:
         """Submit ``key``'s oldest waiting "+memory" job unless one of its jobs is in flight: each
         starts from the memory its previous round left, so a run's memory does not depend on timing
