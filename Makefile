@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m strategies.launch --run-dir-file .last-run
+	$(PY) -m strategies.launch --run-dir-file .last-run --run-config 'attack-memory="keep"'
 	$(PY) -m analysis.report "$$(cat .last-run)" --out "$$(cat .last-run)/report"
 
 test: setup

@@ -21,9 +21,10 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from .attacks import ATTACKS, AttackConfig, parse_methods
+from .attacks import ATTACKS, AttackConfig
 from .config import PRESETS, parse_key_values
 from .data import DATASETS
+from .memory import MEMORY_SUFFIX, memory_methods
 from .standalone import DEFAULT_PRESET, RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
 
 PROG = "fl-attack"
@@ -93,8 +94,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _methods(text: str) -> tuple[str, ...]:
+    """The --methods list; "METHOD+memory" names pass here (replay checks them against --memory)."""
+    names = tuple(m.strip() for m in str(text).split(",") if m.strip())
     try:
-        return parse_methods(text)
+        memory_methods(text, "labels" if any(m.endswith(MEMORY_SUFFIX) for m in names) else "none")
+        return names
     except ValueError as exc:  # argparse reports only ArgumentTypeError's message
         raise argparse.ArgumentTypeError(str(exc)) from None
 

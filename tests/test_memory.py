@@ -201,6 +201,12 @@ def test_a_replay_reproduces_the_memory_and_none_reproduces_todays_rows(memory_r
     for a, b in zip(plain, [r for r in theirs if r["method"] == "pisme"]):
         assert {c: a[c] for c in SCORES} == {c: b[c] for c in SCORES}
     assert not (run / "replays" / "none" / "memory.pt").exists()
+    # only the remembering rows, under another mode
+    args = ["replay", str(run), "--name", "keep", "--memory", "keep", "--methods", "pisme+memory", "--threads", "1"]
+    assert main(args) == 0
+    kept = _rows(run / "replays" / "keep" / "attacks.csv")
+    assert [(r["method"], r["memory"]) for r in kept] == [("pisme+memory", "keep")] * 3
+    assert kept[0]["psnr"] == theirs[0]["psnr"]  # round 1: nothing remembered yet, the memoryless attack
 
 
 def test_the_report_draws_the_remembering_servers_curve_per_client(memory_run, tmp_path):
