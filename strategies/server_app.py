@@ -265,6 +265,7 @@ def incomplete(counts: dict) -> str:
     """What of a run's record the disk refused (summary.json's counts), in words."""
     refused = counts.get("writes_refused") or {}
     what = {"rounds": "rounds.csv rows", "checkpoints": "checkpoints", "updates": "recorded updates"}
+    what["memory"] = "the attack memory (memory.pt)"
     parts = [f"{what[k]} of round(s) {','.join(map(str, sorted(set(v))))}" for k, v in refused.items()]
     if counts.get("attacks_unwritten"):
         parts.append(f"{counts['attacks_unwritten']} attacks.csv row(s) (kept in unwritten-*.pt)")

@@ -171,7 +171,7 @@ class LeakageTracking:
         # per round: clients, losses, accuracies, attack counts, excluded partitions
         self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
-        self.refused: dict[str, list[int]] = {"rounds": [], "checkpoints": [], "updates": []}  # rounds the disk refused
+        self.refused: dict[str, list[int]] = {"rounds": [], "checkpoints": [], "updates": [], "memory": []}
         self._round_start: dict[int, float] = {}
         self._jobs = 0
         self.folder.event(
@@ -418,7 +418,7 @@ class LeakageTracking:
         try:
             self.memory.save(self.folder.memory_file)
         except OSError as exc:
-            self.refused.setdefault("memory", []).append(self.current_round)
+            self.refused["memory"].append(self.current_round)
             self.folder.event(f"could not write the attack memory ({exc}); kept in memory, tried again later")
 
     def _record(self, outcomes: list[AttackOutcome]) -> list[dict]:

@@ -185,3 +185,31 @@ def test_a_fraction_of_clients_is_attacked_seeded_by_round(tmp_path):
     for rnd in (1, 2):
         attacked = sorted({j.target.partition_id for j in jobs if j.target.round == rnd})
         assert attacked == settings.select_clients([0, 1, 2, 3], rnd) and len(attacked) == 2
+
+
+def test_an_attack_memory_the_disk_refuses_is_counted_and_kept_in_the_process(tmp_path, monkeypatch):
+    """A real refused write (ENOSPC from os.write) of every memory.pt: the federation and its memory
+    go on (round 2's +memory row still holds round 1's estimate or a better one), and summary.json's
+    counts name it."""
+    import errno
+    import os
+
+    from strategies.server_app import incomplete
+
+    real_write = os.write
+
+    def write(fd, data):
+        if ".memory.pt." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    fast = {**FAST, "attack_clients": "0"}
+    _, strategy, _, _ = federate(tmp_path, num_rounds=2, attack_memory="keep", **fast)
+    counts = strategy.finish(60)
+    assert counts["writes_refused"]["memory"] and not (tmp_path / "memory.pt").exists()
+    assert "the attack memory (memory.pt) of round(s)" in incomplete(counts)
+    remembered = [r for r in strategy.rows if r["method"].endswith("+memory")]
+    assert [r["round"] for r in remembered] == [1, 2] and all(r["status"] == "ok" for r in remembered)
+    assert remembered[1]["lsim_honest"] <= remembered[0]["lsim_honest"]
+    assert "could not write the attack memory" in (tmp_path / "events.log").read_text()
