@@ -337,9 +337,10 @@ def test_truncated_last_line_is_skipped_with_a_warning(known_run):
 def test_rounds_csv_missing_and_bad_rows(tmp_path):
     rows = [attack_row(1, 0, psnr=20), attack_row(1, 1, status="failed")]
     folder = make_run(tmp_path / "partial", rows, rounds=None)
+    tail = "," * (len(ATTACK_COLUMNS) - 20) + "x.png\n"  # the empty columns after status, then the image
     with open(folder / "attacks.csv", "a") as handle:
-        handle.write("2,1,1,c1,pisme,femnist,none,20,4,200,recovered,abc" + ",1" * 6 + ",1.5,ok,,,,,,,,x.png\n")
-        handle.write("2,1,1,c1,pisme,femnist,none,20,4,200,recovered" + ",1" * 7 + ",1.5,maybe,,,,,,,,x.png\n")
+        handle.write("2,1,1,c1,pisme,femnist,none,20,4,200,recovered,abc" + ",1" * 6 + ",1.5,ok" + tail)
+        handle.write("2,1,1,c1,pisme,femnist,none,20,4,200,recovered" + ",1" * 7 + ",1.5,maybe" + tail)
     with pytest.warns(MalformedLineWarning) as caught:
         run = load_run(folder)
     messages = " ".join(str(w.message) for w in caught)

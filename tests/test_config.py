@@ -171,7 +171,8 @@ def test_the_paper_file_is_the_paper_preset():
 
 def test_unknown_preset_file():
     with pytest.raises(
-        ValueError, match="unknown run config 'papr'; choose from: learning-cifar100, learning-femnist, paper"
+        ValueError,
+        match="unknown run config 'papr'; choose from: learning-cifar100, learning-femnist, memory-femnist, paper",
     ):
         run_configs.load("papr")
 
