@@ -48,7 +48,7 @@ from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
 from .victims import ground_truth
-from .workers import AttackJob, Pipeline, RayWorkers, make_workers, outcomes
+from .workers import AttackJob, Pipeline, RayWorkers, make_workers, memory_key, outcomes, remember
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -498,9 +498,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             ahead = 1
         for job, done in pipeline.run(_jobs(replay), ahead):
             if done.candidates:
-                held = replay.memory.remember((job.target.partition_id, job.method), done.candidates)
-                done.images, done.labels, done.lsim_honest = held.images, held.labels, held.fit
-                done.candidates = None
+                remember(replay.memory, done)
                 replay.memory.save(out.memory_file)
             for outcome in outcomes(job, done):
                 outcome.device = outcome.device or replay.device.type
@@ -562,7 +560,7 @@ def _jobs(replay: Replay):
                 with_memoryless=method.endswith(MEMORY_SUFFIX) and method.removesuffix(MEMORY_SUFFIX) in methods,
             )
             if method.endswith(MEMORY_SUFFIX):  # made when submitted: after the previous job's merge
-                key = (target.partition_id, method)
+                key = memory_key(target, method)
                 replay.memory.observe(key, target.round, update)
                 job.memory = replay.memory.inputs(key, target.round)
             yield job

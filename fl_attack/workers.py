@@ -73,6 +73,21 @@ class AttackJob:
         )
 
 
+def memory_key(target: AttackTarget, method: str) -> tuple:
+    """The server's memory's key for one tracked client and "+memory" method."""
+    return (target.partition_id, method)
+
+
+def remember(memory, outcome: AttackOutcome) -> None:
+    """Hand a "+memory" outcome's candidates to the server's memory (fl_attack.memory.AttackMemory);
+    the outcome then carries the estimate the server holds after it, which its row scores. A failed
+    outcome (no candidates) leaves the memory as it was."""
+    if outcome.candidates:
+        held = memory.remember(memory_key(outcome.target, outcome.method), outcome.candidates)
+        outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
+        outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
+
+
 def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
     """The rows one job yields: its outcome, preceded, for a "+memory" job ``with_memoryless``, by
     the round's memoryless attack (the job ran it anyway; failed when the job failed)."""

@@ -36,7 +36,7 @@ from fl_attack.timings import Timings
 from fl_attack.training import evaluate_model
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
 from fl_attack.victims import ground_truth, private_samples
-from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers
+from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers, memory_key, remember
 from fl_attack.workers import outcomes as outcomes_of
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class LeakageTracking:
             )
             self._round[target.round]["dispatched"] += 1
             if method.endswith(MEMORY_SUFFIX):
-                key = (target.partition_id, method)
+                key = memory_key(target, method)
                 self.memory.observe(key, target.round, update)
                 self._memory_queue.setdefault(key, []).append(job)
                 self._next_memory_job(key)
@@ -400,16 +400,12 @@ class LeakageTracking:
         estimate the server holds after it (what its row scores). memory.pt is saved after."""
         remembered = [o for o in outcomes if o.method.endswith(MEMORY_SUFFIX)]
         for outcome in remembered:
-            key = (outcome.target.partition_id, outcome.method)
-            if outcome.candidates:  # a failed one leaves the memory as it was
-                held = self.memory.remember(key, outcome.candidates)
-                outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
-                outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
-            self._memory_busy.discard(key)
+            remember(self.memory, outcome)
+            self._memory_busy.discard(memory_key(outcome.target, outcome.method))
         if remembered:
             self.save_memory()
         for outcome in remembered:
-            self._next_memory_job((outcome.target.partition_id, outcome.method))
+            self._next_memory_job(memory_key(outcome.target, outcome.method))
 
     def save_memory(self) -> None:
         """memory.pt, atomically; a refused write is logged (the memory stays in this process)."""
