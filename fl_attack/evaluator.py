@@ -119,6 +119,7 @@ def attack_row(
     device: str = "",
     threads: int | None = None,
     memory: str = "",
+    epsilon: float | None = None,
 ) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
@@ -128,7 +129,8 @@ def attack_row(
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
     device it ran on (cpu, cuda), empty where unknown; threads: its torch threads. memory: the
-    attack memory of a remembering server's row (fl_attack.memory), else "".
+    attack memory of a remembering server's row (fl_attack.memory), else "". epsilon: the DP budget
+    the attacked client had spent by this update (fl_attack.privacy); None (an empty cell) without DP.
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -155,6 +157,7 @@ def attack_row(
         device=device,
         threads=threads,
         memory=memory,
+        epsilon=epsilon,
         image=image,
         **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
     )
@@ -205,6 +208,7 @@ class Evaluator:
         *,
         lag_rounds: int | None = None,
         image: str | Path | None = None,
+        epsilon: float | None = None,
     ) -> dict:
         """Score ``outcome`` (if it succeeded) against ``truth`` = (images (N,C,H,W) in [0,1],
         labels (N,)) and store its row; returns the row.
@@ -212,7 +216,8 @@ class Evaluator:
         image: the grid's path under ``folder`` (default images/round-R/METHOD/NAME.png). A scoring
         or grid failure makes the row status "failed" with the cause ("evaluation: ..."); it never
         raises, except an OSError from ``table``. lag_rounds: how many rounds after its own the
-        attack finished (the federation's attacker lag)."""
+        attack finished (the federation's attacker lag). epsilon: the DP budget the attacked
+        client(s) had spent by the update's round (None without DP)."""
         target = outcome.target
         seconds = round(outcome.seconds, 3) if math.isfinite(outcome.seconds) else math.nan
         row = attack_row(
@@ -239,6 +244,7 @@ class Evaluator:
             device=outcome.device,
             threads=outcome.threads,
             memory=outcome.memory,
+            epsilon=epsilon,
         )
         if outcome.status == "ok":
             try:

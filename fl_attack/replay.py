@@ -43,6 +43,7 @@ from .config import parse_key_values
 from .evaluator import Evaluator
 from .labels import NEEDS_AUX, AuxiliaryData
 from .memory import MEMORY_SUFFIX, AttackMemory, memory_methods
+from .privacy import PrivacyLedger
 from .records import header_mismatch, read_csv, write_bytes_atomic
 from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
@@ -68,8 +69,13 @@ class RecordedRun:
     config: config.json; run_config: its flat Flower run config (kebab-case keys), parsed as the
     federation parsed it into ``settings`` (fl_attack.run_config.RunSettings); attack_config: the
     run's own AttackConfig; defense: the run's defense label; index: the rows of
-    updates/index.csv, in file order.
+    updates/index.csv, in file order; privacy: config.json's DP accounting with rounds.csv's
+    participants, so a replayed row carries the ε the run's client had spent.
     """
+
+    def epsilon(self, target: AttackTarget) -> float | None:
+        """The DP budget ``target``'s client(s) had spent by its round; None without DP."""
+        return None if self.privacy is None else self.privacy.epsilon(target.round, target.partition_ids)
 
     path: Path
     config: dict
@@ -79,6 +85,7 @@ class RecordedRun:
     defense: str
     index: list[dict]
     threads: dict = field(default_factory=dict)  # (round, partition id text) -> the torch threads its attack ran with
+    privacy: PrivacyLedger | None = None  # the run's DP accounting and participants (None: no DP)
 
     updates = property(lambda self: self.path / "updates")
     data = property(lambda self: self.settings.data)  # how the clients' private samples were drawn
@@ -131,7 +138,13 @@ def open_run(path: str | Path) -> RecordedRun:
         if r.get("threads") and r.get("round")
     }
     label = str(label or settings.defense.label)
-    return RecordedRun(folder.path, config, dict(run_config), settings, attack_config, label, index, threads)
+    try:
+        privacy = PrivacyLedger.from_record(config.get("privacy"), read_csv(folder.rounds_file)[1])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplayError(
+            f"{folder}: its DP accounting (config.json 'privacy', rounds.csv) does not parse: {exc}"
+        ) from None
+    return RecordedRun(folder.path, config, dict(run_config), settings, attack_config, label, index, threads, privacy)
 
 
 @dataclass
@@ -432,6 +445,7 @@ def _start_record(replay: Replay) -> None:
             "seed": run.config.get("seed"),
             "num_nodes": run.config.get("num_nodes"),
             "defense": run.config.get("defense"),
+            "privacy": run.config.get("privacy"),
             "replay": {
                 "of": str(run.path.resolve()),
                 "name": replay.name,
@@ -502,7 +516,9 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                 replay.memory.save(out.memory_file)
             for outcome in outcomes(job, done):
                 outcome.device = outcome.device or replay.device.type
-                row = evaluator.record(outcome, replay.truths[job.target.partition_ids])
+                row = evaluator.record(
+                    outcome, replay.truths[job.target.partition_ids], epsilon=replay.run.epsilon(job.target)
+                )
                 rows.append(row)
                 target, method = job.target, outcome.method
                 text = (

@@ -17,6 +17,7 @@ from .attacks import AttackConfig
 from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
 from .data import get_spec
 from .defenses import weight_matrices
+from .privacy import ACCOUNTANTS
 
 
 def _parse_overrides(text: str) -> dict:
@@ -93,6 +94,9 @@ class DefenseSettings:
         LocalDpMod with sensitivity C: noise std = C * sqrt(2 ln(1.25/delta)) / epsilon per coordinate.
     noise_multiplier ["defense-noise-multiplier"]: central-dp's z; Flower adds noise of std z*C/n to
         the aggregate of n clients.
+    accountant ["defense-accountant"]: the DP accountant of the ε recorded for local-dp and central-dp
+        (fl_attack.privacy): "rdp" (dp_accounting's RdpAccountant) or "pld" (PLDAccountant, tighter).
+    target_delta ["defense-target-delta"]: the δ at which the spent ε is given.
     clipping ["defense-clipping"]: central-dp's clipping side, "server" (DifferentialPrivacyServer-
         SideFixedClipping) or "client" (DifferentialPrivacyClientSideFixedClipping + fixedclipping_mod).
     topk_fraction ["defense-topk-fraction"]: fraction in (0, 1] of update coordinates sent (topk).
@@ -111,6 +115,8 @@ class DefenseSettings:
     delta: float = 1e-5
     noise_multiplier: float = 1.0
     clipping: str = "server"
+    accountant: str = "rdp"
+    target_delta: float = 1e-5
     topk_fraction: float = 0.1
     rank: int = 2
     bits: int = 4
@@ -176,6 +182,11 @@ class DefenseSettings:
                 f"defense-noise-multiplier must be >= 0 (a noise scale cannot be "
                 f"negative), got {self.noise_multiplier}",
             ),
+            (
+                self.accountant in ACCOUNTANTS,
+                f"defense-accountant must be one of {', '.join(ACCOUNTANTS)}, got '{self.accountant}'",
+            ),
+            (0 < self.target_delta < 1, f"defense-target-delta must be in (0, 1), got {self.target_delta}"),
             (self.clipping in CLIPPING_SIDES, f"defense-clipping must be 'server' or 'client', got '{self.clipping}'"),
             (0 < self.topk_fraction <= 1, f"defense-topk-fraction must be in (0, 1], got {self.topk_fraction}"),
             (self.rank >= 1, f"defense-rank must be >= 1, got {self.rank}"),
@@ -288,8 +299,8 @@ class DefenseSettings:
     def parameters(self) -> dict:
         """The run-config keys and values that configure the active defenses."""
         used = {
-            "local-dp": ("clip_norm", "epsilon", "delta"),
-            "central-dp": ("clip_norm", "noise_multiplier", "clipping"),
+            "local-dp": ("clip_norm", "epsilon", "delta", "accountant", "target_delta"),
+            "central-dp": ("clip_norm", "noise_multiplier", "clipping", "accountant", "target_delta"),
             "secagg": ("secagg_num_shares", "secagg_reconstruction_threshold", "secagg_max_weight"),
             "topk": ("topk_fraction", "adaptive_attack"),
             "low-rank": ("rank",),

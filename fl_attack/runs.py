@@ -45,6 +45,9 @@ ROUNDS: dict[str, type] = {
     "attacks_dispatched": int,
     "attacks_skipped": int,
     "excluded": str,  # "1,3": the partitions left out of the round
+    "participants": str,  # "0,1,2": the partitions whose updates the round received
+    "epsilon": float,  # DP budget spent by the round (fl_attack.privacy): the most any client spent; empty without DP
+    "epsilon_tracked": str,  # "0:1.2;1:0.9": each tracked client's (attack-clients ids) under local-dp
 }
 ATTACKS: dict[str, type] = {
     "round": int,
@@ -75,6 +78,7 @@ ATTACKS: dict[str, type] = {
     "device": str,
     "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
     "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.memory), else empty
+    "epsilon": float,  # the DP budget the attacked client(s) had spent by the update's round; empty without DP
     "image": str,
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)

@@ -78,6 +78,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         workers: Workers | None = None,
         clients_per_round: int | None = None,
         test_set=None,
+        privacy=None,
         **fedavg_kwargs,
     ):
         self.keys = list(initial_state)
@@ -89,7 +90,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
             evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"),
             **fedavg_kwargs,
         )
-        self._init_tracking(settings, run_dir, workers, clients_per_round, test_set=test_set)
+        self._init_tracking(settings, run_dir, workers, clients_per_round, test_set=test_set, privacy=privacy)
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
@@ -103,6 +104,9 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
         return instructions
 
     def aggregate_fit(self, server_round, results, failures):
+        self._participated(
+            server_round, [int(r.metrics["partition-id"]) for _, r in results if "partition-id" in r.metrics]
+        )
         self._training_received(
             server_round,
             [r.metrics.get("train-seconds") for _, r in results],

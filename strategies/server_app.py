@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import (
 )
 
 from fl_attack.paths import resolve_in_project
+from fl_attack.privacy import PrivacyLedger
 from fl_attack.run_config import RunSettings
 from fl_attack.runs import RunFolder
 
@@ -53,10 +54,17 @@ RESUMABLE_KEYS = {
 }
 
 
+def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | None:
+    """The run's DP accounting (fl_attack.privacy): None without local-dp or central-dp."""
+    return PrivacyLedger.for_defense(settings.defense, check_defense(settings, num_nodes), num_nodes)
+
+
 def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
     """A new run's config.json in ``folder`` (a RunFolder or a path): the flat run config, the seed,
-    the AttackConfig and the defense (what analysis/load.py and ``fl-attack replay`` read back)."""
+    the AttackConfig, the defense and its DP accounting (what analysis/load.py and ``fl-attack
+    replay`` read back)."""
     folder = RunFolder(folder)
+    privacy = privacy_ledger(settings, num_nodes)
     folder.write_config(
         {
             "run_config": run_config,
@@ -65,6 +73,7 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
             "num_nodes": num_nodes,
             "attack_config": asdict(settings.attack_config()),
             "defense": settings.defense.describe(),
+            "privacy": privacy.describe() if privacy is not None else None,
         }
     )
 
@@ -147,6 +156,7 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
     clients_per_round = check_defense(settings, num_nodes)
+    privacy = privacy_ledger(settings, num_nodes)
     if defense.secagg:
         strategy = SecAggLeakageFedAvg(
             settings,
@@ -154,6 +164,7 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
             initial_state,
             clients_per_round=clients_per_round,
             test_set=test_set,
+            privacy=privacy,
             fraction_fit=settings.fraction_train,
             fraction_evaluate=settings.fraction_evaluate,
             min_fit_clients=defense.secagg_min_clients,
@@ -167,6 +178,7 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
         clients_per_round=clients_per_round,
         round_offset=round_offset,
         test_set=test_set,
+        privacy=privacy,
         fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate,
         min_train_nodes=1,

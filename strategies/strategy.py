@@ -30,6 +30,8 @@ from fl_attack.evaluator import Evaluator
 from fl_attack.labels import NEEDS_AUX, AuxiliaryData
 from fl_attack.memory import MEMORY_SUFFIX, AttackMemory
 from fl_attack.models import resolve_model
+from fl_attack.privacy import PrivacyLedger, format_epsilons, parse_participants
+from fl_attack.records import read_csv
 from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.runs import RunFolder
 from fl_attack.timings import Timings
@@ -123,6 +125,9 @@ class LeakageTracking:
     ``round_offset``: rounds already done before this strategy started (a resumed run): Flower's
     round r is the run's round r + round_offset everywhere, also in what the clients are told.
 
+    ``privacy``: the run's PrivacyLedger (fl_attack.privacy) under local-dp or central-dp: each
+    round's participants go into it, and rounds.csv and every attack row get the ε spent.
+
     It also keeps the run's timings (fl_attack/timings.py). Attacks get torch threads by the run
     config's rule (RunSettings.attack_thread_count).
     """
@@ -135,6 +140,7 @@ class LeakageTracking:
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
+        privacy: PrivacyLedger | None = None,
     ) -> None:
         self.settings = settings
         self.folder = RunFolder(run_dir)  # every file of the run's record
@@ -157,6 +163,12 @@ class LeakageTracking:
         if settings.attack_memory != "none" and self.folder.memory_file.exists():  # a resumed run
             self.memory = AttackMemory.load(self.folder.memory_file)
             self.memory.cut_back(round_offset)
+        self.privacy = privacy  # the DP budget spent (fl_attack.privacy), None without local-dp or central-dp
+        if privacy is not None and round_offset:  # a resumed run: who took part in the rounds kept
+            privacy.cut_back(0)
+            for row in read_csv(self.folder.rounds_file)[1]:
+                if int(row["round"]) <= round_offset:
+                    privacy.round_done(int(row["round"]), parse_participants(row.get("participants")))
         self._memory_queue: dict = {}  # (partition, method) -> its "+memory" jobs waiting, oldest first
         self._memory_busy: set = set()  # the keys with a "+memory" job in flight
         self.label_aux = (
@@ -252,7 +264,9 @@ class LeakageTracking:
             self._jobs += 1
             if update is None:
                 unbuilt = AttackJob(self._jobs, None, method, self.attack_config, target, self.settings.attack_labels)
-                self.rows.append(self.evaluator.record(AttackOutcome.failed(unbuilt, error), None))
+                failed = AttackOutcome.failed(unbuilt, error)
+                epsilon = self.epsilon(target.round, target.partition_ids)
+                self.rows.append(self.evaluator.record(failed, None, epsilon=epsilon))
                 continue
             if method + MEMORY_SUFFIX in methods:  # its "+memory" twin runs it and yields its row
                 self._round[target.round]["dispatched"] += 1
@@ -308,6 +322,25 @@ class LeakageTracking:
         if started:
             times["fit_started"] = min(started)
 
+    def _participated(self, server_round: int, partitions: Iterable[int]) -> None:
+        """The partitions whose updates the round received (each spent its DP budget), recorded
+        before any attack of the round is: its rows carry the ε spent by then."""
+        partitions = sorted(int(p) for p in partitions)
+        self._round[server_round]["participants"] = partitions
+        if self.privacy is not None:
+            self.privacy.round_done(server_round, partitions)
+
+    def epsilon(self, server_round: int, partitions: Iterable[int] | None = None) -> float | None:
+        """The DP budget spent by ``server_round`` (fl_attack.privacy.PrivacyLedger.epsilon); None without DP."""
+        return None if self.privacy is None else self.privacy.epsilon(server_round, partitions)
+
+    def _tracked_epsilons(self, server_round: int) -> str:
+        """rounds.csv's epsilon_tracked: each attack-clients id's ε under local-dp, else ""."""
+        tracked = self.settings.attack_client_ids()
+        if self.privacy is None or self.privacy.mechanism != "local-dp" or not tracked:
+            return ""
+        return format_epsilons({p: self.privacy.epsilon(server_round, [p]) for p in tracked})
+
     def _round_trained(self, server_round: int, clients: int, train_loss: float | None) -> None:
         record = self._round[server_round]
         record["clients"] = clients
@@ -358,6 +391,9 @@ class LeakageTracking:
             "attacks_dispatched": record.get("dispatched", 0),
             "attacks_skipped": record.get("skipped", 0),
             "excluded": ",".join(map(str, record.get("excluded", []))),
+            "participants": ",".join(map(str, record.get("participants", []))),
+            "epsilon": self.epsilon(server_round),
+            "epsilon_tracked": self._tracked_epsilons(server_round),
         }
         with self.timings.measure("writing"):
             try:
@@ -425,7 +461,10 @@ class LeakageTracking:
         for outcome in pending:
             try:
                 row = self.evaluator.record(
-                    outcome, self.truth(outcome.target), lag_rounds=self.current_round - outcome.target.round
+                    outcome,
+                    self.truth(outcome.target),
+                    lag_rounds=self.current_round - outcome.target.round,
+                    epsilon=self.epsilon(outcome.target.round, outcome.target.partition_ids),
                 )
             except OSError as exc:
                 self.unwritten.append(outcome)
@@ -529,10 +568,11 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
+        privacy: PrivacyLedger | None = None,
         **fedavg_kwargs,
     ):
         super().__init__(**fedavg_kwargs)
-        self._init_tracking(settings, run_dir, workers, clients_per_round, round_offset, test_set)
+        self._init_tracking(settings, run_dir, workers, clients_per_round, round_offset, test_set, privacy)
 
     # -- rounds ---------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
@@ -548,6 +588,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         server_round = self._run_round(server_round)
         replies = in_partition_order(replies)
         ok = [r for r in replies if not r.has_error()]
+        self._participated(server_round, [partition_of(r) for r in ok if partition_of(r) is not None])
         self._training_received(
             server_round,
             [(r.content.get("metrics") or {}).get("train-seconds") for r in ok],

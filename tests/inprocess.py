@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
 from fl_attack.models import build_model
@@ -98,6 +99,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
     """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
     server side of server_app.build_strategy, the in-process workers); returns (settings, tracking
     strategy, Flower's result, the attack jobs)."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
     settings = RunSettings.from_run_config(run_config)
     check_defense(settings, len(partitions))

@@ -1,0 +1,190 @@
+"""The privacy budget spent (fl_attack.privacy): against the closed form of the Gaussian mechanism
+and against dp-accounting called directly, and as a real (in-process) federation records it in
+rounds.csv and attacks.csv under local-dp, central-dp and no DP.
+
+The closed form (the exact privacy curve of a Gaussian mechanism of sensitivity 1 and noise std σ,
+Balle & Wang, ICML 2018, Thm. 8): δ(ε) = Φ(1/(2σ) − εσ) − e^ε Φ(−1/(2σ) − εσ); r compositions of it
+are one Gaussian mechanism of std σ/√r. It is written here with scipy only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from fl_attack.privacy import PrivacyLedger, composed_epsilon, parse_epsilons
+from fl_attack.run_config import DefenseSettings, RunSettings
+from strategies.server_app import write_run_config
+from tests.inprocess import federate, flower_run_config
+
+DELTA = 1e-5
+
+
+def gaussian_epsilon(sigma: float, compositions: int, delta: float) -> float:
+    """ε of ``compositions`` Gaussian mechanisms of noise multiplier ``sigma`` at ``delta``, exactly."""
+    s = sigma / math.sqrt(compositions)
+
+    def excess(eps):
+        return norm.cdf(1 / (2 * s) - eps * s) - math.exp(eps) * norm.cdf(-1 / (2 * s) - eps * s) - delta
+
+    return brentq(excess, 0.0, 500.0, xtol=1e-12)
+
+
+def localdp_multiplier(epsilon: float, delta: float) -> float:
+    """Flower's LocalDpMod noise std over its sensitivity: sqrt(2 ln(1.25/δ))/ε (its source)."""
+    return math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+
+
+def library(event, count: int, accountant: str = "rdp") -> float:
+    ledger = pld_privacy_accountant.PLDAccountant() if accountant == "pld" else rdp_privacy_accountant.RdpAccountant()
+    ledger.compose(event, count)
+    return float(ledger.get_epsilon(DELTA))
+
+
+@pytest.mark.parametrize(
+    "z,count", [(localdp_multiplier(10.0, DELTA), 1), (localdp_multiplier(10.0, DELTA), 4), (1.0, 10)]
+)
+def test_pld_epsilon_of_composed_gaussians_is_the_closed_form(z, count):
+    exact = gaussian_epsilon(z, count, DELTA)
+    assert composed_epsilon(z, count, DELTA, 1.0, "pld") == pytest.approx(exact, rel=1e-6)
+    assert composed_epsilon(z, count, DELTA, 1.0, "rdp") >= exact  # RDP's conversion is an upper bound
+
+
+def test_flowers_localdp_calibration_is_looser_than_its_epsilon_says_at_large_epsilon():
+    """LocalDpMod's sqrt(2 ln(1.25/δ))/ε calibration is a valid (ε, δ) bound only for ε < 1
+    (Dwork & Roth, Thm. A.1): at ε = 10 one round really spends ε ≈ 10.39 at the same δ."""
+    assert composed_epsilon(localdp_multiplier(10.0, DELTA), 1, DELTA, 1.0, "pld") > 10.0
+    assert composed_epsilon(localdp_multiplier(0.5, DELTA), 1, DELTA, 1.0, "pld") < 0.5
+
+
+def test_subsampled_epsilon_is_the_librarys_and_below_the_unsampled_one():
+    event = dp_event.PoissonSampledDpEvent(0.25, dp_event.GaussianDpEvent(1.1))
+    for accountant in ("rdp", "pld"):
+        assert composed_epsilon(1.1, 7, DELTA, 0.25, accountant) == pytest.approx(library(event, 7, accountant))
+    assert composed_epsilon(1.1, 7, DELTA, 0.25) < composed_epsilon(1.1, 7, DELTA, 1.0)
+
+
+def test_no_rounds_spend_nothing_and_no_noise_spends_everything():
+    assert composed_epsilon(1.0, 0, DELTA) == 0.0
+    assert composed_epsilon(0.0, 3, DELTA) == math.inf
+
+
+def test_ledger_counts_each_clients_participations_and_cuts_back():
+    ledger = PrivacyLedger("local-dp", 1.0, DELTA)
+    for r, who in {1: [0, 1], 2: [1, 2], 3: [1]}.items():
+        ledger.round_done(r, who)
+    assert [ledger.participations(p, 3) for p in (0, 1, 2, 3)] == [1, 3, 1, 0]
+    assert ledger.epsilon(3, [0]) == pytest.approx(gaussian_epsilon(1.0, 1, DELTA), rel=0.2)
+    assert ledger.epsilon(3, [0]) < ledger.epsilon(3, [1]) == ledger.epsilon(3)  # the federation: the worst client
+    assert ledger.epsilon(3, [0, 2]) == ledger.epsilon(1, [0])  # an aggregate: its most-spent participant
+    assert ledger.epsilon(3, [3]) == 0.0
+    ledger.cut_back(1)
+    assert ledger.epsilon(3, [1]) == ledger.epsilon(1, [0])
+
+
+def test_the_accountant_and_target_delta_are_checked_run_config_keys():
+    with pytest.raises(ValueError, match="defense-accountant must be one of rdp, pld"):
+        DefenseSettings.from_run_config({"defense": "local-dp", "defense-accountant": "moments"})
+    with pytest.raises(ValueError, match=r"defense-target-delta must be in \(0, 1\)"):
+        DefenseSettings.from_run_config({"defense": "central-dp", "defense-target-delta": 0.0})
+    assert PrivacyLedger.for_defense(DefenseSettings.from_run_config({"defense": "topk"}), 2, 4) is None
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_local_dp_federation_records_each_clients_spent_epsilon(tmp_path):
+    """Half the clients train each round (Flower samples with python's random: seeded here), so the
+    tracked clients spend different budgets; every recorded ε is dp-accounting's own for the
+    client's participations in rounds.csv's participants column."""
+    random.seed(3)
+    eps, rounds = 2.0, 4
+    overrides = dict(defense="local-dp", defense_epsilon=eps, fraction_train=0.5, attack_clients="0,1")
+    federate(tmp_path, partitions=(0, 1, 2, 3), num_rounds=rounds, **overrides)
+    z = localdp_multiplier(eps, DELTA)
+    table = _rows(tmp_path / "rounds.csv")
+    participants = {int(r["round"]): {int(p) for p in r["participants"].split(",")} for r in table}
+    assert [len(participants[r]) for r in range(1, rounds + 1)] == [2] * rounds
+    count = {p: [sum(p in participants[s] for s in range(1, r + 1)) for r in range(1, rounds + 1)] for p in (0, 1)}
+    assert count[0][-1] != count[1][-1]  # the seed makes the tracked clients' budgets differ
+
+    def spent(n):
+        return library(dp_event.GaussianDpEvent(z), n) if n else 0.0
+
+    for row in table:
+        r = int(row["round"])
+        tracked = parse_epsilons(row["epsilon_tracked"])
+        assert tracked == pytest.approx({p: spent(count[p][r - 1]) for p in (0, 1)}, rel=1e-5)  # 6 digits
+        most = max(sum(p in participants[s] for s in range(1, r + 1)) for p in range(4))
+        assert float(row["epsilon"]) == pytest.approx(spent(most))
+    attacks = _rows(tmp_path / "attacks.csv")
+    assert {(int(a["round"]), int(a["partition_id"])) for a in attacks} == {
+        (r, p) for r in participants for p in (0, 1) if p in participants[r]
+    }
+    for a in attacks:
+        r, p = int(a["round"]), int(a["partition_id"])
+        assert float(a["epsilon"]) == pytest.approx(spent(count[p][r - 1]))
+        assert float(a["epsilon"]) == pytest.approx(gaussian_epsilon(z, count[p][r - 1], DELTA), rel=0.1)
+
+
+def test_a_central_dp_federation_records_the_subsampled_gaussians_epsilon(tmp_path):
+    random.seed(0)
+    z, rounds = 1.5, 3
+    overrides = dict(defense="central-dp", defense_noise_multiplier=z, fraction_train=0.5, attack_clients="all")
+    settings, *_ = federate(tmp_path, partitions=(0, 1, 2, 3), num_rounds=rounds, **overrides)
+    event = dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(z))
+    table = _rows(tmp_path / "rounds.csv")
+    assert [float(r["epsilon"]) for r in table] == pytest.approx([library(event, r) for r in range(1, rounds + 1)])
+    assert all(r["epsilon_tracked"] == "" for r in table)  # the same for every client
+    for a in _rows(tmp_path / "attacks.csv"):
+        assert float(a["epsilon"]) == pytest.approx(library(event, int(a["round"])))
+    write_run_config(tmp_path / "run", settings, flower_run_config(**overrides), num_nodes=4)
+    privacy = json.loads((tmp_path / "run" / "config.json").read_text())["privacy"]
+    assert privacy["mechanism"] == "central-dp" and privacy["accountant"] == "rdp"
+    assert privacy["sampling_rate"] == 0.5 and privacy["noise_multiplier"] == z and privacy["target_delta"] == DELTA
+    assert privacy["library"].startswith("dp-accounting ")
+
+
+def test_a_run_without_dp_leaves_the_epsilon_columns_empty(tmp_path):
+    federate(tmp_path, partitions=(0, 1), num_rounds=1, defense="topk")
+    assert [(r["epsilon"], r["epsilon_tracked"]) for r in _rows(tmp_path / "rounds.csv")] == [("", "")]
+    assert {a["epsilon"] for a in _rows(tmp_path / "attacks.csv")} == {""}
+    settings = RunSettings.from_run_config(flower_run_config(defense="topk"))
+    write_run_config(tmp_path / "run", settings, flower_run_config(defense="topk"), num_nodes=2)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["privacy"] is None
+
+
+def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
+    """A replay's rows carry the ε the run's client had spent (config.json's accounting and
+    rounds.csv's participants), and a resumed strategy's ledger restarts from rounds.csv."""
+    from fl_attack.cli import main
+    from strategies.server_app import build_strategy
+
+    random.seed(3)
+    overrides = dict(defense="local-dp", defense_epsilon=2.0, fraction_train=0.5, attack_clients="0,1")
+    settings, strategy, _, _ = federate(tmp_path, partitions=(0, 1, 2, 3), num_rounds=3, **overrides)
+    write_run_config(tmp_path, settings, flower_run_config(num_rounds=3, **overrides), num_nodes=4)
+    kept = {(a["round"], a["partition_id"]): a["epsilon"] for a in _rows(tmp_path / "attacks.csv")}
+    assert len(kept) >= 3 and all(float(e) > 0 for e in kept.values())
+
+    assert (
+        main(["replay", str(tmp_path), "--methods", "ig", "--iterations", "1", "--name", "r", "--device", "cpu"]) == 0
+    )
+    replayed = {
+        (a["round"], a["partition_id"]): a["epsilon"] for a in _rows(tmp_path / "replays" / "r" / "attacks.csv")
+    }
+    assert replayed == kept  # the same text
+
+    _, resumed = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
+    assert resumed.privacy.rounds == {r: p for r, p in strategy.privacy.rounds.items() if r <= 2}
