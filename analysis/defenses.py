@@ -1,6 +1,7 @@
 """The defense study: one federation per defense setting, and what each costs the attacker and the model.
 
     python -m analysis.defenses --dataset femnist --rounds R --out DIR [--only none,secagg] [--resume]
+    python -m analysis.defenses --grid privacy --rounds 10 --out DIR [--resume]
 
 Runs every setting of ``GRID`` as a real federation through the checked launcher
 (``strategies.launch``; Flower simulation, Ray attacker actors, evaluator), all at the same scale
@@ -73,6 +74,45 @@ SCALE = {
     "attack-nodes": 3,
     "seed": 0,
 }
+# The privacy-budget study (docs/defenses.md, "The privacy budget spent"): a learning FEMNIST
+# federation (the regime of strategies/run_configs/learning-femnist.toml: k=16, B=8, E=5, lr 0.05;
+# 20 writers, half of them sampled per round) with three tracked writers attacked by PI-SME,
+# memoryless and by a server that remembers (attack-memory=keep); local-dp at three per-round
+# epsilons and central-dp at three noise multipliers, with C = 0.5 (about the round-1 update norm).
+PRIVACY_GRID: list[tuple[str, dict]] = [
+    ("none", {"defense": "none"}),
+    *(
+        (f"local-dp-eps{eps:g}", {"defense": "local-dp", "defense-clip-norm": 0.5, "defense-epsilon": float(eps)})
+        for eps in (10000, 1000, 100)
+    ),
+    *(
+        (
+            f"central-dp-z{z:g}",
+            {
+                "defense": "central-dp",
+                "defense-clip-norm": 0.5,
+                "defense-noise-multiplier": z,
+                "defense-clipping": "server",
+            },
+        )
+        for z in (0.01, 0.1, 1.0)
+    ),
+]
+PRIVACY_SCALE = {
+    "samples-per-client": 16,
+    "batch-size": 8,
+    "local-epochs": 5,
+    "lr": 0.05,
+    "fraction-train": 0.5,
+    "server-test-samples": 1000,
+    "attack-method": "pisme",
+    "attack-memory": "keep",
+    "attack-clients": "0,1,2",
+    "attack-iterations": 100,
+    "attack-nodes": 3,
+    "seed": 0,
+}
+GRIDS = {"defenses": (GRID, SCALE), "privacy": (PRIVACY_GRID, PRIVACY_SCALE)}
 TABLE_COLUMNS = [
     "setting",
     "defense",
@@ -82,12 +122,16 @@ TABLE_COLUMNS = [
     "ssim",
     "lpips",
     "label_accuracy",
+    "psnr_memory",
     "final_accuracy",
+    "epsilon",
 ]
 
 
 def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
-    """One row per run: TABLE_COLUMNS, metric means over ok attacks, final accuracy (`final_accuracy`)."""
+    """One row per run: TABLE_COLUMNS: metric means over the ok memoryless attacks, psnr_memory over
+    the ok "+memory" rows (NaN without), final accuracy (`final_accuracy`) and the ε spent by the
+    last round (rounds.csv's, the most any client spent; NaN without DP)."""
     from .aggregate import final_accuracy
     from .load import load_run
 
@@ -96,16 +140,21 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
         run = load_run(path)
         defense = run.config.get("defense", {})
         ok = run.attacks[run.attacks["status"] == "ok"]
+        remembered = ok["memory"].fillna("").astype(str) != ""
+        memoryless = run.attacks[run.attacks["memory"].fillna("").astype(str) == ""]
         row = {
             "setting": setting,
             "defense": defense.get("label", "?"),
             "parameters": json.dumps({k: v for k, v in defense.get("parameters", {}).items()}),
-            "attacks": f"{len(ok)}/{len(run.attacks)}",
+            "attacks": f"{int((~remembered).sum())}/{len(memoryless)}",
         }
         for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
-            values = ok[metric].dropna()
+            values = ok.loc[~remembered, metric].dropna()
             row[metric] = float(values.mean()) if len(values) else math.nan
+        row["psnr_memory"] = float(ok.loc[remembered, "psnr"].mean()) if remembered.any() else math.nan
         row["final_accuracy"] = final_accuracy(run)[0]
+        spent = run.rounds.sort_values("round")["epsilon"].dropna()
+        row["epsilon"] = float(spent.iloc[-1]) if len(spent) else math.nan
         rows.append(row)
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
@@ -120,8 +169,9 @@ def markdown_table(table: pd.DataFrame) -> str:
         return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
 
     lines = [
-        "| setting | defense | parameters | attacks ok | PSNR (dB) | SSIM | LPIPS | label acc. | final test acc. |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| setting | defense | parameters | attacks ok | PSNR (dB) | SSIM | LPIPS | label acc. | PSNR +memory (dB) "
+        "| final test acc. | ε spent |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.itertuples():
         params = (
@@ -132,7 +182,8 @@ def markdown_table(table: pd.DataFrame) -> str:
         )
         lines.append(
             f"| {r.setting} | `{r.defense}` | {params} | {r.attacks} | {num(r.psnr, 2)} | "
-            f"{num(r.ssim, 3)} | {num(r.lpips, 3)} | {pct(r.label_accuracy)} | {pct(r.final_accuracy)} |"
+            f"{num(r.ssim, 3)} | {num(r.lpips, 3)} | {pct(r.label_accuracy)} | {num(r.psnr_memory, 2)} | "
+            f"{pct(r.final_accuracy)} | {'-' if math.isnan(r.epsilon) else f'{r.epsilon:.3g}'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -141,22 +192,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m analysis.defenses", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--grid", default="defenses", choices=list(GRIDS), help="which study: its settings and scale")
     parser.add_argument("--dataset", default="femnist", choices=["femnist", "cifar100"])
     parser.add_argument("--rounds", type=int, default=2, help="FedAvg rounds per run")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--supernodes", type=int, default=4, help="clients per federation")
-    parser.add_argument("--samples", type=int, default=SCALE["samples-per-client"], help="k, samples per client")
-    parser.add_argument("--iterations", type=int, default=SCALE["attack-iterations"], help="PI-SME iterations")
+    parser.add_argument("--supernodes", type=int, default=None, help="clients per federation (4; privacy: 20)")
+    parser.add_argument("--samples", type=int, default=None, help="k, samples per client (the grid's scale)")
+    parser.add_argument("--iterations", type=int, default=None, help="PI-SME iterations (the grid's scale)")
+    parser.add_argument("--seed", type=int, default=None, help="the runs' seed (the grid's scale: 0)")
     parser.add_argument("--only", default="", help="comma-separated settings of the grid to run (default: all)")
     parser.add_argument("--resume", action="store_true", help="reuse runs of DIR that already completed")
     args = parser.parse_args(argv)
 
-    names = [name for name, _ in GRID]
+    grid, base = GRIDS[args.grid]
+    supernodes = args.supernodes or (20 if args.grid == "privacy" else 4)
+    names = [name for name, _ in grid]
     chosen = [n.strip() for n in args.only.split(",") if n.strip()] or names
     unknown = sorted(set(chosen) - set(names))
     if unknown:
         parser.error(f"unknown setting(s) {unknown}; choose from {', '.join(names)}")
-    if args.rounds < 1 or args.supernodes < 2:
+    if args.rounds < 1 or supernodes < 2:
         parser.error("--rounds must be >= 1 and --supernodes >= 2")
     out = Path(args.out).resolve()
     results = out / "runs"
@@ -164,18 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     def log(message):
         print(f"analysis.defenses: {message}", flush=True)
 
+    samples = args.samples or base["samples-per-client"]
     scale = {
-        **SCALE,
-        "samples-per-client": args.samples,
-        "batch-size": min(SCALE["batch-size"], args.samples),
-        "attack-iterations": args.iterations,
+        **base,
+        "samples-per-client": samples,
+        "batch-size": min(base["batch-size"], samples),
+        "attack-iterations": args.iterations or base["attack-iterations"],
+        "seed": base["seed"] if args.seed is None else args.seed,
     }
     run_dirs, settings, failed = [], [], []
-    for name, setting in GRID:
+    for name, setting in grid:
         if name not in chosen:
             continue
         config = {"dataset": args.dataset, "num-server-rounds": args.rounds, **scale, **setting}
-        if launch_run(results / name, config, args.supernodes, log, reuse=args.resume):
+        if launch_run(results / name, config, supernodes, log, reuse=args.resume):
             run_dirs.append(results / name)
             settings.append(name)
         else:
@@ -191,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(run_dirs, settings)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "defenses.csv", table.to_csv(index=False))
-    scale_text = f"{args.dataset}, {args.supernodes} clients, {args.rounds} round(s), " + ", ".join(
+    scale_text = f"{args.dataset}, {supernodes} clients, {args.rounds} round(s), " + ", ".join(
         f"{k}={v}" for k, v in scale.items()
     )
     write_text_atomic(out / "defenses.md", f"Scale: {scale_text}\n\n" + markdown_table(table))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from fl_attack.records import write_bytes_atomic
 
@@ -233,6 +234,75 @@ def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
     ax.set_title("Utility vs leakage (one point per run)")
     ax.grid(alpha=0.3)
     ax.margins(0.15)
+    return fig
+
+
+def has_epsilon(run: Run) -> bool:
+    """True when the run recorded a finite DP budget spent (local-dp or central-dp, fl_attack.privacy)."""
+    spent = pd.concat(
+        [run.attacks.get("epsilon", pd.Series(dtype=float)), run.rounds.get("epsilon", pd.Series(dtype=float))]
+    )
+    return bool(np.isfinite(spent.to_numpy(dtype=float)).any())
+
+
+def plot_leakage_vs_epsilon(
+    runs: Run | Sequence[Run], metrics: Sequence[str] = ("psnr", "lpips", "label_accuracy")
+) -> Figure:
+    """Leakage and accuracy against the DP budget spent: one panel per metric (the mean over the ok
+    attacks on updates sent with the same ε spent, i.e. after the same number of participations
+    (local-dp) or rounds (central-dp); memoryless methods solid, "+memory" dashed) and a last
+    panel with the model's accuracy against the ε spent by each round (rounds.csv). One colour per
+    run; a run without DP is a grey line at its mean (accuracy: its final one). ε on a log axis;
+    ε = inf is left out."""
+    runs = _as_runs(runs)
+    fig = Figure(figsize=(4.3 * (len(metrics) + 1), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(metrics) + 1, squeeze=False).ravel()
+    labels = run_labels(runs)
+    private = [(i, label, run) for i, (label, run) in enumerate(zip(labels, runs)) if has_epsilon(run)]
+    for ax, metric in zip(axes, metrics):
+        for i, label, run in private:
+            ok = run.attacks[(run.attacks["status"] == "ok") & np.isfinite(run.attacks["epsilon"].astype(float))]
+            for method in sorted_methods(ok):
+                by_budget = ok[ok["method"] == method].groupby("epsilon")[metric].mean().sort_index()
+                ls = "--" if str(method).endswith("+memory") else "-"
+                ax.plot(
+                    by_budget.index,
+                    by_budget.to_numpy(),
+                    marker="o",
+                    ms=3,
+                    ls=ls,
+                    color=f"C{i % 10}",
+                    label=f"{label}: {method}",
+                )
+        for label, run in zip(labels, runs):
+            if not has_epsilon(run) and not run.attacks.empty:
+                for method, rows in run.attacks[run.attacks["status"] == "ok"].groupby("method"):
+                    ls = (0, (1, 3)) if not str(method).endswith("+memory") else (0, (4, 3))
+                    ax.axhline(rows[metric].mean(), color="0.5", ls=ls, lw=1, label=f"{label} (no DP): {method}")
+        ax.set_ylabel(_METRIC_LABELS.get(metric, metric))
+    ax = axes[-1]
+    for i, label, run in private:
+        accuracy, _ = round_accuracy(run.rounds)
+        spent = run.rounds.set_index("round")["epsilon"].astype(float).reindex(accuracy.index)
+        keep = np.isfinite(spent.to_numpy())
+        ax.plot(spent[keep], accuracy[keep], marker="o", ms=3, color=f"C{i % 10}", label=label)
+    for label, run in zip(labels, runs):
+        accuracy, _ = final_accuracy(run)
+        if not has_epsilon(run) and not np.isnan(accuracy):
+            ax.axhline(accuracy, color="0.5", ls=":", lw=1, label=f"{label} (no DP, final)")
+    ax.set_ylabel("model accuracy (global, else eval)")
+    for ax in axes:
+        if not private:
+            _no_data(ax, "no run recorded a DP budget (local-dp or central-dp)")
+            continue
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("ε spent (at the run's target δ)")
+        ax.grid(alpha=0.3, which="both")
+    if private:
+        axes[0].legend(fontsize="xx-small")
+        axes[-1].legend(fontsize="xx-small")
+    fig.suptitle("Leakage and accuracy against the privacy budget spent", fontsize="medium")
     return fig
 
 

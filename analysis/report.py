@@ -47,7 +47,16 @@ from .aggregate import (
     summary_table,
 )
 from .load import NotARunError, Run, load_run
-from .plots import figure_png, plot_leakage, plot_memory, plot_per_client, plot_training, plot_utility_vs_leakage
+from .plots import (
+    figure_png,
+    has_epsilon,
+    plot_leakage,
+    plot_leakage_vs_epsilon,
+    plot_memory,
+    plot_per_client,
+    plot_training,
+    plot_utility_vs_leakage,
+)
 
 FORMATS = ("html", "md")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,6 +123,16 @@ def write_report(
                 figure_png(plot_leakage(runs, x="accuracy", threshold=threshold)),
                 "Mean leakage against the model's accuracy in the same round (the axis "
                 "names the accuracy used), rounds joined in order; bars: 95% intervals.",
+            )
+        )
+    if any(has_epsilon(run) for run in runs):
+        figures.append(
+            _Picture(
+                "leakage_vs_epsilon",
+                figure_png(plot_leakage_vs_epsilon(runs)),
+                "Leakage (mean over each round's ok attacks) and model accuracy against the DP budget "
+                "spent by then (fl_attack.privacy; attacks.csv and rounds.csv 'epsilon'); runs without DP "
+                "as grey reference lines.",
             )
         )
     if any(not run.rounds.empty for run in runs):

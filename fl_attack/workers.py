@@ -42,6 +42,15 @@ log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 2  # Ray restarts a dead attacker actor this many times, then it is replaced
 RESUBMITS = 1  # a job whose worker died under it is resubmitted this many times, then recorded as failed
+# Fault-injection hook (tests): with this set to a path, every attack waits until that file exists,
+# so a test decides when attacks may end (e.g. only after round 2 has started).
+GATE_ENV = "FL_ATTACK_ATTACKS_WAIT_FOR"
+
+
+def _wait_for_gate() -> None:
+    gate = os.environ.get(GATE_ENV)
+    while gate and not os.path.exists(gate):
+        time.sleep(0.05)
 
 
 @dataclass
@@ -167,6 +176,7 @@ def where_am_i() -> tuple[str, str]:
 def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcome:
     """Run one attack where this is called; never raises (an exception becomes status "failed").
     callback: ``reconstruct``'s (in-process callers only, e.g. the evaluator's ``psnr_trace``)."""
+    _wait_for_gate()
     start = time.perf_counter()
     node, worker = where_am_i()
     try:

@@ -371,7 +371,8 @@ def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
     assert not (run / "rounds.csv").exists()
 
 
-def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("grid", ["defenses", "privacy"])
+def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, monkeypatch, grid):
     """Every setting's launcher command line and run config pass the launcher's own checks (no run)."""
     import strategies.launch as launch
     from analysis import defenses
@@ -386,5 +387,5 @@ def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, mon
         return 1  # no federation here: the study records the setting as failed
 
     monkeypatch.setattr(launch, "main", check_only)
-    assert defenses.main(["--out", str(tmp_path), "--rounds", "1"]) == 1
-    assert len(accepted) == len(defenses.GRID)
+    assert defenses.main(["--grid", grid, "--out", str(tmp_path), "--rounds", "1"]) == 1
+    assert len(accepted) == len(defenses.GRIDS[grid][0])

@@ -3,7 +3,8 @@
 from its --node-config, the ServerApp spawned by the SuperLink, a ClientApp process per message.
 
 One tiny run (module fixture, about 1.5 minutes on 2 busy cores) is checked twice: that it
-completed with both partitions, and that round 2 started while round 1's attacks still ran.
+completed with both partitions, and that round 2 started while round 1's attacks still ran (they
+wait, through the GATE_ENV hook, for a file the fixture creates only once round 2 has started).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from fl_attack.workers import GATE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
-ATTACK_ITERATIONS = 100  # about 8 s per attack on one busy core: far longer than round 1's aggregation
+ATTACK_ITERATIONS = 10  # short: the gate (GATE_ENV), not their length, keeps round 1's attacks in flight
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -58,16 +61,24 @@ def deployed_run(tmp_path_factory):
         f"attack-iterations={ATTACK_ITERATIONS} attack-nodes=2 attack-threads=1 "
         f'results-dir="{results}" run-name="deployed"'
     )
-    env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    gate = tmp / "attacks-may-end"  # the attacks wait for it (GATE_ENV): opened once round 2 has started
+    env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1", GATE_ENV: str(gate)}
+    command = [sys.executable, "-m", "strategies.launch", "--deployment", "2", "--run-config", run_config]
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "strategies.launch", "--deployment", "2", "--run-config", run_config],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
+        with subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as launcher:
+            events = results / "deployed" / "events.log"
+            give_up = time.monotonic() + 600  # a strategy that waited for its attacks never starts round 2
+            while (
+                time.monotonic() < give_up
+                and launcher.poll() is None
+                and not (events.is_file() and "round 2: training starts" in events.read_text())
+            ):
+                time.sleep(0.2)
+            gate.touch()
+            stdout, stderr = launcher.communicate(timeout=400)
+        proc = subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
     finally:
         leftover = _processes_under(home)
     assert not leftover, "the deployment's processes outlived the launcher:\n" + "\n".join(leftover)
@@ -94,28 +105,19 @@ def test_the_federation_completes_on_a_local_superlink_with_two_supernodes(deplo
 
 
 def test_round_2_starts_while_round_1s_attacks_are_still_running(deployed_run):
+    """Round 1's two attacks cannot end before round 2 has started (they wait for the gate the
+    fixture opens then), so the strategy must have counted both in flight at round 1's end and at
+    round 2's start: training never waited for the attacker."""
     proc, run, _ = deployed_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rounds = json.loads((run / "summary.json").read_text())["timings"]["rounds"]
     attacks = [a for a in _read_csv(run / "attacks.csv") if a["round"] == "1"]
-    assert len(attacks) == 2
-    # Round 1's replies were in at rounds["1"]["trained"], and its attacks were dispatched after
-    # that; each then ran for attack_seconds, so none can have ended before this time.
-    dispatched = rounds["1"]["trained"]
-    earliest_end = min(dispatched + float(a["attack_seconds"]) for a in attacks)
-    round_2_started = rounds["2"]["configured"]
-    timeline = (
-        f"round 1 trained at +0.0 s, round 2 started at +{round_2_started - dispatched:.1f} s, "
-        f"round 1's attacks ran {[a['attack_seconds'] for a in attacks]} s"
-    )
-    assert round_2_started < earliest_end, timeline
-    # The strategy's own view agrees with the timeline: the attacks that had not ended when round 2
-    # started were in flight at round 1's end and round 2's start (all of them, by the check above).
-    running = sum(dispatched + float(a["attack_seconds"]) > round_2_started for a in attacks)
-    assert int(_read_csv(run / "rounds.csv")[0]["attacks_in_flight"]) == running, timeline
+    assert len(attacks) == 2 and all(a["status"] == "ok" for a in attacks), attacks
+    assert int(_read_csv(run / "rounds.csv")[0]["attacks_in_flight"]) == 2
     events = (run / "events.log").read_text()
     in_flight = re.search(r"round 2: training starts with (\d+) attack\(s\) in flight", events)
-    assert in_flight and int(in_flight.group(1)) == running, events
+    assert in_flight and int(in_flight.group(1)) == 2, events
+    rounds = json.loads((run / "summary.json").read_text())["timings"]["rounds"]
+    assert rounds["2"]["configured"] > rounds["1"]["trained"]
 
 
 def test_a_supernode_without_a_partition_id_is_told_how_to_start():

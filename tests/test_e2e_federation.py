@@ -9,9 +9,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
+
+from fl_attack.workers import GATE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,29 +26,35 @@ def test_tiny_federation_end_to_end(tmp_path):
         f'attack-nodes=2 attack-threads=2 attack-clients="all" attack-method="pisme,ig" results-dir="{results}" '
         f'run-name="e2e"'
     )
-    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
+    gate = tmp_path / "attacks-may-end"  # every attack waits for it (GATE_ENV), opened once round 2 started
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), GATE_ENV: str(gate)}
     # The launcher passes a TOML run config through unchanged (flwr run's own format).
     (tmp_path / "overrides.toml").write_text(
         "\n".join(f"{k} = {v}" for k, v in (item.split("=", 1) for item in run_config.split()))
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "strategies.launch",
-            "--run-config",
-            str(tmp_path / "overrides.toml"),
-            "--federation-config",
-            "num-supernodes=2 client-resources-num-cpus=1",
-            "--run-dir-file",
-            str(tmp_path / "run-dir"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "strategies.launch",
+        "--run-config",
+        str(tmp_path / "overrides.toml"),
+        "--federation-config",
+        "num-supernodes=2 client-resources-num-cpus=1",
+        "--run-dir-file",
+        str(tmp_path / "run-dir"),
+    ]
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        events = results / "e2e" / "events.log"
+        give_up = time.monotonic() + 600  # a strategy that waited for its attacks never starts round 2
+        while (
+            time.monotonic() < give_up
+            and p.poll() is None
+            and not (events.is_file() and "round 2: training starts" in events.read_text())
+        ):
+            time.sleep(0.2)
+        gate.touch()
+        stdout, stderr = p.communicate(timeout=900)
+    proc = subprocess.CompletedProcess(command, p.returncode, stdout, stderr)
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
     run = results / "e2e"
@@ -77,10 +86,11 @@ def test_tiny_federation_end_to_end(tmp_path):
             assert math.isfinite(float(row[metric])), (metric, row)
         assert (run / row["image"]).is_file()
     assert (run / "report" / "report.html").is_file()
-    # The attacker does not hold up training: round 2 starts while round 1's attacks are in flight.
+    # The attacker does not hold up training: round 1's 4 attacks cannot end before round 2 starts
+    # (the gate), and the strategy counts all of them in flight then.
     events = (run / "events.log").read_text()
     in_flight = re.search(r"round 2: training starts with (\d+) attack\(s\) in flight", events)
-    assert in_flight and int(in_flight.group(1)) >= 1, events
+    assert in_flight and int(in_flight.group(1)) == 4, events
     assert "fl-attack: leakage record" in proc.stdout
     # Where the time went: summary.json's timings, with the launcher's clock, all non-negative numbers.
     timings = json.loads((run / "summary.json").read_text())["timings"]

@@ -21,6 +21,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from analysis.report import main as report
 from fl_attack.privacy import PrivacyLedger, composed_epsilon, parse_epsilons
 from fl_attack.run_config import DefenseSettings, RunSettings
 from strategies.server_app import write_run_config
@@ -51,7 +52,8 @@ def library(event, count: int, accountant: str = "rdp") -> float:
 
 
 @pytest.mark.parametrize(
-    "z,count", [(localdp_multiplier(10.0, DELTA), 1), (localdp_multiplier(10.0, DELTA), 4), (1.0, 10)]
+    "z,count",
+    [(localdp_multiplier(10.0, DELTA), 1), (localdp_multiplier(10.0, DELTA), 4), (1.0, 10), (0.05, 1)],
 )
 def test_pld_epsilon_of_composed_gaussians_is_the_closed_form(z, count):
     exact = gaussian_epsilon(z, count, DELTA)
@@ -161,8 +163,10 @@ def test_a_run_without_dp_leaves_the_epsilon_columns_empty(tmp_path):
     assert [(r["epsilon"], r["epsilon_tracked"]) for r in _rows(tmp_path / "rounds.csv")] == [("", "")]
     assert {a["epsilon"] for a in _rows(tmp_path / "attacks.csv")} == {""}
     settings = RunSettings.from_run_config(flower_run_config(defense="topk"))
-    write_run_config(tmp_path / "run", settings, flower_run_config(defense="topk"), num_nodes=2)
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["privacy"] is None
+    write_run_config(tmp_path, settings, flower_run_config(defense="topk"), num_nodes=2)
+    assert json.loads((tmp_path / "config.json").read_text())["privacy"] is None
+    assert report([str(tmp_path), "--out", str(tmp_path / "report"), "--format", "md"]) == 0
+    assert not (tmp_path / "report" / "figures" / "leakage_vs_epsilon.png").exists()
 
 
 def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
@@ -185,6 +189,10 @@ def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
         (a["round"], a["partition_id"]): a["epsilon"] for a in _rows(tmp_path / "replays" / "r" / "attacks.csv")
     }
     assert replayed == kept  # the same text
+
+    assert report([str(tmp_path), "--out", str(tmp_path / "report"), "--format", "md"]) == 0
+    figure = tmp_path / "report" / "figures" / "leakage_vs_epsilon.png"
+    assert figure.read_bytes().startswith(b"\x89PNG") and figure.stat().st_size > 10_000
 
     _, resumed = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
     assert resumed.privacy.rounds == {r: p for r, p in strategy.privacy.rounds.items() if r <= 2}
