@@ -13,14 +13,13 @@ import csv
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from fl_attack.workers import GATE_ENV
+from tests.gated import launch_gated
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACK_ITERATIONS = 10  # short: the gate (GATE_ENV), not their length, keeps round 1's attacks in flight
@@ -62,23 +61,10 @@ def deployed_run(tmp_path_factory):
         f'results-dir="{results}" run-name="deployed"'
     )
     gate = tmp / "attacks-may-end"  # the attacks wait for it (GATE_ENV): opened once round 2 has started
-    env = {**os.environ, "FLWR_HOME": str(home), "OMP_NUM_THREADS": "1", GATE_ENV: str(gate)}
+    env = {"FLWR_HOME": str(home), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "strategies.launch", "--deployment", "2", "--run-config", run_config]
     try:
-        with subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        ) as launcher:
-            events = results / "deployed" / "events.log"
-            give_up = time.monotonic() + 600  # a strategy that waited for its attacks never starts round 2
-            while (
-                time.monotonic() < give_up
-                and launcher.poll() is None
-                and not (events.is_file() and "round 2: training starts" in events.read_text())
-            ):
-                time.sleep(0.2)
-            gate.touch()
-            stdout, stderr = launcher.communicate(timeout=400)
-        proc = subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
+        proc = launch_gated(command, env, results / "deployed", gate, timeout=400)
     finally:
         leftover = _processes_under(home)
     assert not leftover, "the deployment's processes outlived the launcher:\n" + "\n".join(leftover)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from fl_attack.workers import GATE_ENV
+from tests.gated import launch_gated
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +25,7 @@ def test_tiny_federation_end_to_end(tmp_path):
         f'run-name="e2e"'
     )
     gate = tmp_path / "attacks-may-end"  # every attack waits for it (GATE_ENV), opened once round 2 started
-    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), GATE_ENV: str(gate)}
+    env = {"FLWR_HOME": str(tmp_path / "flwr-home")}
     # The launcher passes a TOML run config through unchanged (flwr run's own format).
     (tmp_path / "overrides.toml").write_text(
         "\n".join(f"{k} = {v}" for k, v in (item.split("=", 1) for item in run_config.split()))
@@ -43,18 +41,7 @@ def test_tiny_federation_end_to_end(tmp_path):
         "--run-dir-file",
         str(tmp_path / "run-dir"),
     ]
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
-        events = results / "e2e" / "events.log"
-        give_up = time.monotonic() + 600  # a strategy that waited for its attacks never starts round 2
-        while (
-            time.monotonic() < give_up
-            and p.poll() is None
-            and not (events.is_file() and "round 2: training starts" in events.read_text())
-        ):
-            time.sleep(0.2)
-        gate.touch()
-        stdout, stderr = p.communicate(timeout=900)
-    proc = subprocess.CompletedProcess(command, p.returncode, stdout, stderr)
+    proc = launch_gated(command, env, results / "e2e", gate, timeout=900)
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
     run = results / "e2e"
