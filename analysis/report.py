@@ -130,9 +130,9 @@ def write_report(
             _Picture(
                 "leakage_vs_epsilon",
                 figure_png(plot_leakage_vs_epsilon(runs)),
-                "Leakage (mean over each round's ok attacks) and model accuracy against the DP budget "
-                "spent by then (fl_attack.privacy; attacks.csv and rounds.csv 'epsilon'); runs without DP "
-                "as grey reference lines.",
+                "Leakage (mean over the ok attacks on updates sent with the same budget spent) and model "
+                "accuracy against the DP budget spent (fl_attack.privacy; attacks.csv and rounds.csv "
+                "'epsilon'); runs without DP as grey reference lines.",
             )
         )
     if any(not run.rounds.empty for run in runs):

@@ -17,7 +17,7 @@ from .attacks import AttackConfig
 from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
 from .data import get_spec
 from .defenses import weight_matrices
-from .privacy import ACCOUNTANTS
+from .privacy import ACCOUNTANTS, gaussian_noise_multiplier
 
 
 def _parse_overrides(text: str) -> dict:
@@ -274,7 +274,7 @@ class DefenseSettings:
     @property
     def local_dp_std(self) -> float:
         """LocalDpMod's per-coordinate noise std, sensitivity C * sqrt(2 ln(1.25/delta)) / epsilon."""
-        return self.clip_norm * math.sqrt(2 * math.log(1.25 / self.delta)) / self.epsilon
+        return self.clip_norm * gaussian_noise_multiplier(self.epsilon, self.delta)
 
     def _part(self, name: str) -> str:
         if name == "local-dp":

@@ -30,7 +30,7 @@ from fl_attack.evaluator import Evaluator
 from fl_attack.labels import NEEDS_AUX, AuxiliaryData
 from fl_attack.memory import MEMORY_SUFFIX, AttackMemory
 from fl_attack.models import resolve_model
-from fl_attack.privacy import PrivacyLedger, format_epsilons, parse_participants
+from fl_attack.privacy import PrivacyLedger, format_epsilons
 from fl_attack.records import read_csv
 from fl_attack.run_config import RunSettings, usable_cpus
 from fl_attack.runs import RunFolder
@@ -165,10 +165,8 @@ class LeakageTracking:
             self.memory.cut_back(round_offset)
         self.privacy = privacy  # the DP budget spent (fl_attack.privacy), None without local-dp or central-dp
         if privacy is not None and round_offset:  # a resumed run: who took part in the rounds kept
-            privacy.cut_back(0)
-            for row in read_csv(self.folder.rounds_file)[1]:
-                if int(row["round"]) <= round_offset:
-                    privacy.round_done(int(row["round"]), parse_participants(row.get("participants")))
+            privacy.restore(read_csv(self.folder.rounds_file)[1])
+            privacy.cut_back(round_offset)
         self._memory_queue: dict = {}  # (partition, method) -> its "+memory" jobs waiting, oldest first
         self._memory_busy: set = set()  # the keys with a "+memory" job in flight
         self.label_aux = (
