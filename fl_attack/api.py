@@ -139,7 +139,9 @@ def reconstruct(
     model = _frozen(model, dev)
     shapes = layout(update.w0)
     attacks = [
-        attack_cls(model, *(flatten(w).to(device=dev, dtype=dtype) for w in (u.w0, u.wT)), shapes, config)
+        attack_cls(
+            model, *(flatten(w).to(device=dev, dtype=dtype) for w in (u.w0, u.wT)), shapes, config, training=u.metadata
+        )
         for u in updates
     ]
     attack = attacks[0] if len(attacks) == 1 else JointAttack(attacks, share.to(device=dev, dtype=dtype))
@@ -247,6 +249,12 @@ def reconstruct_batch(
                 f"client {i} has k={meta.num_samples} samples, client 0 has k={first.num_samples}; "
                 "a batch needs one k (X_hat is stacked as (N,k,C,H,W))"
             )
+        if config.optimizer_aware and (meta.optimizer, meta.local_steps) != (first.optimizer, first.local_steps):
+            raise ValueError(
+                f"client {i} trained with {meta.optimizer.describe()} for T={meta.local_steps} steps, client 0 "
+                f"with {first.optimizer.describe()} for T={first.local_steps}: an optimizer-aware batch needs "
+                "one optimizer and one T (attack them one by one, or set optimizer_aware=False)"
+            )
         if layout(update.w0) != layout(updates[0].w0):
             raise ValueError(f"client {i}'s update has another state-dict layout (keys, order, shapes) than client 0's")
     spec = get_spec(first.dataset)
@@ -285,7 +293,7 @@ def reconstruct_batch(
     shapes = layout(updates[0].w0)
     w0 = torch.stack([flatten(u.w0) for u in updates]).to(device=dev, dtype=dtype)  # (N, P)
     wT = torch.stack([flatten(u.wT) for u in updates]).to(device=dev, dtype=dtype)
-    attack = attack_cls(model, w0, wT, shapes, config)
+    attack = attack_cls(model, w0, wT, shapes, config, training=first)
     one = _initial_images(config.seed, k, spec, dev, dtype)  # every client starts where it would alone
     x = one.expand(n, *one.shape).clone().requires_grad_(True)  # (N, k, C, H, W)
 

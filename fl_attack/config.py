@@ -109,6 +109,125 @@ def local_steps(num_samples: int, batch_size: int, local_epochs: int) -> int:
     return int(local_epochs) * math.ceil(int(num_samples) / int(batch_size))
 
 
+CLIENT_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class ClientOptimizer:
+    """The clients' local optimizer, public metadata the server prescribes (run config
+    ``client-optimizer``, ``client-momentum``, ``client-weight-decay``, ``client-adam-betas``).
+
+    name: "sgd" (plain SGD, the paper's; momentum must be 0), "momentum" (heavy ball) or "nesterov"
+    (torch.optim.SGD with that momentum), "adam" (torch.optim.Adam, L2 weight decay added to the
+    gradient) or "adamw" (torch.optim.AdamW, decoupled weight decay). momentum: beta in [0, 1)
+    (> 0 for momentum and nesterov, 0 otherwise). weight_decay: lambda >= 0. adam_betas: (beta1,
+    beta2), each in [0, 1) (used by adam and adamw only). Raises ValueError on construction.
+    """
+
+    name: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    adam_betas: tuple = (0.9, 0.999)
+
+    def __post_init__(self):
+        object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
+        if self.name not in CLIENT_OPTIMIZERS:
+            raise ValueError(f"client optimizer must be one of {', '.join(CLIENT_OPTIMIZERS)}, got {self.name!r}")
+        heavy = self.name in ("momentum", "nesterov")
+        if heavy and not 0 < self.momentum < 1:
+            raise ValueError(f"the {self.name} optimizer needs a momentum in (0, 1), got {self.momentum}")
+        if not heavy and self.momentum != 0:
+            raise ValueError(f"momentum {self.momentum} given for the '{self.name}' optimizer, which has none")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight decay must be a finite number >= 0, got {self.weight_decay}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"adam betas must be two numbers in [0, 1), got {self.adam_betas}")
+
+    @property
+    def plain(self) -> bool:
+        """True for the paper's plain SGD without weight decay (every optimizer-aware term is 1 or 0)."""
+        return self.name == "sgd" and self.weight_decay == 0
+
+    @property
+    def adaptive(self) -> bool:
+        """Adam or AdamW: a per-coordinate step size the server does not observe."""
+        return self.name in ("adam", "adamw")
+
+    def step_weights(self, local_steps: int):
+        """(T,) numpy float64: c_s, the weight of step s's gradient g_s (s = 1..T, at w_{s-1}) in
+        delta_w = w0 - wT = lr * sum_s c_s (g_s + lambda w_{s-1}) (docs/PISME.md, "Optimizers").
+
+        * sgd: c_s = 1.
+        * momentum (torch's heavy ball, no dampening): c_s = (1 - beta^(T-s+1)) / (1 - beta).
+        * nesterov: c_s = 1 + beta (1 - beta^(T-s+1)) / (1 - beta).
+        * adam / adamw, with the second moment taken as constant over the T steps (the server never sees
+          it): c_s = (1 - beta1) sum_{r=s..T} beta1^(r-s) / (1 - beta1^r), the bias-corrected first
+          moment's weights; the update is then lr * D^-1 sum_s c_s g_s for an unknown diagonal D.
+        Raises ValueError for T < 1.
+        """
+        import numpy as np
+
+        T = int(local_steps)
+        if T < 1:
+            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        s = np.arange(1, T + 1, dtype=np.float64)
+        if self.name == "sgd":
+            return np.ones(T)
+        if self.name in ("momentum", "nesterov"):
+            beta = self.momentum
+            tail = (1 - beta ** (T - s + 1)) / (1 - beta)
+            return tail if self.name == "momentum" else 1 + beta * tail
+        beta1 = self.adam_betas[0]
+        corrected = (1 - beta1) / (1 - beta1**s)  # weight of g_r in m_hat_r's own term
+        out = np.empty(T)
+        acc = 0.0
+        for i in range(T - 1, -1, -1):  # c_s = sum_{r>=s} beta1^(r-s) (1-beta1)/(1-beta1^r)
+            acc = corrected[i] + beta1 * acc
+            out[i] = acc
+        return out
+
+    def to_metrics(self) -> dict:
+        """As a client's reply metrics, numbers only (a Flower MetricRecord holds no strings): the
+        optimizer is its index in CLIENT_OPTIMIZERS."""
+        return {
+            "optimizer": CLIENT_OPTIMIZERS.index(self.name),
+            "momentum": self.momentum,
+            "weight-decay": self.weight_decay,
+            "adam-beta1": self.adam_betas[0],
+            "adam-beta2": self.adam_betas[1],
+        }
+
+    @classmethod
+    def from_metrics(cls, metrics) -> ClientOptimizer:
+        """Back from ``to_metrics``'s keys; a reply without them is plain SGD (older clients).
+        ValueError for an optimizer index outside CLIENT_OPTIMIZERS or bad values."""
+        m = metrics
+        if "optimizer" not in m:
+            return cls()
+        code = m["optimizer"]
+        if isinstance(code, str):
+            name = code
+        elif float(code).is_integer() and 0 <= int(code) < len(CLIENT_OPTIMIZERS):
+            name = CLIENT_OPTIMIZERS[int(code)]
+        else:
+            raise ValueError(f"optimizer code {code!r} is not an index of {CLIENT_OPTIMIZERS}")
+        return cls(
+            name,
+            float(m["momentum"]),
+            float(m["weight-decay"]),
+            (float(m["adam-beta1"]), float(m["adam-beta2"])),
+        )
+
+    def describe(self) -> str:
+        """e.g. "momentum 0.9, weight decay 0.0005" or "sgd"."""
+        parts = [self.name if self.name not in ("momentum", "nesterov") else f"{self.name} {self.momentum:g}"]
+        if self.adaptive:
+            parts.append(f"betas {self.adam_betas[0]:g}/{self.adam_betas[1]:g}")
+        if self.weight_decay:
+            parts.append(f"weight decay {self.weight_decay:g}")
+        return ", ".join(parts)
+
+
 def check_training(samples, batch_size, local_epochs, lr, *, samples_name: str = "samples") -> None:
     """ValueError unless B, E and k are >= 1, lr is a positive finite number and B <= k.
     ``samples_name`` names k in the message (TrainingMetadata calls it num_samples)."""

@@ -1,6 +1,8 @@
-"""Victim training: one client's FedAvg local epochs under the paper protocol (docs/PISME.md).
+"""Victim training: one client's FedAvg local epochs (docs/PISME.md).
 
-Plain SGD (no momentum), mean cross-entropy, batches reshuffled every epoch, model in eval mode.
+Mean cross-entropy, batches reshuffled every epoch, model in eval mode. The optimizer is the run's
+``ClientOptimizer``: plain SGD by default (the paper's protocol), or SGD with momentum / Nesterov,
+Adam or AdamW, with weight decay, as Flower apps train.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .config import PAPER
+from .config import PAPER, ClientOptimizer
 from .data import get_spec
 from .update import ObservedUpdate, TrainingMetadata
 
@@ -46,6 +48,19 @@ def evaluate_model(model, images: torch.Tensor, labels: torch.Tensor, dataset: s
     return loss / len(labels), correct / len(labels)
 
 
+def build_optimizer(params, lr: float, optimizer: ClientOptimizer) -> torch.optim.Optimizer:
+    """The torch optimizer of ``optimizer`` (fl_attack.config.ClientOptimizer) at learning rate lr:
+    torch.optim.SGD (momentum 0, or heavy ball, or nesterov; weight_decay as L2 in the gradient),
+    torch.optim.Adam (L2 weight decay) or torch.optim.AdamW (decoupled weight decay)."""
+    o = optimizer
+    if o.adaptive:
+        cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
+        return cls(params, lr=lr, betas=o.adam_betas, weight_decay=o.weight_decay)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=o.momentum, nesterov=o.name == "nesterov", weight_decay=o.weight_decay
+    )
+
+
 def train_local(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -58,13 +73,15 @@ def train_local(
     seed: int = 0,
     record_states: bool = False,
     client: dict | None = None,
+    optimizer: ClientOptimizer | None = None,
 ) -> LocalResult:
     """Run E local epochs of SGD on one client's k samples. Returns a ``LocalResult``: ``.update``
     is the ObservedUpdate (w0, wT, metadata), with the training loss (and the states when asked).
 
     images: (k,C,H,W) float in [0,1] (normalised here with the dataset's mean/std); labels: (k,)
     int64. The model is trained in place, starting from its current weights (w0). lr, batch_size
-    and local_epochs default to the paper's (``fl_attack.config.PAPER``).
+    and local_epochs default to the paper's (``fl_attack.config.PAPER``); optimizer (default plain
+    SGD) is built by ``build_optimizer`` and recorded in the update's metadata.
     T = E * ceil(k/B) steps; the last batch of an epoch may be smaller.
     Raises ValueError for B > k or mismatched images/labels, before training starts.
     """
@@ -73,14 +90,17 @@ def train_local(
             f"images must be (k,C,H,W) with one label each, got {tuple(images.shape)} and {tuple(labels.shape)}"
         )
     k = images.shape[0]
-    metadata = TrainingMetadata(dataset=dataset, lr=lr, batch_size=batch_size, local_epochs=local_epochs, num_samples=k)
+    optimizer = ClientOptimizer() if optimizer is None else optimizer
+    metadata = TrainingMetadata(
+        dataset=dataset, lr=lr, batch_size=batch_size, local_epochs=local_epochs, num_samples=k, optimizer=optimizer
+    )
     spec = get_spec(dataset)
     device = next(model.parameters()).device
     x = spec.normalize(images.float()).to(device)
     y = labels.long().to(device)
     model.eval()  # the CNNs have no batch norm; the paper keeps eval mode
     w0 = OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items())
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+    step = build_optimizer(model.parameters(), lr, optimizer)
     gen = torch.Generator().manual_seed(int(seed))
     states = [w0] if record_states else []
     batches, losses = [], []
@@ -88,10 +108,10 @@ def train_local(
         order = torch.randperm(k, generator=gen)
         for start in range(0, k, batch_size):
             idx = order[start : start + batch_size]
-            optimizer.zero_grad(set_to_none=True)
+            step.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
-            optimizer.step()
+            step.step()
             losses.append(loss.item())
             if record_states:
                 batches.append(idx)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import io
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .config import check_training, local_steps
+from .config import ClientOptimizer, check_training, local_steps
 from .records import append_csv_row, read_csv, write_bytes_atomic
 
 StateDict = "OrderedDict[str, torch.Tensor]"
@@ -29,8 +29,10 @@ PUBLIC_CLIENT_KEYS = frozenset({"round", "node_id", "partition_id", "client_id",
 class TrainingMetadata:
     """Public training metadata of one client update (docs/PISME.md, "Threat model").
 
-    lr is eta (plain SGD), batch_size B, local_epochs E, num_samples k; local_steps T defaults to
-    E * ceil(k/B). Raises ValueError for non-positive values or B > k.
+    lr is eta, batch_size B, local_epochs E, num_samples k; local_steps T defaults to
+    E * ceil(k/B). optimizer: the clients' local optimizer (``fl_attack.config.ClientOptimizer``,
+    or its dict; default plain SGD, the paper's). Raises ValueError for non-positive values, B > k
+    or a bad optimizer.
     """
 
     dataset: str
@@ -39,8 +41,13 @@ class TrainingMetadata:
     local_epochs: int
     num_samples: int
     local_steps: int = -1
+    optimizer: ClientOptimizer = ClientOptimizer()
 
     def __post_init__(self):
+        if isinstance(self.optimizer, dict):
+            object.__setattr__(self, "optimizer", ClientOptimizer(**self.optimizer))
+        if not isinstance(self.optimizer, ClientOptimizer):
+            raise TypeError(f"optimizer must be a ClientOptimizer, got {type(self.optimizer).__name__}")
         check_training(self.num_samples, self.batch_size, self.local_epochs, self.lr, samples_name="num_samples")
         if self.local_steps == -1:
             object.__setattr__(self, "local_steps", local_steps(self.num_samples, self.batch_size, self.local_epochs))
@@ -55,6 +62,7 @@ class TrainingMetadata:
             "lr": self.lr,
             "batch-size": self.batch_size,
             "local-epochs": self.local_epochs,
+            **self.optimizer.to_metrics(),
         }
 
     @classmethod
@@ -68,6 +76,7 @@ class TrainingMetadata:
             local_epochs=int(m["local-epochs"]),
             num_samples=int(m["num-examples"]),
             local_steps=int(m["local-steps"]),
+            optimizer=ClientOptimizer.from_metrics(m),
         )
 
     def to_dict(self) -> dict:
@@ -78,6 +87,7 @@ class TrainingMetadata:
             local_epochs=self.local_epochs,
             num_samples=self.num_samples,
             local_steps=self.local_steps,
+            optimizer=asdict(self.optimizer),
         )
 
 

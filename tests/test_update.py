@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fl_attack.config import ClientOptimizer
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
 from fl_attack.training import train_local
@@ -143,7 +144,9 @@ def test_no_field_can_hold_images():
         "local_epochs",
         "num_samples",
         "local_steps",
+        "optimizer",
     }
+    assert {f.name for f in dataclasses.fields(ClientOptimizer)} == {"name", "momentum", "weight_decay", "adam_betas"}
     update = ObservedUpdate(_state(0), _state(1), _meta())
     with pytest.raises(dataclasses.FrozenInstanceError):
         update.images = torch.zeros(1)  # frozen: nothing can be attached afterwards
@@ -275,7 +278,19 @@ def test_reconstruct_checks_the_update_against_the_model_before_any_work(monkeyp
 def test_metadata_goes_to_the_reply_metrics_and_back():
     meta = TrainingMetadata(dataset="femnist", lr=0.05, batch_size=4, local_epochs=3, num_samples=10)
     metrics = meta.to_metrics()
-    assert metrics == {"num-examples": 10, "local-steps": 9, "lr": 0.05, "batch-size": 4, "local-epochs": 3}
+    assert metrics == {
+        "num-examples": 10,
+        "local-steps": 9,
+        "lr": 0.05,
+        "batch-size": 4,
+        "local-epochs": 3,
+        **{"optimizer": 0, "momentum": 0.0, "weight-decay": 0.0, "adam-beta1": 0.9, "adam-beta2": 0.999},
+    }
     assert TrainingMetadata.from_metrics("femnist", {**metrics, "train-loss": 1.0}) == meta
+    heavy = dataclasses.replace(meta, optimizer=ClientOptimizer("nesterov", 0.9, 5e-4))
+    assert TrainingMetadata.from_metrics("femnist", heavy.to_metrics()) == heavy
+    assert TrainingMetadata(**heavy.to_dict()) == heavy  # the recorded form
+    old = {k: v for k, v in metrics.items() if k not in ClientOptimizer().to_metrics()}
+    assert TrainingMetadata.from_metrics("femnist", old) == meta  # a reply without them is plain SGD
     with pytest.raises(KeyError):
         TrainingMetadata.from_metrics("femnist", {k: v for k, v in metrics.items() if k != "lr"})

@@ -53,6 +53,9 @@ class AttackConfig:
     untrained w0 (20 FEMNIST clients, k=16), the paper's protocol (10 FEMNIST + 3 CIFAR-100 clients,
     T=100 and 250) and top-k, low-rank and quantised updates; under update noise (DP) or
     quantisation the sign test finds more than k classes and it falls back to the paper's rounding.
+    optimizer_aware: weigh the surrogate by the client's optimizer, read from the update's public
+    metadata (docs/PISME.md, "Optimizers": momentum's per-step weights along the path, the weight
+    decay term lambda w(t)); False is the naive attack that assumes plain SGD. No effect on plain SGD.
     """
 
     iterations: int = 1000
@@ -77,6 +80,7 @@ class AttackConfig:
     node_check_every: int = 0
     label_refine: float = 0.0
     label_estimator: str = "support"
+    optimizer_aware: bool = True
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -172,10 +176,18 @@ class Attack:
     name = "base"
     batchable = True
 
-    def __init__(self, model, w0: torch.Tensor, wT: torch.Tensor, shapes, config: AttackConfig):
+    def __init__(self, model, w0: torch.Tensor, wT: torch.Tensor, shapes, config: AttackConfig, training=None):
         if w0.dim() not in (1, 2) or wT.shape != w0.shape:
             raise ValueError(f"w0 and wT must both be (P,) or (N, P), got {tuple(w0.shape)} and {tuple(wT.shape)}")
         self.model, self.w0, self.wT, self.shapes, self.config = model, w0, wT, shapes, config
+        # training: the update's public TrainingMetadata; with optimizer_aware, its optimizer shapes G.
+        optimizer = training.optimizer if training is not None and config.optimizer_aware else None
+        self.step_weights = None  # (T,) c_s of ClientOptimizer.step_weights, None for plain SGD
+        self.weight_decay = 0.0
+        if optimizer is not None and not optimizer.plain:
+            weights = torch.as_tensor(optimizer.step_weights(training.local_steps), dtype=w0.dtype, device=w0.device)
+            self.step_weights = weights / weights.mean()
+            self.weight_decay = 0.0 if optimizer.name == "adamw" else optimizer.weight_decay
         self.batch_shape = tuple(w0.shape[:-1])
         self.delta_w = w0 - wT
         self.calibration = None
@@ -188,6 +200,38 @@ class Attack:
         single-gradient attacks (IG, SME, NL-SME). config: an AttackConfig or its dict; trace: the
         attack's trace rows (pisme-adaptive averages the m it used)."""
         return 1
+
+    def path_surrogate(self, anchors, basis, coeffs, x, y, nodes=None) -> torch.Tensor:
+        """sum_i c_i a(t_i) (grad_w CE(f_{w_i}(x), y) + lambda w_i): the update's surrogate (eq. 8)
+        weighted by the client's optimizer (docs/PISME.md, "Optimizers"). w_i = sum_j basis[i, j]
+        anchors[j] (``path_gradient``'s convention; basis None: w_i = anchors[i]); nodes: (m,) path
+        positions t_i in [0, 1] of the nodes, for the momentum weights a(t) (None: a = 1, a single
+        node); lambda: the weight decay. For plain SGD (or optimizer_aware False) this is
+        ``path_gradient`` unchanged. Returns (P,) or (N, P)."""
+        if self.step_weights is not None and nodes is not None:
+            coeffs = coeffs * self.path_weights(nodes)
+        g = path_gradient(self.model, self.shapes, anchors, basis, coeffs, x, y)
+        if self.weight_decay:
+            if basis is None:
+                mix = [c * a for c, a in zip(coeffs, anchors)]
+            else:
+                per_anchor = (basis * coeffs.unsqueeze(-1)).sum(-2)  # (..., J): sum_i c_i basis[i, j]
+                mix = [per_anchor[..., j : j + 1] * a for j, a in enumerate(anchors)]
+            g = g + self.weight_decay * torch.stack(mix).sum(0)
+        return g
+
+    def path_weights(self, nodes: torch.Tensor) -> torch.Tensor:
+        """a(t) at path positions ``nodes`` (m,) in [0, 1]: the optimizer's step weight c_s
+        (``ClientOptimizer.step_weights``, normalised to mean 1) at step s - 1 = t T, linearly
+        interpolated between steps. Ones for plain SGD."""
+        if self.step_weights is None:
+            return torch.ones_like(nodes)
+        T = self.step_weights.shape[0]
+        pos = (nodes.to(self.step_weights) * T).clamp(0, T - 1)
+        lo = pos.floor().long().clamp(max=T - 1)
+        hi = (lo + 1).clamp(max=T - 1)
+        frac = pos - lo.to(pos)
+        return self.step_weights[lo] * (1 - frac) + self.step_weights[hi] * frac
 
     def param_groups(self) -> list[dict]:
         return []

@@ -12,7 +12,6 @@ import torch
 
 from ..quadrature import bezier_coefficients
 from .base import Attack, BezierMixin, register
-from .gradients import path_gradient
 
 
 @register
@@ -32,9 +31,7 @@ class NonLinearSME(BezierMixin, Attack):
 
     def surrogate_gradient(self, x, y):
         basis = bezier_coefficients(self.position.unsqueeze(-1))  # (1, 3) or (N, 1, 3), differentiable in t
-        return path_gradient(
-            self.model, self.shapes, [self.w0, self.control_point, self.wT], basis, self.w0.new_ones(1), x, y
-        )
+        return self.path_surrogate([self.w0, self.control_point, self.wT], basis, self.w0.new_ones(1), x, y)
 
     @torch.no_grad()
     def project(self):

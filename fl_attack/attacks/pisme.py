@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from ..quadrature import bezier_coefficients, gauss_legendre
 from .base import Attack, BezierMixin, register
-from .gradients import path_gradient
 
 
 @register
@@ -35,7 +34,7 @@ class PathIntegralSME(BezierMixin, Attack):
 
     def surrogate_gradient(self, x, y):
         anchors = [self.w0, self.control_point, self.wT]
-        return path_gradient(self.model, self.shapes, anchors, self.basis, self.node_weights, x, y)
+        return self.path_surrogate(anchors, self.basis, self.node_weights, x, y, nodes=self.nodes)
 
     def project(self):
         self._project_calibration()

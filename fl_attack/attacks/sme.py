@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from .base import Attack, register
-from .gradients import path_gradient
 
 
 @register
@@ -27,7 +26,7 @@ class SurrogateModelExtension(Attack):
 
     def surrogate_gradient(self, x, y):
         basis = torch.stack([1 - self.alpha, self.alpha], -1).unsqueeze(-2)  # w0 + alpha (wT - w0): (1, 2) or (N, 1, 2)
-        return path_gradient(self.model, self.shapes, [self.w0, self.wT], basis, self.w0.new_ones(1), x, y)
+        return self.path_surrogate([self.w0, self.wT], basis, self.w0.new_ones(1), x, y)
 
     @torch.no_grad()
     def project(self):
