@@ -1,9 +1,11 @@
 """The Flower ClientApp (Message API): real FedAvg local epochs on one private partition.
 
 Each node takes partition ``context.node_config["partition-id"]``: a FEMNIST writer, or a CIFAR-100
-k-sample (optionally class-restricted) client. The simulation sets it; on the deployment engine each
-SuperNode is started with ``--node-config "partition-id=i num-partitions=N"``. ``train`` runs E local epochs of plain
-SGD from the received global weights (fl_attack.training, the paper protocol) and returns the new
+k-sample (optionally class-restricted) client, or (run config ``partitioner``) a partition of Flower
+Datasets' natural, iid, dirichlet or pathological partitioner over ``num-partitions`` nodes. The
+simulation sets both; on the deployment engine each SuperNode is started with
+``--node-config "partition-id=i num-partitions=N"``. ``train`` runs E local epochs of plain
+SGD (or the run's client-optimizer) from the received global weights (fl_attack.training) and returns the new
 weights plus public metrics. ``evaluate`` scores the global model on the client's held-out samples.
 
 Defenses (run config ``defense``): training goes through the mods of clients/defenses.py, each
@@ -22,7 +24,7 @@ from flwr.client import ClientApp as LegacyClientApp
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
-from fl_attack.data import client_partition, load_pool
+from fl_attack.data import load_client_split
 from fl_attack.run_config import RunSettings
 from fl_attack.training import evaluate_model, train_local
 
@@ -43,11 +45,26 @@ def node_partition(context: Context) -> int:
         ) from None
 
 
+def node_settings(context: Context) -> RunSettings:
+    """The run config's settings, with the federation's partition count from the node config's
+    ``num-partitions`` (the simulation sets it to num-supernodes; on the deployment engine each
+    SuperNode is started with it): the Flower Datasets partitioners cut the data into that many
+    partitions, as the server does with its node count. ValueError for a num-partitions that is not
+    a whole number >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
+    settings = RunSettings.from_run_config(context.run_config)
+    found = context.node_config.get("num-partitions")
+    try:
+        return settings if found is None else settings.with_partitions(int(found))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"this node's num-partitions ({found!r}) is not a whole number >= 1; start each SuperNode with "
+            '--node-config "partition-id=I num-partitions=N"'
+        ) from None
+
+
 def _load_split(settings: RunSettings, partition_id: int):
-    pool = load_pool(settings.dataset, settings.data_dir or None)
-    return client_partition(
-        pool, partition_id, settings.samples, settings.classes, seed=settings.seed, held_out=settings.held_out
-    )
+    """The node's data (fl_attack.data.load_client_split, the evaluator's too)."""
+    return load_client_split(settings.data, partition_id)
 
 
 def _model(settings: RunSettings, state: dict) -> torch.nn.Module:
@@ -75,6 +92,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
         batch_size=settings.batch_size,
         local_epochs=settings.local_epochs,
         seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id,
+        optimizer=settings.optimizer,
     )
     meta = result.update.metadata
     metrics = {
@@ -99,7 +117,7 @@ def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) ->
 @app.train(mods=TRAIN_MODS)
 def train(msg: Message, context: Context) -> Message:
     """One round of local training; replies with wT and public metrics."""
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = node_settings(context)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
     server_round = int(msg.content["config"]["server-round"])
@@ -116,7 +134,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Loss and accuracy of the global model on the client's held-out samples."""
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = node_settings(context)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
     partition_id = node_partition(context)
@@ -135,7 +153,7 @@ class SecAggClient(NumPyClient):
     """
 
     def __init__(self, context: Context):
-        self.settings = RunSettings.from_run_config(context.run_config)
+        self.settings = node_settings(context)
         self.partition_id = node_partition(context)
         self.keys = list(self.settings.new_model().state_dict())
 

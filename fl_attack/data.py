@@ -9,11 +9,18 @@ Two datasets, as in the PI-SME / SME victim protocol:
 Pools hold a whole dataset as uint8 arrays; ``client_partition`` cuts one client's private
 training set (exactly k samples) plus held-out samples and returns float32 NCHW tensors in [0,1].
 Normalisation (``DatasetSpec.normalize``) is applied by the model side, not here.
+
+Besides the paper's partitions (``client_partition``), the federation can cut its clients with the
+partitioners of Flower Datasets (flwr_datasets: natural, iid, dirichlet, pathological), applied to a
+``datasets.Dataset`` of the pool's indices and labels (``flower_client_partition``). The ClientApp and
+the evaluator both go through ``load_client_split(DataSettings, partition_id)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import operator
 import pickle
@@ -39,6 +46,15 @@ __all__ = [
     "load_pool",
     "num_partitions",
     "client_partition",
+    "load_saved_dataset",
+    "PARTITIONERS",
+    "DataSettings",
+    "partition_dataset",
+    "flower_partitioner",
+    "flower_partitions",
+    "partition_sizes",
+    "flower_client_partition",
+    "load_client_split",
 ]
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
@@ -352,6 +368,143 @@ def _load_npz(dataset: str, path: Path) -> Pool:
         return Pool(dataset=dataset, images=z["images"], labels=z["labels"].astype(np.int64, copy=False))
 
 
+def _is_saved_dataset(path: Path) -> bool:
+    """A directory written by ``datasets`` ``save_to_disk``: a Dataset (state.json, dataset_info.json)
+    or a DatasetDict (dataset_dict.json)."""
+    return path.is_dir() and (
+        (path / "dataset_dict.json").is_file()
+        or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+    )
+
+
+def _saved_images(spec: DatasetSpec, path: Path, column) -> np.ndarray:
+    """The ``image`` column of a saved dataset as uint8 (N,28,28) (femnist) or (N,32,32,3) (cifar100)."""
+    c, h, w = spec.image_shape
+    want = (h, w) if c == 1 else (h, w, c)
+    if len(column) == 0:
+        return np.empty((0, *want), dtype=np.uint8)
+    if isinstance(column, np.ndarray) and column.dtype != object:
+        images, shapes = column, {column.shape[1:]}
+    else:
+        shapes = {np.shape(x) for x in column}
+        images = np.stack([np.asarray(x) for x in column]) if len(shapes) == 1 else None
+    if images is not None and c == 1 and images.ndim == 4 and images.shape[-1] == 1:
+        images = images[..., 0]  # (N,28,28,1) -> (N,28,28)
+    if images is None or images.shape[1:] != want:
+        found = ", ".join(sorted(str(s) for s in shapes)[:3])
+        raise ValueError(
+            f"{path}: images of shape {found}, but dataset={spec.name!r} needs {want} per image "
+            f"({'grayscale' if c == 1 else 'RGB'}); set dataset to the one the saved data holds"
+        )
+    if np.issubdtype(images.dtype, np.floating):
+        if not np.isfinite(images).all() or images.min() < 0 or images.max() > 1:
+            raise ValueError(f"{path}: float images must lie in [0,1] (value = pixel/255)")
+        return np.rint(images * 255.0).astype(np.uint8)
+    if not np.issubdtype(images.dtype, np.integer) or images.min() < 0 or images.max() > 255:
+        raise ValueError(f"{path}: images must be uint8 pixels in 0..255 (or floats in [0,1]), got {images.dtype}")
+    return images.astype(np.uint8)
+
+
+def _nested_list_images(part) -> np.ndarray | None:
+    """The ``image`` column of a saved Dataset when it holds nested lists of numbers of one shape
+    (what ``Dataset.from_dict`` makes of arrays), read straight from Arrow: (N, ...) in the stored
+    dtype. None for anything else (PIL images, ragged or missing values): the caller decodes those."""
+    import pyarrow as pa
+
+    if part._indices is not None:  # a selection or shuffle: materialise the rows in order
+        part = part.flatten_indices()
+    arr = part.data.column("image").combine_chunks()
+    shape = [len(arr)]
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        if arr.null_count:
+            return None
+        lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
+        if lengths.size and (lengths != lengths[0]).any():
+            return None
+        shape.append(int(lengths[0]) if lengths.size else 0)
+        arr = arr.flatten()
+    if len(shape) == 1 or arr.null_count or not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        return None
+    return arr.to_numpy(zero_copy_only=False).reshape(shape)
+
+
+def load_saved_dataset(dataset: str, root: str | Path) -> Pool:
+    """Read a Hugging Face ``datasets`` directory written by ``Dataset.save_to_disk`` (or
+    ``DatasetDict.save_to_disk``) into a uint8 :class:`Pool`, with ``datasets.load_from_disk``.
+
+    Columns: ``image`` (PIL images or arrays: (28,28) or (28,28,1) grayscale for femnist, (32,32,3)
+    RGB for cifar100; uint8 pixels 0..255, or floats in [0,1] read as pixel/255) and ``label`` (int
+    class ids, 0..61 femnist, 0..99 cifar100). femnist also reads ``writer_id`` (str or int, the LEAF
+    writer); without it every sample belongs to one writer "unknown", so the paper's and the natural
+    partitioner see a single client. FEMNIST images keep the LEAF convention (255 = white background).
+
+    Splits: a plain Dataset is all training data (femnist: LEAF train, so the server's test set
+    needs a test split or server-test-samples = 0). A DatasetDict needs a ``train`` split;
+    femnist reads ``test`` as its LEAF-test samples (the server's test pool), cifar100 ignores
+    the other splits, as with torchvision's pickles (:func:`load_cifar100_pickles`, train file).
+
+    The saved dataset's name is not checked against ``dataset`` (``save_to_disk`` of a
+    ``Dataset.from_dict`` records none, and hub names vary): its image shape and label range are.
+    Raises ValueError naming the directory for a missing column or split, images of another
+    shape than ``dataset`` needs, or labels outside the dataset's classes; FileNotFoundError when
+    it is not a saved dataset directory.
+    """
+    import datasets
+
+    spec = get_spec(dataset)
+    root = Path(root).expanduser()
+    if not _is_saved_dataset(root):
+        raise FileNotFoundError(
+            f"{root} is not a directory written by datasets' save_to_disk "
+            "(no dataset_dict.json, or state.json and dataset_info.json)"
+        )
+    loaded = datasets.load_from_disk(str(root))
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise ValueError(f"{root}: a saved DatasetDict needs a 'train' split, found {sorted(loaded)}")
+        parts = [(0, loaded["train"])] + ([(1, loaded["test"])] if spec.name == "femnist" and "test" in loaded else [])
+    else:
+        parts = [(0, loaded)]
+    images, labels, writers, splits = [], [], [], []
+    for split_id, part in parts:
+        missing = [c for c in ("image", "label") if c not in part.column_names]
+        if missing:
+            raise ValueError(
+                f"{root}: the saved dataset has columns {part.column_names}; it needs 'image' and 'label' "
+                f"(missing {missing})"
+            )
+        listed = _nested_list_images(part)  # fast; the numpy formatter is slow on nested lists
+        rows = part.with_format("numpy", columns=[c for c in part.column_names if c != "image" or listed is None])[:]
+        images.append(_saved_images(spec, root, rows["image"] if listed is None else listed))
+        label = np.asarray(rows["label"])
+        if label.size and not np.issubdtype(label.dtype, np.integer):
+            raise ValueError(f"{root}: labels must be integer class ids, got {label.dtype}")
+        labels.append(label.astype(np.int64))
+        if "writer_id" in part.column_names:
+            writers.append(np.asarray(rows["writer_id"]).astype(str))
+        else:
+            writers.append(np.full(len(label), "unknown"))
+        splits.append(np.full(len(label), split_id, dtype=np.int8))
+    labels_all = np.concatenate(labels)
+    if labels_all.size and (labels_all.min() < 0 or labels_all.max() >= spec.num_classes):
+        raise ValueError(
+            f"{root}: labels in {labels_all.min()}..{labels_all.max()}, but dataset={spec.name!r} has "
+            f"classes 0..{spec.num_classes - 1}; set dataset to the one the saved data holds"
+        )
+    if spec.name != "femnist":
+        return Pool(dataset=spec.name, images=np.concatenate(images), labels=labels_all)
+    names = np.concatenate(writers)
+    writer_names, writer_ids = np.unique(names, return_inverse=True)
+    return Pool(
+        dataset=spec.name,
+        images=np.concatenate(images),
+        labels=labels_all,
+        writers=writer_ids.astype(np.int64),
+        writer_names=writer_names,
+        split=np.concatenate(splits),
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def _cached_pool(dataset: str, source: str | None) -> Pool:
     if source is None:
@@ -360,6 +513,8 @@ def _cached_pool(dataset: str, source: str | None) -> Pool:
         path = Path(source)
         if path.suffix == ".npz":
             pool = _load_npz(dataset, path)
+        elif _is_saved_dataset(path):
+            pool = load_saved_dataset(dataset, path)
         elif dataset == "femnist":
             pool = load_femnist_leaf(path)
         else:
@@ -385,6 +540,8 @@ def load_pool(dataset: str, data_dir: str | Path | None = None) -> Pool:
 
     * ``data_dir`` None or "": the bundled sample (:func:`load_bundled`).
     * a ``.npz`` file in the bundled format.
+    * a directory written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``):
+      :func:`load_saved_dataset`.
     * femnist: a LEAF directory (:func:`load_femnist_leaf`).
     * cifar100: torchvision's pickles, training file (:func:`load_cifar100_pickles`).
 
@@ -630,3 +787,289 @@ def client_partition(
     train_idx = rng.permutation(np.concatenate(train_parts))
     test_idx = rng.permutation(np.concatenate(test_parts))
     return ClientSplit(_to_client(pool, train_idx, cid, p), _to_client(pool, test_idx, cid, p))
+
+
+# ---------------------------------------------------------------------------
+# Flower Datasets partitioners
+# ---------------------------------------------------------------------------
+
+# "paper": client_partition above; the others are flwr_datasets' partitioners of the same names.
+PARTITIONERS = ("paper", "natural", "iid", "dirichlet", "pathological")
+# The smallest partition DirichletPartitioner accepts before it draws again (at most 10 more draws):
+# the library's default, min_partition_size=10.
+DIRICHLET_MIN_PARTITION_SIZE = 10
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """How a federation's clients get their private data (run config: dataset, data-dir,
+    samples-per-client, classes-per-client, seed, server-test-samples, partitioner, dirichlet-alpha)
+    and the federation's partition count; :func:`load_client_split` cuts client p's data from it.
+
+    * samples: k. partitioner "paper": k >= 1; a Flower partitioner: k >= 0, 0 = the whole partition.
+    * data_dir: None for the bundled real sample (else what :func:`load_pool` reads).
+    * classes: C. "paper": C classes per CIFAR-100 client; "pathological": num_classes_per_partition;
+      None otherwise (unrestricted).
+    * seed: the run's seed (the permutation, the partitioners' draws, each client's k-sample draw).
+    * held_out: samples the server keeps for its own test set (:func:`server_test_set`).
+    * partitioner: one of PARTITIONERS. alpha: the Dirichlet concentration (> 0; dirichlet only).
+    * num_partitions: N, the federation's node count (num-supernodes in the simulation, the node
+      config's num-partitions on the deployment engine): iid, dirichlet and pathological cut the
+      data into N partitions; natural has one per writer (N of them are used); "paper" ignores it.
+      None = not known; a Flower partitioner then raises ValueError.
+    """
+
+    dataset: str
+    samples: int
+    data_dir: str | None = None
+    classes: int | None = None
+    seed: int = 0
+    held_out: int = 0
+    partitioner: str = "paper"
+    alpha: float = 0.5
+    num_partitions: int | None = None
+
+    @property
+    def flower(self) -> bool:
+        """True for the partitioners of Flower Datasets (every one but "paper")."""
+        return self.partitioner != "paper"
+
+
+def _client_indices(pool: Pool, held_out: int, seed: int) -> np.ndarray:
+    """Pool indices a client may get, ascending: femnist LEAF-train samples (the server's test set
+    is LEAF-test); cifar100 all but the server's ``held_out`` images (:func:`server_test_set`)."""
+    if get_spec(pool.dataset).name == "femnist":
+        return np.flatnonzero(pool.split == 0)
+    keep = np.ones(len(pool), dtype=bool)
+    keep[_cifar_server_indices(pool, int(held_out), seed)] = False
+    return np.flatnonzero(keep)
+
+
+def partition_dataset(pool: Pool, held_out: int = 0, seed: int = 0):
+    """The ``datasets.Dataset`` the Flower partitioners cut: one row per sample a client may get,
+    in pool order, without images (fast): ``index`` int64 (into ``pool``), ``label`` int64 in
+    0..num_classes-1 and, for femnist, ``writer_id`` (str, the LEAF writer name).
+
+    femnist rows are the LEAF-train samples; cifar100 rows all images but the ``held_out`` ones of
+    ``server_test_set(pool, held_out, seed)``, so no client ever gets the server's test set.
+    Raises ValueError for an unknown dataset."""
+    from datasets import Dataset
+
+    idx = _client_indices(pool, held_out, seed)
+    columns = {"index": idx.astype(np.int64), "label": pool.labels[idx].astype(np.int64)}
+    if get_spec(pool.dataset).name == "femnist":
+        columns["writer_id"] = pool.writer_names[pool.writers[idx]].astype(str).tolist()
+    return Dataset.from_dict(columns)
+
+
+def flower_partitioner(
+    partitioner: str, num_partitions: int | None = None, seed: int = 0, alpha: float = 0.5, classes: int | None = None
+):
+    """A fresh partitioner of Flower Datasets (flwr_datasets.partitioner, https://flower.ai/docs/datasets/)
+    for the rows of :func:`partition_dataset`:
+
+    * "natural": ``NaturalIdPartitioner(partition_by="writer_id")``: one partition per writer,
+      partition ids in sorted writer-name order (femnist only; ``num_partitions`` unused).
+    * "iid": ``IidPartitioner(num_partitions)``: contiguous shards of the (shuffled) rows; sizes
+      differ by at most 1.
+    * "dirichlet": ``DirichletPartitioner(num_partitions, partition_by="label", alpha,
+      min_partition_size=DIRICHLET_MIN_PARTITION_SIZE, self_balancing=False, shuffle=True, seed)``:
+      each class's samples split over the partitions in proportions drawn from Dir(alpha)
+      (Hsu et al. 2019, "Measuring the effects of non-identical data distribution"; smaller alpha
+      = more skewed).
+    * "pathological": ``PathologicalPartitioner(num_partitions, partition_by="label",
+      num_classes_per_partition=classes, class_assignment_mode="random", shuffle=True, seed)``:
+      each partition gets exactly ``classes`` classes (McMahan et al. 2017's pathological non-IID
+      split; Li et al. 2022).
+
+    Raises ValueError for another partitioner, num_partitions < 1 (iid, dirichlet, pathological),
+    alpha <= 0 (dirichlet) or classes < 1 (pathological)."""
+    from flwr_datasets import partitioner as fp
+
+    if partitioner == "natural":
+        return fp.NaturalIdPartitioner(partition_by="writer_id")
+    if partitioner not in PARTITIONERS or partitioner == "paper":
+        raise ValueError(
+            f"unknown Flower partitioner {partitioner!r}; choose one of {', '.join(p for p in PARTITIONERS[1:])}"
+        )
+    if num_partitions is None or _as_index("num_partitions", num_partitions) < 1:
+        raise ValueError(f"the {partitioner} partitioner needs num_partitions >= 1, got {num_partitions}")
+    if partitioner == "iid":
+        return fp.IidPartitioner(num_partitions=num_partitions)
+    if partitioner == "dirichlet":
+        if not float(alpha) > 0:
+            raise ValueError(f"the dirichlet partitioner needs alpha > 0, got {alpha}")
+        return fp.DirichletPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            alpha=float(alpha),
+            min_partition_size=DIRICHLET_MIN_PARTITION_SIZE,
+            self_balancing=False,
+            shuffle=True,
+            seed=seed,
+        )
+    if classes is None or _as_index("classes", classes) < 1:
+        raise ValueError(f"the pathological partitioner needs classes >= 1 (classes-per-client), got {classes}")
+    return fp.PathologicalPartitioner(
+        num_partitions=num_partitions,
+        partition_by="label",
+        num_classes_per_partition=classes,
+        class_assignment_mode="random",
+        shuffle=True,
+        seed=seed,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _flower_partitions(
+    pool: Pool,
+    partitioner: str,
+    num_partitions: int | None,
+    seed: int,
+    alpha: float,
+    classes: int | None,
+    held_out: int,
+) -> tuple[tuple[np.ndarray, ...], tuple[str, ...]]:
+    spec = get_spec(pool.dataset)
+    if partitioner == "natural" and spec.name != "femnist":
+        raise ValueError(f"the natural partitioner needs writer ids: femnist only, not {spec.name}")
+    part = flower_partitioner(partitioner, num_partitions, seed=seed, alpha=alpha, classes=classes)
+    # As FederatedDataset(shuffle=True, seed=seed) does before partitioning.
+    part.dataset = partition_dataset(pool, held_out, seed).shuffle(seed=seed)
+    try:
+        # NaturalIdPartitioner reports its progress on stderr (tqdm): kept out of the clients' logs.
+        with contextlib.redirect_stderr(io.StringIO()) if partitioner == "natural" else contextlib.nullcontext():
+            count = part.num_partitions
+            subsets = [part.load_partition(p) for p in range(count)]
+    except ValueError as exc:
+        raise ValueError(
+            f"the {partitioner} partitioner cannot cut the {spec.name} data ({part.dataset.num_rows} client "
+            f"samples) into {num_partitions if partitioner != 'natural' else 'writer'} partitions: {exc}"
+        ) from None
+    indices = []
+    for subset in subsets:
+        idx = np.asarray(subset.with_format("numpy")[:]["index"] if len(subset) else [], dtype=np.int64)
+        idx.flags.writeable = False
+        indices.append(idx)
+    if partitioner == "natural":
+        names = tuple(str(part.partition_id_to_natural_id[p]) for p in range(count))
+    else:
+        names = tuple(f"{spec.name}-{partitioner}-{p}" for p in range(count))
+    return tuple(indices), names
+
+
+def flower_partitions(
+    pool: Pool,
+    partitioner: str,
+    num_partitions: int | None = None,
+    seed: int = 0,
+    alpha: float = 0.5,
+    classes: int | None = None,
+    held_out: int = 0,
+) -> list[np.ndarray]:
+    """Every partition of ``pool`` by a Flower partitioner (:func:`flower_partitioner`): a list of
+    read-only int64 arrays of pool indices, one per partition id (natural: one per writer with LEAF-
+    train samples; else ``num_partitions`` of them), each in the partitioner's order.
+
+    The partitioner runs on :func:`partition_dataset` shuffled with ``seed`` (as FederatedDataset
+    does), and draws with ``seed``: same arguments, same partitions. Partitions are disjoint and
+    never hold the server's test set (femnist LEAF-test, cifar100 ``held_out``). Cached per pool.
+    Raises ValueError for bad arguments, natural for cifar100, or when the library cannot cut
+    the data (e.g. dirichlet's partitions stay below DIRICHLET_MIN_PARTITION_SIZE, or pathological
+    needs a class in more partitions than it has samples)."""
+    data = DataSettings(pool.dataset, 0, None, classes, seed, held_out, partitioner, alpha, num_partitions)
+    return list(_flower_partitions(pool, *_flower_args(data))[0])
+
+
+def _flower_args(data: DataSettings) -> tuple:
+    """The cache key of :func:`_flower_partitions` for ``data`` (what does not matter normalised away)."""
+    if data.partitioner not in PARTITIONERS or not data.flower:
+        raise ValueError(
+            f"unknown Flower partitioner {data.partitioner!r}; choose one of {', '.join(PARTITIONERS[1:])}"
+        )
+    natural = data.partitioner == "natural"
+    if not natural and data.num_partitions is None:
+        raise ValueError(
+            f"the {data.partitioner} partitioner needs the federation's number of partitions (num_partitions: "
+            "num-supernodes, or the node config's num-partitions); none was given"
+        )
+    return (
+        data.partitioner,
+        None if natural else _as_index("num_partitions", data.num_partitions),
+        _as_index("seed", data.seed),
+        float(data.alpha) if data.partitioner == "dirichlet" else 0.5,
+        _as_index("classes", data.classes) if data.partitioner == "pathological" and data.classes is not None else None,
+        _as_index("held_out", data.held_out),
+    )
+
+
+def partition_sizes(data: DataSettings, pool: Pool | None = None) -> np.ndarray:
+    """int64 (P,): the whole size of each partition 0..P-1 of a Flower partitioner (P = num_partitions,
+    natural: the writers with LEAF-train samples), what a client with samples-per-client = 0 trains on.
+    ``pool``: an already loaded pool (default ``load_pool(data.dataset, data.data_dir)``).
+    Raises ValueError for partitioner "paper" (its clients have k samples each, see
+    :func:`num_partitions`) and as :func:`flower_partitions`."""
+    if not data.flower:
+        raise ValueError("partition_sizes is for the Flower partitioners; 'paper' clients have samples-per-client each")
+    pool = load_pool(data.dataset, data.data_dir) if pool is None else pool
+    indices, _ = _flower_partitions(pool, *_flower_args(data))
+    return np.array([len(i) for i in indices], dtype=np.int64)
+
+
+def flower_client_partition(data: DataSettings, partition_id: int, pool: Pool | None = None) -> ClientSplit:
+    """Client ``partition_id``'s data from a Flower partitioner (``data.partitioner``, see
+    :func:`flower_partitioner` and :func:`flower_partitions`): partition p has n samples.
+
+    * k = ``data.samples`` > 0: train = k samples of the partition drawn without replacement with
+      ``np.random.default_rng([seed, p])``; test = the next of that draw, the rest of the partition,
+      at most max(1, n // 5) samples (empty when k = n).
+    * k = 0: train = the whole partition (in the partitioner's order), as a real Flower client has
+      it; test is empty (the ClientApp then evaluates on the train set).
+
+    Images float32 (n,C,H,W) in [0,1], labels int64 (n,), like :func:`client_partition`.
+    ``client_id``: the writer name for natural (e.g. "f0014_19"), else "<dataset>-<partitioner>-<p>"
+    (e.g. "cifar100-dirichlet-3"); ``partition_id`` = p. Deterministic in (data, pool).
+    Raises ValueError: p outside 0..P-1; "partition p has only n samples, asked for k"; an empty
+    partition with k = 0; and as :func:`flower_partitions`.
+    """
+    pool = load_pool(data.dataset, data.data_dir) if pool is None else pool
+    k = _as_index("num_samples", data.samples)
+    p = _as_index("partition_id", partition_id)
+    if k < 0:
+        raise ValueError(f"num_samples must be >= 0 (0 = the whole partition), got {k}")
+    indices, names = _flower_partitions(pool, *_flower_args(data))
+    if not 0 <= p < len(indices):
+        raise ValueError(
+            f"partition {p} out of range: the {data.partitioner} partitioner made {len(indices)} partitions"
+        )
+    own, n = indices[p], len(indices[p])
+    if k > n:
+        raise ValueError(f"partition {p} has only {n} samples, asked for {k} ({data.partitioner} partitioner)")
+    if n == 0:
+        raise ValueError(f"partition {p} has no samples ({data.partitioner} partitioner)")
+    if k == 0:
+        train_idx, test_idx = own, own[:0]
+    else:
+        order = np.random.default_rng([data.seed, p]).permutation(n)
+        train_idx = own[order[:k]]
+        test_idx = own[order[k : k + max(1, n // 5)]]
+    name = names[p]
+    return ClientSplit(_to_client(pool, train_idx, name, p), _to_client(pool, test_idx, name, p))
+
+
+def load_client_split(data: DataSettings, partition_id: int, pool: Pool | None = None) -> ClientSplit:
+    """Client ``partition_id``'s private training set and held-out samples under ``data``: the one
+    way the ClientApp (clients/client_app.py) and the evaluator (fl_attack.victims.private_samples,
+    replay) get a client's data, so both always see the same samples.
+
+    partitioner "paper": :func:`client_partition` (k samples, classes, seed, held_out), unchanged;
+    any other: :func:`flower_client_partition`. ``pool``: an already loaded pool (default
+    ``load_pool(data.dataset, data.data_dir)``). Raises ValueError / FileNotFoundError as those do,
+    and for an unknown partitioner.
+    """
+    if data.partitioner not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {data.partitioner!r}; choose one of {', '.join(PARTITIONERS)}")
+    pool = load_pool(data.dataset, data.data_dir) if pool is None else pool
+    if not data.flower:
+        return client_partition(pool, partition_id, data.samples, data.classes, seed=data.seed, held_out=data.held_out)
+    return flower_client_partition(data, partition_id, pool)

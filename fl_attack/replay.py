@@ -121,6 +121,8 @@ def open_run(path: str | Path) -> RecordedRun:
         raise ReplayError(f"{folder.config_file} has no run_config")
     try:
         settings = RunSettings.from_run_config(run_config)  # the model spec must resolve here too
+        # The federation's node count: the Flower partitioners' ground truth needs it (config.json).
+        settings = settings.with_partitions(config.get("num_nodes"))
         attack_config = AttackConfig.from_overrides(None, **dict(config.get("attack_config") or {}))
     except (TypeError, ValueError) as exc:
         raise ReplayError(f"{folder.config_file}: {exc}") from None

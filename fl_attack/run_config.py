@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from .attacks import AttackConfig
 from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
-from .data import get_spec
+from .data import PARTITIONERS, get_spec
 from .defenses import weight_matrices
 from .privacy import ACCOUNTANTS, gaussian_noise_multiplier
 
@@ -391,8 +391,14 @@ class RunSettings:
     local_epochs: int = 5
     batch_size: int = 8
     lr: float = 0.05
+    client_optimizer: str = "sgd"
+    client_momentum: float = 0.9
+    client_weight_decay: float = 0.0
+    client_adam_betas: str = "0.9,0.999"
     samples_per_client: int = 32
     classes_per_client: int = 0
+    partitioner: str = "paper"
+    dirichlet_alpha: float = 0.5
     client_threads: int = 1
     client_num_cpus: int = 2
     attack_method: str = "pisme"
@@ -419,6 +425,9 @@ class RunSettings:
     run_name: str = ""
     seed: int = 0
     model: str = ""
+    # Not a run-config key: the federation's node count, which the Flower partitioners cut the data
+    # by (with_partitions: the ServerApp's grid, the node config's num-partitions, config.json's num_nodes).
+    num_partitions: int | None = None
     defense: DefenseSettings = field(default_factory=DefenseSettings)
     extra: dict = field(default_factory=dict)
 
@@ -438,11 +447,46 @@ class RunSettings:
 
     @property
     def data(self):
-        """The run's data settings (fl_attack.victims.DataSettings): how its clients' private
-        samples are drawn; the evaluator's, never the attacker's."""
-        from .victims import DataSettings
+        """The run's data settings (fl_attack.data.DataSettings): how its clients' private samples
+        are drawn (partitioner, dirichlet-alpha and the federation's num_partitions included);
+        the evaluator's, never the attacker's."""
+        from .data import DataSettings
 
-        return DataSettings(self.dataset, self.samples, self.data_dir or None, self.classes, self.seed, self.held_out)
+        return DataSettings(
+            self.dataset,
+            self.samples,
+            self.data_dir or None,
+            self.classes,
+            self.seed,
+            self.held_out,
+            self.partitioner,
+            self.dirichlet_alpha,
+            self.num_partitions,
+        )
+
+    def with_partitions(self, num_partitions: int | None) -> RunSettings:
+        """These settings for a federation of ``num_partitions`` nodes (partition ids 0..N-1): what
+        the Flower partitioners (partitioner iid, dirichlet, pathological) cut the data by. The
+        ServerApp passes its grid's node count, the ClientApp its node config's num-partitions, a
+        replay config.json's num_nodes, so all three cut the same partitions. ValueError for N < 1."""
+        import dataclasses
+
+        if num_partitions is not None and (
+            isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1
+        ):
+            raise ValueError(f"the federation's number of partitions must be an integer >= 1, got {num_partitions!r}")
+        return dataclasses.replace(self, num_partitions=num_partitions)
+
+    def max_client_samples(self) -> int:
+        """The most samples one client trains on: samples-per-client, or with 0 (a Flower
+        partitioner's whole partitions) the largest of the federation's num_partitions partitions.
+        ValueError as fl_attack.data.partition_sizes (e.g. num_partitions unknown)."""
+        if self.samples_per_client > 0:
+            return self.samples_per_client
+        from .data import partition_sizes
+
+        sizes = partition_sizes(self.data)
+        return int(sizes[: self.num_partitions].max(initial=0))
 
     @property
     def threads(self) -> int:
@@ -487,6 +531,30 @@ class RunSettings:
         return TrainingProtocol(
             samples=self.samples_per_client, batch_size=self.batch_size, local_epochs=self.local_epochs, lr=self.lr
         )
+
+    @property
+    def optimizer(self):
+        """The clients' local optimizer (fl_attack.config.ClientOptimizer): client-optimizer, with
+        client-momentum for momentum and nesterov only, client-weight-decay and client-adam-betas
+        ("beta1,beta2", adam and adamw only). ValueError "invalid run config: ..." for bad values."""
+        from .config import CLIENT_OPTIMIZERS, ClientOptimizer
+
+        name = self.client_optimizer
+        if name not in CLIENT_OPTIMIZERS:
+            raise ValueError(
+                f"invalid run config: client-optimizer must be one of {', '.join(CLIENT_OPTIMIZERS)}, got {name!r}"
+            )
+        try:
+            betas = tuple(float(b) for b in self.client_adam_betas.split(","))
+        except ValueError:
+            raise ValueError(
+                f"invalid run config: client-adam-betas must be 'beta1,beta2', got {self.client_adam_betas!r}"
+            ) from None
+        momentum = self.client_momentum if name in ("momentum", "nesterov") else 0.0
+        try:
+            return ClientOptimizer(name, momentum, self.client_weight_decay, betas)
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: client-optimizer {name}: {exc}") from None
 
     def _check_memory(self) -> None:
         """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
@@ -604,13 +672,44 @@ class RunSettings:
     def check_partitions(self, num_nodes: int) -> None:
         """ValueError before round 1 when the data cannot give each of ``num_nodes`` nodes its own
         partition of samples-per-client samples beside the server's held-out test set, or when
-        data-dir does not exist."""
-        from .data import load_pool, num_partitions
+        data-dir does not exist (or does not hold ``dataset``'s images).
+
+        With a Flower partitioner (partitioner natural, iid, dirichlet, pathological) the data is
+        cut into ``num_nodes`` partitions (natural: one per writer, of which ``num_nodes`` are used)
+        and every node's partition is checked: "invalid run config: samples-per-client: partition P
+        has only N samples, asked for k", and with samples-per-client = 0 (the whole partition) its
+        size against batch-size; a partitioning the library refuses names the partitioner."""
+        from .data import load_pool, num_partitions, partition_sizes
 
         try:
             pool = load_pool(self.dataset, self.data_dir or None)
         except FileNotFoundError as exc:
             raise ValueError(f"invalid run config: data-dir: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: data-dir: {exc}") from None
+        if self.partitioner != "paper":
+            try:
+                sizes = partition_sizes(self.with_partitions(num_nodes).data, pool)
+            except ValueError as exc:
+                raise ValueError(f"invalid run config: partitioner: {exc}") from None
+            if num_nodes > len(sizes):
+                raise ValueError(
+                    f"invalid run config: {num_nodes} clients asked for, but the natural partitioner finds only "
+                    f"{len(sizes)} writers with training samples in the {self.dataset} data; lower num-supernodes"
+                )
+            k, where = self.samples_per_client, f"{self.partitioner} partitioner, {num_nodes} partitions"
+            for p, n in enumerate(sizes[:num_nodes].tolist()):
+                if k > n:
+                    raise ValueError(
+                        f"invalid run config: samples-per-client: partition {p} has only {n} samples, asked for "
+                        f"{k} ({where}); lower samples-per-client (0 = each client's whole partition) or num-supernodes"
+                    )
+                if k == 0 and n < self.batch_size:
+                    raise ValueError(
+                        f"invalid run config: batch-size: partition {p} has only {n} samples (samples-per-client=0: "
+                        f"the whole partition; {where}), fewer than batch-size={self.batch_size}"
+                    )
+            return
         available = num_partitions(pool, self.samples, self.classes, held_out=self.held_out)
         if num_nodes > available:
             raise ValueError(
@@ -640,7 +739,7 @@ class RunSettings:
 
         Raises ValueError with the offending key for every invalid value.
         """
-        known = {f.name: f for f in fields(cls) if f.name not in ("extra", "defense")}
+        known = {f.name: f for f in fields(cls) if f.name not in ("extra", "defense", "num_partitions")}
         values, extra = {}, {}
         for key, value in dict(run_config).items():
             if DefenseSettings.owns(key):
@@ -669,6 +768,7 @@ class RunSettings:
         """Check every value against its range before round 1 (ValueError "invalid run config: <key>
         ..." naming the key). What needs the federation is checked by ``check_nodes``."""
         check_field_types(self, lambda name: name.replace("_", "-"))
+        self.optimizer  # noqa: B018 -- raises for a bad client-optimizer, momentum, weight decay or betas
         try:
             spec = get_spec(self.dataset)
         except ValueError as exc:
@@ -679,9 +779,17 @@ class RunSettings:
             (0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
             (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
             (self.local_epochs >= 1, "local-epochs must be >= 1"),
-            (self.samples_per_client >= 1, "samples-per-client must be >= 1"),
             (
-                1 <= self.batch_size <= self.samples_per_client,
+                self.partitioner in PARTITIONERS,
+                f"partitioner must be one of {', '.join(PARTITIONERS)}, got '{self.partitioner}'",
+            ),
+            (
+                self.samples_per_client >= 1 or (self.samples_per_client == 0 and self.partitioner != "paper"),
+                "samples-per-client must be >= 1 (0 = each client's whole partition, with a Flower partitioner: "
+                "partitioner natural, iid, dirichlet or pathological)",
+            ),
+            (
+                1 <= self.batch_size <= (self.samples_per_client or self.batch_size),
                 f"batch-size must be in 1..samples-per-client ({self.samples_per_client}), got {self.batch_size}",
             ),
             (self.lr > 0, "lr must be > 0"),
@@ -690,8 +798,27 @@ class RunSettings:
                 f"classes-per-client must be in 0..{spec.num_classes} (0 = unrestricted)",
             ),
             (
-                self.classes_per_client == 0 or self.dataset == "cifar100",
+                self.classes_per_client == 0 or self.dataset == "cifar100" or self.partitioner != "paper",
                 "classes-per-client only applies to cifar100 (FEMNIST clients are writers)",
+            ),
+            (
+                self.classes_per_client == 0 or self.partitioner in ("paper", "pathological"),
+                f"classes-per-client applies to partitioner 'paper' (cifar100) and 'pathological' only, "
+                f"not '{self.partitioner}' (set it to 0)",
+            ),
+            (
+                self.partitioner != "pathological" or self.classes_per_client >= 1,
+                "partitioner 'pathological' needs classes-per-client >= 1 (the classes of each partition)",
+            ),
+            (
+                self.partitioner != "natural" or self.dataset == "femnist",
+                f"partitioner 'natural' partitions by writer id: femnist only, not {self.dataset} "
+                "(use iid, dirichlet or pathological)",
+            ),
+            (
+                self.dirichlet_alpha > 0,
+                f"dirichlet-alpha must be > 0 (the Dirichlet concentration; smaller = more skewed), "
+                f"got {self.dirichlet_alpha}",
             ),
             (self.attack_iterations >= 1, "attack-iterations must be >= 1"),
             (self.attack_nodes >= 1, f"attack-nodes (m) must be >= 1, got {self.attack_nodes}"),

@@ -2,8 +2,9 @@
 
 * ``Victim`` / ``train_victim``: one real client trained for E local epochs; it keeps its private
   images and labels (the ground truth) beside the ``ObservedUpdate`` the attacker is given.
-* ``DataSettings`` / ``private_samples`` / ``ground_truth``: a federation client's private samples
-  by partition id, partitioned exactly as the ClientApp does (fl_attack.data.client_partition).
+* ``DataSettings`` (fl_attack.data's) / ``private_samples`` / ``ground_truth``: a federation client's
+  private samples by partition id, partitioned exactly as the ClientApp does
+  (fl_attack.data.load_client_split: the paper's client_partition or a Flower Datasets partitioner).
 
 Nothing on the attacker's side (``api``, ``workers``, ``attacks``, ``labels``) imports this module
 (tests/test_layers.py): the attacker sees ``Victim.update`` alone.
@@ -18,7 +19,7 @@ import torch
 
 from .api import resolve_device
 from .attacks import AttackConfig
-from .data import ClientData, client_partition, get_spec, load_pool
+from .data import ClientData, DataSettings, client_partition, get_spec, load_client_split, load_pool
 from .models import build_model, resolve_model
 from .training import train_local
 from .update import AttackTarget, ObservedUpdate
@@ -90,10 +91,11 @@ def train_victim(
     width: int | None = None,
     record_states: bool = False,
     model: str = "",
+    optimizer=None,
 ) -> Victim:
     """Train client ``partition`` (k = ``samples`` real samples) for E local epochs of plain SGD
-    from w0 = build_model(dataset, seed, width), or with ``model`` (a spec, fl_attack.models.resolve_model)
-    from w0 = resolve_model(model, dataset, seed).
+    (or ``optimizer``, a fl_attack.config.ClientOptimizer) from w0 = build_model(dataset, seed, width),
+    or with ``model`` (a spec, fl_attack.models.resolve_model) from w0 = resolve_model(model, dataset, seed).
 
     data_seed: the partition draw (default ``seed``); pool: an already loaded data pool (default
     ``load_pool(dataset, data_dir)``); device: where training runs ("auto", "cpu", "cuda").
@@ -118,6 +120,7 @@ def train_victim(
         seed=seed,
         record_states=record_states,
         client={"partition_id": int(partition)},
+        optimizer=optimizer,
     )
     return Victim(
         dataset=get_spec(dataset).name,
@@ -136,30 +139,13 @@ def train_victim(
     )
 
 
-@dataclass(frozen=True)
-class DataSettings:
-    """How a federation's clients got their private data (run config: dataset, data-dir,
-    samples-per-client, classes-per-client, seed, server-test-samples).
-
-    data_dir: None for the bundled real sample. classes: C for CIFAR-100, None for unrestricted.
-    held_out: samples the server keeps for its own test set (``fl_attack.data.server_test_set``).
-    """
-
-    dataset: str
-    samples: int
-    data_dir: str | None = None
-    classes: int | None = None
-    seed: int = 0
-    held_out: int = 0
-
-
 def private_samples(data: DataSettings, partition_id: int) -> ClientData:
-    """Client ``partition_id``'s private training samples (images (k,C,H,W) in [0,1], labels (k,)),
-    partitioned as the ClientApp does. Raises ValueError / FileNotFoundError for bad data settings."""
-    pool = load_pool(data.dataset, data.data_dir or None)
-    return client_partition(
-        pool, partition_id, data.samples, data.classes, seed=data.seed, held_out=data.held_out
-    ).train
+    """Client ``partition_id``'s private training samples (images (k,C,H,W) in [0,1], labels (k,);
+    k = the partition's size with a Flower partitioner and samples-per-client = 0), cut exactly as
+    the ClientApp cuts them (``fl_attack.data.load_client_split``). ``data`` (fl_attack.data.DataSettings)
+    must carry the federation's num_partitions for a Flower partitioner. Raises ValueError /
+    FileNotFoundError for bad data settings."""
+    return load_client_split(data, partition_id).train
 
 
 def ground_truth(data: DataSettings, partition_ids) -> tuple[torch.Tensor, torch.Tensor]:

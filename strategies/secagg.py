@@ -163,7 +163,7 @@ def run_secagg(grid, context, strategy: SecAggLeakageFedAvg, settings: RunSettin
         fit_workflow=SecAggPlusWorkflow(
             num_shares=defense.secagg_num_shares,
             reconstruction_threshold=defense.secagg_reconstruction_threshold,
-            max_weight=defense.secagg_max_weight or float(settings.samples),
+            max_weight=defense.secagg_max_weight or float(strategy.settings.max_client_samples()),
         )
     )
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=settings.num_server_rounds), strategy=strategy)

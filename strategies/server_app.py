@@ -109,7 +109,8 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
     """
     folder = RunFolder(resolve_in_project(settings.resume))
     try:
-        before = folder.read_config()["run_config"]
+        recorded = folder.read_config()
+        before = recorded["run_config"]
         done, arrays = folder.load_checkpoint()
     except (ValueError, KeyError) as exc:
         raise ValueError(
@@ -123,6 +124,17 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
         raise ValueError(
             f"invalid run config: resume: the run config differs from the interrupted run's in "
             f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
+        )
+    nodes = recorded.get("num_nodes")
+    if (
+        settings.partitioner != "paper"
+        and None not in (nodes, settings.num_partitions)
+        and nodes != settings.num_partitions
+    ):
+        raise ValueError(
+            f"invalid run config: resume: the interrupted run had {nodes} nodes, this federation has "
+            f"{settings.num_partitions}; partitioner={settings.partitioner} cuts the data by the node count, "
+            "so every client's data would change"
         )
     if done >= settings.num_server_rounds:
         raise ValueError(
@@ -151,7 +163,9 @@ def check_defense(settings: RunSettings, num_nodes: int) -> int:
 
 
 def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict, round_offset: int = 0):
-    """(the strategy that runs, the leakage-tracking strategy inside it)."""
+    """(the strategy that runs, the leakage-tracking strategy inside it). Its settings carry the
+    federation's ``num_nodes`` as num_partitions (the Flower partitioners' ground truth)."""
+    settings = settings.with_partitions(num_nodes)
     test_set = settings.server_test_set()
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
@@ -206,6 +220,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = RunSettings.from_run_config(context.run_config)
     settings.check_device()
     num_nodes = len(list(grid.get_node_ids()))
+    settings = settings.with_partitions(num_nodes)  # what the Flower partitioners cut the data by
     settings.check_partitions(num_nodes)
     settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
     check_defense(settings, num_nodes)

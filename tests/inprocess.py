@@ -61,8 +61,9 @@ class InProcessGrid:
 
     def __init__(self, run_config: dict, partitions):
         self.run = SimpleNamespace(run_id=1)
+        nodes = {"num-partitions": len(partitions)}  # as the simulation sets it: the node count
         self.contexts = {
-            100 + p: Context(1, 100 + p, {"partition-id": p, "num-partitions": 8}, RecordDict(), dict(run_config))
+            100 + p: Context(1, 100 + p, {"partition-id": p, **nodes}, RecordDict(), dict(run_config))
             for p in partitions
         }
 
