@@ -57,6 +57,8 @@ EXPECTED = {
     "matched-compute": ["method", "iterations", "multiple"] + SCORE_COLUMNS,
     "adaptive-nodes": ["variant", "method", "node_tolerance", "nodes", "nodes_schedule", "node_error"] + SCORE_COLUMNS,
     "label-recovery": ["round", "client", "estimator", "label_accuracy", "test_accuracy", "pbar_tv_dummy", "seconds"],
+    "client-optimizers": ["regime", "optimizer", "client_lr", "optimizer_aware", "local_steps", "method"]
+    + SCORE_COLUMNS,
 }
 
 
@@ -124,6 +126,17 @@ def test_table1_covers_the_grid_and_quotes_the_paper(outputs):
         assert int(r["iterations"]) == PRESETS["tiny"].iterations
     md = (outputs / "table1.md").read_text()
     assert "26.52" in md and "PSNR paper" in md  # the paper's PI-SME CIFAR-100 T=100 row
+
+
+def test_client_optimizers_pairs_aware_and_naive_on_every_regime(outputs):
+    from analysis.experiments.optimizers import LOCAL_STEPS, REGIMES
+
+    _, rows = read(outputs, "client-optimizers")
+    cells = {(r["regime"], int(r["local_steps"]), r["optimizer_aware"]) for r in rows}
+    arms = {name: ("True",) if opt.plain else ("True", "False") for name, (opt, _) in REGIMES.items()}
+    assert cells == {(name, T, a) for name in REGIMES for T in LOCAL_STEPS for a in arms[name]}
+    md = (outputs / "client-optimizers.md").read_text()
+    assert "momentum 0.9, weight decay 0.0005" in md and "aware wins" in md
 
 
 def test_node_sweep_runs_every_m(outputs):

@@ -5,8 +5,8 @@
                                         [--data-dir PATH]
 
 NAME is one of ``EXPERIMENTS``: table1, node-sweep, class-deficiency, path-consistency,
-matched-compute, adaptive-nodes, label-recovery. Each writes DIR/NAME.csv (one row per measurement), DIR/NAME.png
-and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
+matched-compute, adaptive-nodes, label-recovery, client-optimizers. Each writes DIR/NAME.csv (one row
+per measurement), DIR/NAME.png and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
 Scales (the presets of fl_attack.config.PRESETS): ``paper`` is the
 paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
 """
@@ -35,6 +35,7 @@ EXPERIMENTS = {
     "matched-compute": ("matched_compute", "NL-SME at 1x/5x/7x the iterations vs PI-SME (section 4.2)"),
     "adaptive-nodes": ("adaptive_nodes", "beyond the paper: m chosen from a quadrature-error tolerance"),
     "label-recovery": ("label_recovery", "beyond the paper: label estimators in a learning FedAvg federation"),
+    "client-optimizers": ("optimizers", "beyond the paper: momentum, weight decay, Adam; optimizer-aware vs naive"),
 }
 
 

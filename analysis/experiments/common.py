@@ -166,7 +166,15 @@ AXES = {
     "classes": (int, "classes per CIFAR-100 client, 1..100", lambda v, sc: 1 <= v <= 100),
     "labels": (str, "recovered or oracle", lambda v, sc: v in ("recovered", "oracle")),
     "nodes": (int, "Gauss-Legendre nodes m >= 1", lambda v, sc: v >= 1),
+    "regime": (str, "a client-optimizers regime", lambda v, sc: v in _optimizer_regimes()),
+    "local_steps": (int, "local steps T >= 1", lambda v, sc: v >= 1),
 }
+
+
+def _optimizer_regimes() -> tuple:
+    from .optimizers import REGIMES
+
+    return tuple(REGIMES)
 
 
 def parse_axis(axis: str, text: str, allowed: tuple, scale: Preset) -> tuple:
