@@ -414,11 +414,39 @@ def _config_table(runs: list[Run], labels: list[str]) -> pd.DataFrame:
             version_keys += [key for key in versions if key not in version_keys]
     for key in version_keys:
         rows[f"version {key}"] = [(run.config.get("versions") or {}).get(key) for run in runs]
+    problem = [_problem(run) for run in runs]
+    for key in ("client optimizer", "model parameters", "client pixels k*C*H*W", "pixels per parameter"):
+        rows[key] = [p.get(key) for p in problem]
     rows["folder"] = [str(run.path) for run in runs]
     table = pd.DataFrame(
         [[key, *values] for key, values in rows.items()], columns=["key", *(labels if len(runs) > 1 else ["value"])]
     )
     return table
+
+
+def _span(values: pd.Series, digits: int = 0) -> str | None:
+    """'v' or 'min .. max' of a numeric column's values; None when it has none (an older run)."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return None
+    lo, hi = (f"{x:,.{digits}f}" for x in (v.min(), v.max()))
+    return lo if lo == hi else f"{lo} .. {hi}"
+
+
+def _problem(run: Run) -> dict:
+    """The attacks' problem size: the update's entries against the client's pixels (breaching's "data
+    ratio"; above 1 pixel per parameter the inversion is underdetermined) and the client optimizer."""
+    a = run.attacks
+    if a.empty or "parameters" not in a:
+        return {}
+    ratio = pd.to_numeric(a["unknowns"], errors="coerce") / pd.to_numeric(a["parameters"], errors="coerce")
+    optimizers = sorted({str(o) for o in a["optimizer"].dropna() if str(o)})
+    return {
+        "client optimizer": ", ".join(optimizers) or None,
+        "model parameters": _span(a["parameters"]),
+        "client pixels k*C*H*W": _span(a["unknowns"]),
+        "pixels per parameter": _span(ratio, 3),
+    }
 
 
 def _failed_table(run: Run) -> pd.DataFrame:

@@ -120,6 +120,9 @@ def attack_row(
     threads: int | None = None,
     memory: str = "",
     epsilon: float | None = None,
+    parameters: int | None = None,
+    unknowns: int | None = None,
+    optimizer: str = "",
 ) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
 
@@ -131,6 +134,8 @@ def attack_row(
     device it ran on (cpu, cuda), empty where unknown; threads: its torch threads. memory: the
     attack memory of a remembering server's row (fl_attack.memory), else "". epsilon: the DP budget
     the attacked client had spent by this update (fl_attack.privacy); None (an empty cell) without DP.
+    parameters / unknowns: the update's floating-point entries and the client's pixels k*C*H*W
+    (ObservedUpdate.num_parameters / num_unknowns); optimizer: the client's (ClientOptimizer.describe).
     """
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(
@@ -158,6 +163,9 @@ def attack_row(
         threads=threads,
         memory=memory,
         epsilon=epsilon,
+        parameters=parameters,
+        unknowns=unknowns,
+        optimizer=optimizer,
         image=image,
         **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
     )
@@ -245,6 +253,9 @@ class Evaluator:
             threads=outcome.threads,
             memory=outcome.memory,
             epsilon=epsilon,
+            parameters=outcome.parameters,
+            unknowns=outcome.unknowns,
+            optimizer=outcome.optimizer,
         )
         if outcome.status == "ok":
             try:

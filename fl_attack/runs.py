@@ -79,6 +79,9 @@ ATTACKS: dict[str, type] = {
     "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
     "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.memory), else empty
     "epsilon": float,  # the DP budget the attacked client(s) had spent by the update's round; empty without DP
+    "parameters": int,  # the update's floating-point entries: the equations the attack has
+    "unknowns": int,  # the client's pixels k*C*H*W: what it must recover
+    "optimizer": str,  # the client's optimizer, e.g. "momentum 0.9, weight decay 0.0005"
     "image": str,
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)

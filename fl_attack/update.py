@@ -191,6 +191,20 @@ class ObservedUpdate:
                 )
 
     @property
+    def num_parameters(self) -> int:
+        """The number of floating-point entries of the update (the equations the server observes)."""
+        return sum(v.numel() for v in self.w0.values() if torch.is_floating_point(v))
+
+    @property
+    def num_unknowns(self) -> int:
+        """k*C*H*W, the client's pixels the attack must recover (the model's data ratio is
+        num_unknowns / num_parameters: above 1, the inversion is underdetermined)."""
+        from .data import get_spec
+
+        shape = get_spec(self.metadata.dataset).image_shape
+        return self.metadata.num_samples * int(np.prod(shape))
+
+    @property
     def delta_w(self) -> OrderedDict[str, torch.Tensor]:
         """Delta w = w0 - wT = eta * sum of the local gradients (eq. 1)."""
         return OrderedDict((k, self.w0[k] - self.wT[k]) for k in self.w0)

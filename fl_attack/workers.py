@@ -72,13 +72,18 @@ class AttackJob:
 
     def described(self, trace: list | None = None) -> dict:
         """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
-        estimator), the same whether it succeeded or not (T is None for a job without an update)."""
+        estimator) and its problem (the update's size against the unknowns, the client's
+        optimizer), the same whether it succeeded or not (None / "" for a job without an update)."""
         attack = ATTACKS.get(self.method.removesuffix(MEMORY_SUFFIX))
+        u = self.update
         return dict(
-            local_steps=self.update.metadata.local_steps if self.update is not None else None,
+            local_steps=u.metadata.local_steps if u is not None else None,
             nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
             iterations=self.config.iterations,
             label_estimator=self.config.label_estimator,
+            parameters=u.num_parameters if u is not None else None,
+            unknowns=u.num_unknowns if u is not None else None,
+            optimizer=u.metadata.optimizer.describe() if u is not None else "",
         )
 
 
@@ -137,6 +142,9 @@ class AttackOutcome:
     nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
     iterations: int | None = None  # K, the attack's iterations (its AttackConfig's)
     label_estimator: str = ""  # the AttackConfig's (recorded even with oracle labels, where it is unused)
+    parameters: int | None = None  # the update's floating-point entries (ObservedUpdate.num_parameters)
+    unknowns: int | None = None  # the client's pixels k*C*H*W (ObservedUpdate.num_unknowns)
+    optimizer: str = ""  # the client's optimizer (ClientOptimizer.describe)
     trace: list | None = None  # the attack's trace (Reconstruction.trace)
     worker_node: str = ""
     worker_id: str = ""

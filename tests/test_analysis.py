@@ -587,3 +587,26 @@ def test_mixed_config_types_and_mixed_runs(tmp_path):
     assert list(comparison["attack-iterations"]) == [200, 200] and list(comparison["n_attacks"]) == [1, 0]
     if (out / "comparison.parquet").exists():
         assert pd.read_parquet(out / "comparison.parquet")["attack-iterations"].tolist() == ["200", "200"]
+
+
+def test_the_config_table_states_the_problem_size(tmp_path):
+    """Each run's parameters against the client's pixels (breaching's data ratio), as a span over
+    its attacks (clients of other k), and the client optimizer; an older run without the columns
+    shows nothing."""
+    from analysis.report import _config_table
+
+    rows = [
+        attack_row(1, 0, psnr=20, parameters=1000, unknowns=784 * 2, optimizer="momentum 0.9"),
+        attack_row(1, 1, psnr=21, parameters=1000, unknowns=784 * 4, optimizer="momentum 0.9"),
+    ]
+    run = load_run(make_run(tmp_path / "run", rows))
+    table = dict(_config_table([run], ["run"]).values.tolist())
+    assert table["model parameters"] == "1,000"
+    assert table["client pixels k*C*H*W"] == "1,568 .. 3,136"
+    assert table["pixels per parameter"] == "1.568 .. 3.136"
+    assert table["client optimizer"] == "momentum 0.9"
+    old = [{k: v for k, v in attack_row(1, 0, psnr=20).items() if k not in ("parameters", "unknowns", "optimizer")}]
+    assert (
+        dict(_config_table([load_run(make_run(tmp_path / "old", old))], ["old"]).values.tolist())["model parameters"]
+        is None
+    )

@@ -170,6 +170,9 @@ def test_each_attack_is_scored_and_recorded(tmp_path):
         assert math.isfinite(float(r["psnr"])) and -1 <= float(r["ssim"]) <= 1
         assert 0 <= float(r["label_accuracy"]) <= 1 and r["labels"] == "recovered"
         assert (tmp_path / r["image"]).is_file()
+        # the problem's size: the paper's FEMNIST CNN against k 28x28 grey images; plain SGD
+        assert int(r["parameters"]) == sum(p.numel() for p in build_model("femnist").parameters())
+        assert int(r["unknowns"]) == settings.samples_per_client * 28 * 28 and r["optimizer"] == "sgd"
 
 
 def test_selection_by_partition_ids(tmp_path):
