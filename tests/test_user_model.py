@@ -308,6 +308,56 @@ def test_an_in_process_federation_and_its_replay_with_a_user_model(tmp_path):
     assert replayed[0]["status"] == "ok" and replayed[0]["psnr"] == rows[0]["psnr"]
 
 
+def _flower_app_run(tmp_path, **changes):
+    """strategies/run_configs/flower-app.toml (the README's "Attack your own Flower app" recipe) in
+    process, made small: 1 round, k=8, B=4, 5 attack iterations; ``changes`` on top."""
+    import tomllib
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies.server_app import write_run_config
+    from tests.inprocess import federate, flower_run_config
+
+    with open(ROOT / "strategies" / "run_configs" / "flower-app.toml", "rb") as f:
+        recipe = tomllib.load(f)
+    run = {k.replace("-", "_"): v for k, v in recipe.items()}
+    run.update(num_server_rounds=1, samples_per_client=8, batch_size=4, attack_iterations=5, attack_threads=1)
+    run.update(server_test_samples=100, **changes)
+    rounds = run.pop("num_server_rounds")
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        settings, _, _, jobs = federate(tmp_path, num_rounds=rounds, **run)
+    finally:
+        torch.set_num_threads(before)
+    write_run_config(tmp_path, settings, flower_run_config(num_rounds=rounds, **run), num_nodes=2)
+    return settings, jobs
+
+
+def test_the_flower_app_recipe_attacks_a_max_pooling_model_trained_with_momentum(tmp_path):
+    from fl_attack.config import ClientOptimizer
+    from fl_attack.records import read_csv
+    from tests.user_models import quickstart_net
+
+    settings, jobs = _flower_app_run(tmp_path)
+    assert settings.model == "tests.user_models:quickstart_net" and settings.data.partitioner == "dirichlet"
+    meta = jobs[0].update.metadata
+    assert meta.optimizer == ClientOptimizer("momentum", momentum=0.9) and meta.lr == 0.01
+    assert set(jobs[0].update.w0) == set(quickstart_net().state_dict())
+    _, rows = read_csv(tmp_path / "attacks.csv")
+    assert {r["method"] for r in rows} == {"pisme", "pisme+memory"}
+    for r in rows:
+        assert r["status"] == "ok" and math.isfinite(float(r["psnr"])), r["error"]
+        assert r["optimizer"] == "momentum 0.9" and int(r["unknowns"]) == 8 * 3 * 32 * 32
+        assert int(r["parameters"]) == sum(p.numel() for p in quickstart_net().parameters())
+    # the recorded momentum updates replay to the same rows
+    assert main(["replay", str(tmp_path), "--threads", "1", "--device", "cpu", "--name", "again"]) == 0
+    _, replayed = read_csv(tmp_path / "replays" / "again" / "attacks.csv")
+    pisme = [r["psnr"] for r in rows if r["method"] == "pisme"]
+    assert [r["psnr"] for r in replayed if r["method"] == "pisme"] == pisme
+
+
 # --- a real federation through the launcher -------------------------------------------------------
 
 

@@ -67,6 +67,30 @@ def tiny_resnet() -> TinyResNet:
     return TinyResNet()
 
 
+class QuickstartNet(nn.Module):
+    """The CNN of Flower's quickstart-pytorch app: conv 5x5 -> 6, ReLU, MaxPool 2, conv 5x5 -> 16,
+    ReLU, MaxPool 2, fc 120, ReLU, fc 84, ReLU, fc num_classes. (N,C,28|32,...) -> (N, num_classes)."""
+
+    def __init__(self, channels: int = 3, size: int = 32, num_classes: int = 100):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(channels, 6, 5), nn.Conv2d(6, 16, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        side = ((size - 4) // 2 - 4) // 2
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16 * side * side, 120), nn.Linear(120, 84), nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1))))))
+
+
+def quickstart_net(dataset: str = "cifar100") -> QuickstartNet:
+    """The factory of "tests.user_models:quickstart_net" (strategies/run_configs/flower-app.toml)."""
+    spec = get_spec(dataset)
+    channels, size, _ = spec.image_shape
+    return QuickstartNet(channels, size, spec.num_classes)
+
+
 # Factories that break the contract, for the error messages.
 def not_a_module():
     return 42
