@@ -30,7 +30,7 @@ import pandas as pd
 from fl_attack.records import write_text_atomic
 from strategies import run_configs
 
-from .studies import finished, launch_run
+from .studies import run_study
 
 # The learning regime (FedAvg on real writers at lr 0.05, the paper's local protocol shape at a CPU
 # size) lives in the run-config presets strategies/run_configs/learning-{femnist,cifar100}.toml, which
@@ -62,30 +62,6 @@ TABLE_COLUMNS = [
     "lpips",
     "label_accuracy",
 ]
-
-
-def run_all(out: Path, only: set[str] | None, replays: bool, log=print) -> list[Path]:
-    """Launch every missing run (resume an interrupted one), then every missing replay; returns
-    the folders of the runs and replays that exist, in order."""
-    from fl_attack.cli import main as fl_attack_main
-
-    results, folders = out / "runs", []
-    for name, config, supernodes in RUNS:
-        if not (only and name not in only) and launch_run(results / name, config, supernodes, log):
-            folders.append(results / name)
-    for name, args in REPLAYS if replays else []:
-        folder = results / name
-        if (only and name not in only) or not finished(folder):
-            continue
-        replay = folder / "replays" / args[args.index("--name") + 1]
-        if not finished(replay):
-            log(f"replay {name} {' '.join(args)}")
-            started = time.time()
-            code = fl_attack_main(["replay", str(folder), *args, "--threads", "2"])
-            log(f"replay exited {code} after {time.time() - started:.0f} s")
-        if finished(replay):
-            folders.append(replay)
-    return folders
 
 
 def study_table(folders: list[Path]) -> pd.DataFrame:
@@ -157,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out).resolve()
     started = time.time()
-    folders = run_all(out, only, not args.skip_replays, log=lambda m: print(f"leakage study: {m}", flush=True))
+    log = lambda m: print(f"leakage study: {m}", flush=True)  # noqa: E731
+    folders = run_study(out, RUNS, REPLAYS, only, not args.skip_replays, log=log)
     table = write_outputs(out, folders)
     print(
         f"leakage study: {len(folders)} run(s) and replay(s), {len(table)} table rows, "

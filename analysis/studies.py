@@ -46,3 +46,29 @@ def launch_run(folder: Path, config: dict, supernodes: int, log=print, reuse: bo
         code = exc.code if isinstance(exc.code, int) else 2
     log(f"{run.path.name} exited {code} after {time.time() - started:.0f} s")
     return code == 0
+
+
+def run_study(out: Path, runs, replays, only: set[str] | None, with_replays: bool, log=print) -> list[Path]:
+    """Launch every missing run of ``runs`` [(name, run config, supernodes)] into out/runs/<name>
+    (an interrupted one resumed), then every missing replay of ``replays`` [(run name, fl-attack
+    replay arguments with --name)]; ``only``: the run names to do (None: all). Returns the folders
+    of the runs and replays that finished, in order."""
+    from fl_attack.cli import main as fl_attack_main
+
+    results, folders = out / "runs", []
+    for name, config, supernodes in runs:
+        if not (only and name not in only) and launch_run(results / name, config, supernodes, log):
+            folders.append(results / name)
+    for name, args in replays if with_replays else []:
+        folder = results / name
+        if (only and name not in only) or not finished(folder):
+            continue
+        replay = folder / "replays" / args[args.index("--name") + 1]
+        if not finished(replay):
+            log(f"replay {name} {' '.join(args)}")
+            started = time.time()
+            code = fl_attack_main(["replay", str(folder), *args, "--threads", "2"])
+            log(f"replay exited {code} after {time.time() - started:.0f} s")
+        if finished(replay):
+            folders.append(replay)
+    return folders

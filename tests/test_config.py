@@ -173,7 +173,8 @@ def test_the_paper_file_is_the_paper_preset():
 def test_unknown_preset_file():
     with pytest.raises(
         ValueError,
-        match="unknown run config 'papr'; choose from: learning-cifar100, learning-femnist, memory-femnist, paper",
+        match="unknown run config 'papr'; choose from: flower-app, learning-cifar100, learning-femnist, "
+        "memory-femnist, paper",
     ):
         run_configs.load("papr")
 
