@@ -556,6 +556,30 @@ class RunSettings:
         except ValueError as exc:
             raise ValueError(f"invalid run config: client-optimizer {name}: {exc}") from None
 
+    def check_prescribed(self, metadata) -> None:
+        """ValueError unless a client's reply metadata (fl_attack.update.TrainingMetadata) is the
+        training this run config prescribes: lr, batch-size, local-epochs, samples-per-client (when
+        > 0), the client optimizer and train mode. The attack models the update by them, so a client
+        that trained otherwise (another app version, a deployment's own config) is not attacked as
+        if it had not; the strategy records it as a failed attack naming the difference."""
+        m = metadata
+        prescribed = [
+            ("lr", m.lr, self.lr, math.isclose(m.lr, self.lr, rel_tol=1e-9)),
+            ("batch-size", m.batch_size, self.batch_size, m.batch_size == self.batch_size),
+            ("local-epochs", m.local_epochs, self.local_epochs, m.local_epochs == self.local_epochs),
+            ("client-optimizer", m.optimizer.describe(), self.optimizer.describe(), m.optimizer == self.optimizer),
+        ]
+        if self.samples_per_client > 0:
+            k = self.samples_per_client
+            prescribed.append(("samples-per-client", m.num_samples, k, m.num_samples == k))
+        if hasattr(m, "train_mode"):
+            prescribed.append(
+                ("client-train-mode", m.train_mode, self.client_train_mode, m.train_mode == self.client_train_mode)
+            )
+        for key, replied, expected, same in prescribed:
+            if not same:
+                raise ValueError(f"the client's reply says {key} {replied}, the run config prescribes {expected}")
+
     def _check_memory(self) -> None:
         """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
         from .memory import memory_methods, parse_joint_rounds

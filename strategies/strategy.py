@@ -4,7 +4,9 @@
 reply (wT, public metrics) before aggregation; it drops non-finite updates, builds the
 attacker-facing ObservedUpdate of each chosen client from public information only, records it,
 dispatches the attacks without waiting for them, then aggregates the rest with the unchanged FedAvg
-code, in partition order so that one seed gives one global model. The server's centralised
+code, in partition order so that one seed gives one global model; integer arrays (batch norm's
+num_batches_tracked) are counters, not weights, and take the clients' maximum in their dtype instead
+(``integer_arrays_as_max``). The server's centralised
 evaluation ends each round: it writes the round's row and checkpoints the global model. Finished
 attacks go to the evaluator whenever the strategy next runs.
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from tqdm import tqdm
@@ -84,6 +86,27 @@ def in_partition_order(replies: Iterable[Message]) -> list[Message]:
         return (partition is None, partition if partition is not None else 0, int(reply.metadata.src_node_id))
 
     return sorted(replies, key=key)
+
+
+def integer_arrays_as_max(aggregate: ArrayRecord, records: list[ArrayRecord]) -> ArrayRecord:
+    """``aggregate`` (FedAvg's weighted mean of ``records``) with each integer array replaced by the
+    element-wise maximum of the records' arrays, in their dtype; floating arrays unchanged, key order kept.
+
+    Flower's aggregate_arrayrecords multiplies every array by a float weight, which turns an int64
+    counter such as batch norm's num_batches_tracked into a float64 mean; a counter of steps taken
+    is not a weight to average, and the clients' next w0 must hold it as the model's int64 buffer.
+    Raises ValueError when the records disagree on an integer array's dtype.
+    """
+    out = {}
+    for key, array in aggregate.items():
+        arrays = [record[key].numpy() for record in records]
+        if not np.issubdtype(arrays[0].dtype, np.integer):
+            out[key] = array
+            continue
+        if len({a.dtype for a in arrays}) != 1:
+            raise ValueError(f"the clients' '{key}' arrays differ in dtype: {sorted({str(a.dtype) for a in arrays})}")
+        out[key] = Array(np.asarray(np.maximum.reduce(arrays), dtype=arrays[0].dtype))
+    return ArrayRecord(out)
 
 
 def is_finite(arrays: ArrayRecord) -> bool:
@@ -239,6 +262,12 @@ class LeakageTracking:
             self.folder.event(f"round {server_round}: attack-budget={budget} keeps partitions {kept} of {targets}")
             targets = kept
         return targets
+
+    def _observe(self, w0: ArrayRecord, reply: Message, client: dict) -> ObservedUpdate:
+        """The attacker's view of one reply, checked against the training the run config prescribes."""
+        update = observed_update(w0, reply, self.settings.dataset, client)
+        self.settings.check_prescribed(update.metadata)
+        return update
 
     def _submit(
         self, target: AttackTarget, make_update: Callable[[], ObservedUpdate], oracle_labels: Callable[[], object]
@@ -596,6 +625,8 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
             self._dispatch(server_round, ok)  # a non-finite update becomes a failed attack row
             valid = self._exclude_non_finite(server_round, ok)
             arrays, metrics = super().aggregate_train(server_round, valid) if valid else (None, None)
+            if arrays is not None:
+                arrays = integer_arrays_as_max(arrays, [r.content["arrays"] for r in valid])
         train_loss = metrics["train-loss"] if metrics is not None and "train-loss" in metrics else None
         self._round_trained(server_round, len(valid), train_loss)
         return arrays, metrics
@@ -663,8 +694,8 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
             )
             self._submit(
                 target,
-                lambda reply=reply, target=target: observed_update(
-                    w0, reply, self.settings.dataset, {"round": server_round, "node_id": target.node_id}
+                lambda reply=reply, target=target: self._observe(
+                    w0, reply, {"round": server_round, "node_id": target.node_id}
                 ),
                 lambda partition_id=partition_id: private_samples(self.settings.data, partition_id).labels,
             )

@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
+from fl_attack.config import ClientOptimizer
 from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
 from fl_attack.run_config import RunSettings, usable_cpus
@@ -217,6 +218,24 @@ def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
     # A round with no valid update keeps the previous global model (Flower keeps it on None).
     _, replies, _ = _round(settings, partitions=(0,), poison=0)
     assert strategy.aggregate_train(2, replies) == (None, None)
+
+
+def test_a_reply_trained_otherwise_than_prescribed_is_not_attacked_as_if_it_were(tmp_path):
+    """A client whose reply says it trained with another optimizer (or lr) than the run config
+    prescribes: its update is still aggregated, its attack recorded as failed naming the difference."""
+    settings, strategy, _ = _strategy(tmp_path)
+    w0, replies, _ = _round(settings)
+    for reply, optimizer in zip(replies, (ClientOptimizer("momentum", 0.9), ClientOptimizer())):
+        reply.content["metrics"].update(optimizer.to_metrics())  # Flower wants the same keys in every reply
+    replies[1].content["metrics"]["lr"] = settings.lr * 2
+    strategy.global_arrays = {1: w0}
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    strategy.drain(60)
+    rows = {r["partition_id"]: r for r in _rows(tmp_path / "attacks.csv")}
+    assert rows["0"]["status"] == "failed"
+    assert "reply says client-optimizer momentum 0.9, the run config prescribes sgd" in rows["0"]["error"]
+    assert rows["1"]["status"] == "failed" and f"prescribes {settings.lr}" in rows["1"]["error"]
 
 
 def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypatch):
