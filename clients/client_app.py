@@ -5,8 +5,9 @@ k-sample (optionally class-restricted) client, or (run config ``partitioner``) a
 Datasets' natural, iid, dirichlet or pathological partitioner over ``num-partitions`` nodes. The
 simulation sets both; on the deployment engine each SuperNode is started with
 ``--node-config "partition-id=i num-partitions=N"``. ``train`` runs E local epochs of plain
-SGD (or the run's client-optimizer) from the received global weights (fl_attack.training) and returns the new
-weights plus public metrics. ``evaluate`` scores the global model on the client's held-out samples.
+SGD (or the run's client-optimizer) from the received global weights (fl_attack.training), in eval mode
+or with client-train-mode in train mode, and returns the new weights (batch norm's buffers included)
+plus public metrics. ``evaluate`` scores the global model on the client's held-out samples.
 
 Defenses (run config ``defense``): training goes through the mods of clients/defenses.py, each
 switched on by the run config. Under ``secagg`` the server runs Flower's legacy SecAgg+ workflow,
@@ -93,6 +94,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
         local_epochs=settings.local_epochs,
         seed=settings.seed * 1_000_003 + server_round * 1009 + partition_id,
         optimizer=settings.optimizer,
+        train_mode=settings.client_train_mode,
     )
     meta = result.update.metadata
     metrics = {

@@ -3,6 +3,14 @@
 
 Both drive the one optimisation loop of every attack (``_optimise``: Adam over X_hat and the
 attack's variables, the box clamp, the learning-rate schedule, the trace; docs/PISME.md, "Optimisation").
+
+The attacks match the model's parameters only (``fl_attack.models.parameter_keys``; ``_attack_vector``
+is where the flat vectors are built): its buffers, batch norm's running statistics and counter, are
+not part of delta_w. Each attack runs its forward passes with its own update's w0 buffers
+(``_buffers``; the attacker's private copy of the model holds those of the update it reads labels
+from), and ``fl_attack.attacks.batchnorm.surrogate_mode`` puts that copy in the client's mode (a
+train-mode update: batch norm on X_hat's batch statistics, no running statistic ever updated;
+dropout in eval mode).
 """
 
 from __future__ import annotations
@@ -16,9 +24,10 @@ import torch
 
 from .attacks import AttackConfig, get_attack
 from .attacks.base import JointAttack, build_optimizers, lr_milestones
+from .attacks.batchnorm import check_statistics_use, surrogate_mode
 from .data import get_spec
 from .labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
-from .models import check_model, resolve_model
+from .models import check_model, parameter_keys, resolve_model
 from .update import ObservedUpdate, flatten, layout
 
 
@@ -91,7 +100,12 @@ def reconstruct(
     model: the victim's architecture: an nn.Module (copied; its weights are not used, they come from
     the update), a spec for ``fl_attack.models.resolve_model`` ("paper" or "package.module:factory"),
     or None for the paper's CNN of the update's dataset. The paper's CNNs take the structured fast
-    path of ``fl_attack.attacks.gradients``, any other model the generic one.
+    path of ``fl_attack.attacks.gradients``, any other model the generic one. The attack matches the
+    model's parameters; its buffers (batch norm's running statistics) come from w0. An update with
+    ``metadata.train_mode`` is attacked with batch norm on X_hat's batch statistics, which never
+    updates a running statistic of the model, the update or the attacker's copy
+    (``fl_attack.attacks.batchnorm``); ``bn_stats_weight`` > 0 also matches the client's feature
+    statistics estimated from the change of the running statistics.
     dtype: the attack's working precision, torch.float32 (default) or torch.float64 (for exactness
     checks; X_hat is drawn in float32 either way, so both start from the same images).
     update as a sequence of n ObservedUpdates of one client (one dataset, layout and k): one X_hat
@@ -105,7 +119,9 @@ def reconstruct(
     breaks the contract (``fl_attack.models.check_model``), an update that is not the model's
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
     shapes) or oracle labels of the wrong length, and KeyError for recovered labels without an
-    output-layer bias, before any optimisation.
+    output-layer bias, before any optimisation; ValueError too for updates of a joint attack of both
+    train and eval mode, and for bn_stats_weight > 0 on an eval-mode update or a model without
+    batch-norm running statistics.
     """
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
@@ -122,6 +138,7 @@ def reconstruct(
     model = _victim_model(model, update.metadata.dataset)
     for u in updates:
         u.check_against(model)
+    statistics = [check_statistics_use(u, model, config.bn_stats_weight) for u in updates]
     if init is not None and tuple(init.shape) != (update.metadata.num_samples, *spec.image_shape):
         raise ValueError(
             f"init must be (k,C,H,W) = {(update.metadata.num_samples, *spec.image_shape)} images in [0,1], "
@@ -136,13 +153,20 @@ def reconstruct(
     dev = resolve_device(device)
     start = time.perf_counter()
 
-    model = _frozen(model, dev)
-    shapes = layout(update.w0)
+    model = _frozen(model, dev, update)
+    keys = parameter_keys(model)
+    shapes = layout(_attack_vector(update.w0, keys))
     attacks = [
         attack_cls(
-            model, *(flatten(w).to(device=dev, dtype=dtype) for w in (u.w0, u.wT)), shapes, config, training=u.metadata
+            model,
+            *(flatten(_attack_vector(w, keys)).to(device=dev, dtype=dtype) for w in (u.w0, u.wT)),
+            shapes,
+            config,
+            training=u.metadata,
+            buffers=_buffers(u.w0, keys, dev, dtype),
+            statistics=s,
         )
-        for u in updates
+        for u, s in zip(updates, statistics)
     ]
     attack = attacks[0] if len(attacks) == 1 else JointAttack(attacks, share.to(device=dev, dtype=dtype))
     if init is None:
@@ -221,9 +245,11 @@ def reconstruct_batch(
     batch's wall time (wall time / N).
     Raises, before any work: TypeError for a non-ObservedUpdate (naming its index), ValueError for an
     empty list, an unknown or unbatchable method, bad settings, updates of different datasets,
-    layouts or k (naming the first offending client index and the value it differs from), an update
-    that is not the model's, or oracle labels of the wrong number or shape (naming the client);
-    KeyError for recovered labels without an output-layer bias.
+    layouts, k or train mode (naming the first offending client index and the value it differs
+    from), an update that is not the model's, bn_stats_weight > 0 on an update it cannot use (as
+    ``reconstruct``), or oracle labels of the wrong number or shape (naming the client); KeyError for
+    recovered labels without an output-layer bias. Each client's buffers (batch norm's running
+    statistics) are its own w0's, vmapped with its weights.
     """
     attack_cls = get_attack(method)
     if not attack_cls.batchable:
@@ -257,11 +283,18 @@ def reconstruct_batch(
             )
         if layout(update.w0) != layout(updates[0].w0):
             raise ValueError(f"client {i}'s update has another state-dict layout (keys, order, shapes) than client 0's")
+        if meta.train_mode != first.train_mode:
+            raise ValueError(
+                f"client {i} trained in {_mode(meta)} mode, client 0 in {_mode(first)} mode: a batch attacks one "
+                "mode (attack them one by one)"
+            )
     spec = get_spec(first.dataset)
     model = _victim_model(model, first.dataset)
+    statistics = []
     for i, update in enumerate(updates):
         try:
             update.check_against(model)
+            statistics.append(check_statistics_use(update, model, config.bn_stats_weight))
         except ValueError as error:
             raise ValueError(f"client {i}: {error}") from None
     n, k = len(updates), first.num_samples
@@ -289,11 +322,15 @@ def reconstruct_batch(
     dev = resolve_device(device)
     start = time.perf_counter()
 
-    model = _frozen(model, dev)
-    shapes = layout(updates[0].w0)
-    w0 = torch.stack([flatten(u.w0) for u in updates]).to(device=dev, dtype=dtype)  # (N, P)
-    wT = torch.stack([flatten(u.wT) for u in updates]).to(device=dev, dtype=dtype)
-    attack = attack_cls(model, w0, wT, shapes, config, training=first)
+    model = _frozen(model, dev, updates[0])
+    keys = parameter_keys(model)
+    shapes = layout(_attack_vector(updates[0].w0, keys))
+    w0 = torch.stack([flatten(_attack_vector(u.w0, keys)) for u in updates]).to(device=dev, dtype=dtype)  # (N, P)
+    wT = torch.stack([flatten(_attack_vector(u.wT, keys)) for u in updates]).to(device=dev, dtype=dtype)
+    per_client = [_buffers(u.w0, keys, dev, dtype) for u in updates]
+    buffers = {k: torch.stack([b[k] for b in per_client]) for k in per_client[0]}  # (N, ...) each
+    statistics = statistics if any(statistics) else None  # one list per client, or no term
+    attack = attack_cls(model, w0, wT, shapes, config, training=first, buffers=buffers, statistics=statistics)
     one = _initial_images(config.seed, k, spec, dev, dtype)  # every client starts where it would alone
     x = one.expand(n, *one.shape).clone().requires_grad_(True)  # (N, k, C, H, W)
 
@@ -353,6 +390,11 @@ def _joint_weights(updates: list, weights, config: AttackConfig) -> torch.Tensor
             )
         if layout(u.w0) != layout(first.w0):
             raise ValueError(f"update {i} has another state-dict layout (keys, order, shapes) than update 0")
+        if u.metadata.train_mode != first.metadata.train_mode:
+            raise ValueError(
+                f"update {i} was trained in {_mode(u.metadata)} mode, update 0 in {_mode(first.metadata)} mode: "
+                "a joint attack needs one mode"
+            )
     share = (
         torch.ones(len(updates), dtype=torch.float64)
         if weights is None
@@ -378,11 +420,37 @@ def _victim_model(model, dataset: str) -> torch.nn.Module:
     return copy.deepcopy(model).eval()
 
 
-def _frozen(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def _frozen(model: torch.nn.Module, device: torch.device, update: ObservedUpdate) -> torch.nn.Module:
+    """The attacker's private copy ``model`` ready to be differentiated: on ``device``, parameters
+    frozen, ``update``'s w0 buffers loaded, in the update's mode (``surrogate_mode``)."""
     model = model.to(device)
     for p in model.parameters():
         p.requires_grad_(False)
-    return model
+    params = set(parameter_keys(model))
+    with torch.no_grad():
+        for key, value in update.w0.items():
+            if key not in params:
+                model.get_buffer(key).copy_(value)
+    return surrogate_mode(model, update.metadata.train_mode)
+
+
+def _attack_vector(state: dict, keys: list[str]) -> dict:
+    """The entries of ``state`` the attacks match: the model's parameters ``keys``, in their order.
+    For a model without buffers, the whole state dict (the same keys, so the same flat vectors)."""
+    return {k: state[k] for k in keys}
+
+
+def _buffers(state: dict, keys: list[str], device, dtype) -> dict:
+    """The other entries of ``state``, the model's buffers, as the attack's own copies on ``device``:
+    floating ones in the attack's ``dtype``, integer ones (counters) in theirs. {} without buffers."""
+    params = set(keys)
+    return {
+        k: (v.to(dtype) if v.is_floating_point() else v).to(device).clone() for k, v in state.items() if k not in params
+    }
+
+
+def _mode(meta) -> str:
+    return "train" if meta.train_mode else "eval"
 
 
 def _check_labels(labels, k: int, num_classes: int, config: AttackConfig, label_aux) -> torch.Tensor | None:

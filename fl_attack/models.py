@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .data import get_spec
+from .update import is_integer
 
 OUTPUT_BIAS = "fc2.bias"
 
@@ -107,8 +108,9 @@ def resolve_model(spec: str, dataset: str, seed: int | None = None) -> nn.Module
     ``dataset`` keyword (or ``**kwargs``), else ``factory()``. The module must be importable here
     (installed, or on PYTHONPATH).
     The contract of a user model (``check_model``): input normalised images (N,C,H,W) per
-    ``fl_attack.data.get_spec(dataset)``, output logits (N, num_classes), a state dict of floating-point
-    tensors only. Label recovery also needs the output-layer bias (``output_bias_key``).
+    ``fl_attack.data.get_spec(dataset)``, output logits (N, num_classes), floating-point parameters, and
+    buffers that are floating point or integer (batch norm's running statistics and int64 counter).
+    Label recovery also needs the output-layer bias (``output_bias_key``).
     seed: makes the initial weights reproducible (the global RNG is left as it was).
     Raises ValueError, naming the spec, for a bad spec format, an import failure, a missing or
     non-callable factory, a factory that raises or returns no nn.Module, and a model that fails
@@ -170,25 +172,28 @@ def _call_factory(factory, spec: str, dataset: str) -> nn.Module:
 
 
 def check_model(model: nn.Module, dataset: str, what: str = "the model") -> None:
-    """Check ``model`` against the contract, with one forward pass on a zero (2,C,H,W) batch of
-    ``dataset``'s image shape: logits of shape (2, num_classes), a non-empty state dict of
-    floating-point tensors (the update's). The model's mode and the global RNG are left as they were.
-    Raises ValueError starting with ``what``.
+    """Check ``model`` against the contract, with one forward pass (in eval mode: no running statistics
+    change) on a zero (2,C,H,W) batch of ``dataset``'s image shape: logits of shape (2, num_classes),
+    at least one parameter, every parameter floating point (the attacks' unknowns' gradients), every
+    buffer floating point or integer (the update carries both, ``fl_attack.update.ObservedUpdate``).
+    The model's mode and the global RNG are left as they were. Raises ValueError starting with ``what``.
     """
     spec = get_spec(dataset)
     if not isinstance(model, nn.Module):
         raise ValueError(f"{what}: expected a torch.nn.Module, got {type(model).__name__}")
-    state = model.state_dict()
-    if not state:
+    params = set(parameter_keys(model))
+    if not params:
         raise ValueError(f"{what}: the model has no parameters")
-    for key, value in state.items():
-        if not torch.is_floating_point(value):
+    for key, value in model.state_dict().items():
+        if key in params and not torch.is_floating_point(value):
+            raise ValueError(f"{what}: parameter '{key}' is {value.dtype}; every parameter must be floating point")
+        if key not in params and not (torch.is_floating_point(value) or is_integer(value)):
             raise ValueError(
-                f"{what}: state-dict entry '{key}' is {value.dtype}; every entry must be floating "
-                "point (e.g. no batch-norm counters: use track_running_stats=False or no batch norm)"
+                f"{what}: buffer '{key}' is {value.dtype}; a buffer must be floating point or integer "
+                "(such as batch norm's running statistics and num_batches_tracked)"
             )
     shape = (2, *spec.image_shape)
-    first = next(iter(state.values()))
+    first = next(model.parameters())
     batch = torch.zeros(shape, dtype=first.dtype, device=first.device)
     training = model.training
     try:
@@ -206,6 +211,15 @@ def check_model(model: nn.Module, dataset: str, what: str = "the model") -> None
             f"{what}: on a {shape} {spec.name} batch the model returned {got}; it must return "
             f"logits of shape (2, {spec.num_classes})"
         )
+
+
+def parameter_keys(model: nn.Module) -> list[str]:
+    """The state-dict keys of ``model``'s parameters, in state-dict order: what the attacks match
+    (``fl_attack.api``). The buffers (batch norm's running statistics and counter) are the other keys;
+    for a model without buffers, every key. A parameter registered under two names (tied weights)
+    keeps both, as the state dict does."""
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    return [k for k in model.state_dict() if k in names]
 
 
 def output_bias_key(state: dict, num_classes: int) -> str:

@@ -395,6 +395,7 @@ class RunSettings:
     client_momentum: float = 0.9
     client_weight_decay: float = 0.0
     client_adam_betas: str = "0.9,0.999"
+    client_train_mode: bool = False
     samples_per_client: int = 32
     classes_per_client: int = 0
     partitioner: str = "paper"

@@ -1,8 +1,11 @@
 """Victim training: one client's FedAvg local epochs (docs/PISME.md).
 
-Mean cross-entropy, batches reshuffled every epoch, model in eval mode. The optimizer is the run's
-``ClientOptimizer``: plain SGD by default (the paper's protocol), or SGD with momentum / Nesterov,
-Adam or AdamW, with weight decay, as Flower apps train.
+Mean cross-entropy, batches reshuffled every epoch. The model is in eval mode by default (the paper's
+protocol: its CNNs have no batch norm or dropout), or in train mode (``train_mode``, run-config key
+client-train-mode), as Flower apps train ResNet-style models: batch norm normalises with each batch's
+statistics and updates its running statistics and counter, which the update then carries, and
+dropout is active. The optimizer is the run's ``ClientOptimizer``: plain SGD by default, or SGD with
+momentum / Nesterov, Adam or AdamW, with weight decay, as Flower apps train.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def train_local(
     record_states: bool = False,
     client: dict | None = None,
     optimizer: ClientOptimizer | None = None,
+    train_mode: bool = False,
 ) -> LocalResult:
     """Run E local epochs of SGD on one client's k samples. Returns a ``LocalResult``: ``.update``
     is the ObservedUpdate (w0, wT, metadata), with the training loss (and the states when asked).
@@ -81,7 +85,10 @@ def train_local(
     images: (k,C,H,W) float in [0,1] (normalised here with the dataset's mean/std); labels: (k,)
     int64. The model is trained in place, starting from its current weights (w0). lr, batch_size
     and local_epochs default to the paper's (``fl_attack.config.PAPER``); optimizer (default plain
-    SGD) is built by ``build_optimizer`` and recorded in the update's metadata.
+    SGD) is built by ``build_optimizer`` and recorded in the update's metadata, as is train_mode:
+    True trains with ``model.train()`` (batch norm on batch statistics, its running statistics and
+    num_batches_tracked updated once per step; dropout active), False (default) in eval mode. The
+    model is left in eval mode.
     T = E * ceil(k/B) steps; the last batch of an epoch may be smaller.
     Raises ValueError for B > k or mismatched images/labels, before training starts.
     """
@@ -92,13 +99,19 @@ def train_local(
     k = images.shape[0]
     optimizer = ClientOptimizer() if optimizer is None else optimizer
     metadata = TrainingMetadata(
-        dataset=dataset, lr=lr, batch_size=batch_size, local_epochs=local_epochs, num_samples=k, optimizer=optimizer
+        dataset=dataset,
+        lr=lr,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+        num_samples=k,
+        optimizer=optimizer,
+        train_mode=bool(train_mode),
     )
     spec = get_spec(dataset)
     device = next(model.parameters()).device
     x = spec.normalize(images.float()).to(device)
     y = labels.long().to(device)
-    model.eval()  # the CNNs have no batch norm; the paper keeps eval mode
+    model.train(bool(train_mode))  # eval: the paper's (its CNNs have no batch norm or dropout)
     w0 = OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items())
     step = build_optimizer(model.parameters(), lr, optimizer)
     gen = torch.Generator().manual_seed(int(seed))
@@ -116,6 +129,7 @@ def train_local(
             if record_states:
                 batches.append(idx)
                 states.append(OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items()))
+    model.eval()
     wT = OrderedDict((n, p.detach().cpu().clone()) for n, p in model.state_dict().items())
     update = ObservedUpdate(w0, wT, metadata, dict(client or {}))
     return LocalResult(update=update, train_loss=float(sum(losses) / len(losses)), states=states, batches=batches)

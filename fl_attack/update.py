@@ -3,6 +3,11 @@
 An ``ObservedUpdate`` holds the global weights sent (w0), the weights returned (wT) and public
 training metadata. It has no field for images or labels, so the attacker cannot be handed private
 data through it; the evaluator gets the ground truth separately, after the attack.
+
+w0 and wT are the model's whole state dict: its floating-point parameters and buffers (float32) and
+its integer buffers (e.g. a batch norm's int64 ``num_batches_tracked``, kept with their dtype). The
+attacks match the parameters only (``fl_attack.api``); batch-norm running statistics are read by
+``fl_attack.attacks.batchnorm``.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ class TrainingMetadata:
 
     lr is eta, batch_size B, local_epochs E, num_samples k; local_steps T defaults to
     E * ceil(k/B). optimizer: the clients' local optimizer (``fl_attack.config.ClientOptimizer``,
-    or its dict; default plain SGD, the paper's). Raises ValueError for non-positive values, B > k
-    or a bad optimizer.
+    or its dict; default plain SGD, the paper's). train_mode: the clients trained the model in train
+    mode (batch norm on batch statistics, updating its running statistics; dropout active), else in
+    eval mode (the paper's; the default). Raises ValueError for non-positive values, B > k or a bad
+    optimizer, TypeError for a train_mode that is not a bool.
     """
 
     dataset: str
@@ -42,12 +49,15 @@ class TrainingMetadata:
     num_samples: int
     local_steps: int = -1
     optimizer: ClientOptimizer = ClientOptimizer()
+    train_mode: bool = False
 
     def __post_init__(self):
         if isinstance(self.optimizer, dict):
             object.__setattr__(self, "optimizer", ClientOptimizer(**self.optimizer))
         if not isinstance(self.optimizer, ClientOptimizer):
             raise TypeError(f"optimizer must be a ClientOptimizer, got {type(self.optimizer).__name__}")
+        if not isinstance(self.train_mode, bool):
+            raise TypeError(f"train_mode must be a bool, got {type(self.train_mode).__name__}")
         check_training(self.num_samples, self.batch_size, self.local_epochs, self.lr, samples_name="num_samples")
         if self.local_steps == -1:
             object.__setattr__(self, "local_steps", local_steps(self.num_samples, self.batch_size, self.local_epochs))
@@ -55,7 +65,8 @@ class TrainingMetadata:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
 
     def to_metrics(self) -> dict:
-        """The metadata as a Flower client's reply metrics (kebab-case: "num-examples", "lr", ...)."""
+        """The metadata as a Flower client's reply metrics (kebab-case: "num-examples", "lr", ...;
+        "train-mode" 0 or 1)."""
         return {
             "num-examples": self.num_samples,
             "local-steps": self.local_steps,
@@ -63,11 +74,13 @@ class TrainingMetadata:
             "batch-size": self.batch_size,
             "local-epochs": self.local_epochs,
             **self.optimizer.to_metrics(),
+            "train-mode": int(self.train_mode),
         }
 
     @classmethod
     def from_metrics(cls, dataset: str, metrics) -> TrainingMetadata:
-        """Back from a reply's metrics (``to_metrics``); KeyError for a missing one, ValueError for a bad one."""
+        """Back from a reply's metrics (``to_metrics``); KeyError for a missing one, ValueError for a bad one.
+        A reply without "train-mode" (an older client) trained in eval mode."""
         m = metrics
         return cls(
             dataset,
@@ -77,6 +90,7 @@ class TrainingMetadata:
             num_samples=int(m["num-examples"]),
             local_steps=int(m["local-steps"]),
             optimizer=ClientOptimizer.from_metrics(m),
+            train_mode=bool(int(m.get("train-mode", 0))),
         )
 
     def to_dict(self) -> dict:
@@ -88,7 +102,14 @@ class TrainingMetadata:
             num_samples=self.num_samples,
             local_steps=self.local_steps,
             optimizer=asdict(self.optimizer),
+            train_mode=self.train_mode,
         )
+
+
+def is_integer(t: torch.Tensor) -> bool:
+    """True for an integer tensor (int8 ... int64, uint8): a counter buffer such as a batch norm's
+    ``num_batches_tracked``; False for floating point, complex and bool."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _as_state(weights, name: str) -> OrderedDict[str, torch.Tensor]:
@@ -102,8 +123,14 @@ def _as_state(weights, name: str) -> OrderedDict[str, torch.Tensor]:
             value = torch.from_numpy(np.array(value, copy=True))
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name}['{key}'] must be a tensor or ndarray, got {type(value).__name__}")
+        if is_integer(value):  # an integer buffer (a counter): kept exactly, with its dtype
+            out[key] = value.detach().cpu().clone()
+            continue
         if not torch.is_floating_point(value):
-            raise ValueError(f"{name}['{key}'] has dtype {value.dtype}; model parameters are floating point")
+            raise ValueError(
+                f"{name}['{key}'] has dtype {value.dtype}; an update holds floating-point tensors and "
+                "integer buffers only"
+            )
         out[key] = value.detach().to(torch.float32).cpu().clone()
     return out
 
@@ -112,13 +139,16 @@ def _as_state(weights, name: str) -> OrderedDict[str, torch.Tensor]:
 class ObservedUpdate:
     """What the server observes of one client in one round: (w0, wT, metadata).
 
-    w0, wT: dicts parameter name -> float32 tensor (the model's state dict layout), same keys and
-    shapes, given as floating-point tensors or ndarrays (copied to float32 on the CPU).
+    w0, wT: dicts name -> tensor (the model's state dict layout: parameters and buffers), same keys,
+    shapes and dtypes, given as tensors or ndarrays and copied to the CPU: floating-point ones as
+    float32, integer ones (buffers such as a batch norm's int64 ``num_batches_tracked``) with their
+    own dtype.
     client: public identifiers only, keys from PUBLIC_CLIENT_KEYS (round, node_id, partition_id,
     client_id, participants), values int, float, str or bool.
-    Validated on construction; raises ValueError on mismatched keys or shapes, a non-floating dtype,
-    NaN/inf values or a client key outside PUBLIC_CLIENT_KEYS, and TypeError for a non-scalar client
-    value, before any attack work starts. ``check_against`` checks the update against its model.
+    Validated on construction; raises ValueError on mismatched keys, shapes or dtypes (an integer
+    tensor on one side only, or two integer dtypes), a bool or complex tensor, NaN/inf values or a
+    client key outside PUBLIC_CLIENT_KEYS, and TypeError for a non-scalar client value, before any
+    attack work starts. ``check_against`` checks the update against its model.
     """
 
     w0: dict
@@ -140,6 +170,8 @@ class ObservedUpdate:
                 raise ValueError(
                     f"w0 and wT differ in shape at '{key}': {tuple(w0[key].shape)} vs {tuple(wT[key].shape)}"
                 )
+            if w0[key].dtype != wT[key].dtype:
+                raise ValueError(f"w0 and wT differ in dtype at '{key}': {w0[key].dtype} vs {wT[key].dtype}")
             for name, state in (("w0", w0), ("wT", wT)):
                 if not torch.isfinite(state[key]).all():
                     raise ValueError(f"{name}['{key}'] contains NaN or inf; the update cannot be attacked")
@@ -160,11 +192,13 @@ class ObservedUpdate:
 
     def check_against(self, model) -> None:
         """Check that this update is one of ``model`` (an nn.Module or its state dict): exactly the
-        model's state-dict keys, each of the model's shape, and floating-point model tensors.
+        model's state-dict keys, each of the model's shape; floating-point model tensors where the
+        update has float32 ones, and integer model buffers where the update has the same integer dtype.
 
         Raises ValueError naming the first offending key: a tensor the model does not have (e.g.
-        'private_images' smuggled in beside the weights), a model tensor the update lacks, or a
-        shape that differs.
+        'private_images' smuggled in beside the weights), a model tensor the update lacks, a shape
+        that differs, or a dtype that does not match (an integer entry on one side only, another
+        integer dtype, a bool or complex model tensor).
         """
         state = model.state_dict() if isinstance(model, torch.nn.Module) else model
         if not isinstance(state, dict):
@@ -185,15 +219,22 @@ class ObservedUpdate:
                 raise ValueError(
                     f"the update's '{key}' has shape {tuple(self.w0[key].shape)}, the model's {tuple(reference.shape)}"
                 )
-            if not torch.is_floating_point(reference):
+            ours = self.w0[key].dtype
+            if is_integer(reference) or is_integer(self.w0[key]):
+                if reference.dtype != ours:
+                    raise ValueError(f"the update's '{key}' has dtype {ours}, the model's {reference.dtype}")
+            elif not torch.is_floating_point(reference):
                 raise ValueError(
-                    f"the model's '{key}' has dtype {reference.dtype}; only floating-point parameters can be attacked"
+                    f"the model's '{key}' has dtype {reference.dtype}; an update holds floating-point tensors "
+                    "and integer buffers only"
                 )
 
     @property
     def num_parameters(self) -> int:
-        """The number of floating-point entries of the update (the equations the server observes)."""
-        return sum(v.numel() for v in self.w0.values() if torch.is_floating_point(v))
+        """The model's parameters in the update: its floating-point entries but batch norm's running
+        statistics (torch's buffer names running_mean and running_var), the equations the attacks match."""
+        stats = ("running_mean", "running_var")
+        return sum(v.numel() for k, v in self.w0.items() if torch.is_floating_point(v) and not k.endswith(stats))
 
     @property
     def num_unknowns(self) -> int:
@@ -206,7 +247,8 @@ class ObservedUpdate:
 
     @property
     def delta_w(self) -> OrderedDict[str, torch.Tensor]:
-        """Delta w = w0 - wT = eta * sum of the local gradients (eq. 1)."""
+        """Delta w = w0 - wT = eta * sum of the local gradients (eq. 1) on the parameters; buffers'
+        entries are their change (an integer buffer's in its dtype)."""
         return OrderedDict((k, self.w0[k] - self.wT[k]) for k in self.w0)
 
     @classmethod
@@ -222,7 +264,8 @@ class ObservedUpdate:
 
 
 def flatten(state: dict) -> torch.Tensor:
-    """Concatenate a state dict into one flat (P,) vector, in key order."""
+    """Concatenate a state dict into one flat (P,) vector, in key order (the attacks pass only the
+    model's parameters, ``fl_attack.api``)."""
     return torch.cat([v.reshape(-1) for v in state.values()])
 
 

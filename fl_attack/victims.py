@@ -92,10 +92,12 @@ def train_victim(
     record_states: bool = False,
     model: str = "",
     optimizer=None,
+    train_mode: bool = False,
 ) -> Victim:
     """Train client ``partition`` (k = ``samples`` real samples) for E local epochs of plain SGD
     (or ``optimizer``, a fl_attack.config.ClientOptimizer) from w0 = build_model(dataset, seed, width),
-    or with ``model`` (a spec, fl_attack.models.resolve_model) from w0 = resolve_model(model, dataset, seed).
+    or with ``model`` (a spec, fl_attack.models.resolve_model) from w0 = resolve_model(model, dataset, seed);
+    in eval mode, or in train mode with ``train_mode`` (fl_attack.training.train_local).
 
     data_seed: the partition draw (default ``seed``); pool: an already loaded data pool (default
     ``load_pool(dataset, data_dir)``); device: where training runs ("auto", "cpu", "cuda").
@@ -121,6 +123,7 @@ def train_victim(
         record_states=record_states,
         client={"partition_id": int(partition)},
         optimizer=optimizer,
+        train_mode=train_mode,
     )
     return Victim(
         dataset=get_spec(dataset).name,

@@ -245,7 +245,7 @@ def test_option_sets_any_attack_setting():
 
 BAD_OPTIONS = [
     (["--option", "tv_weight"], "--option: expected key=value, got 'tv_weight'"),
-    (["--option", "tv_wieght=0.02"], "--option: unknown attack setting 'tv_wieght'; known: ['box_clamp', "),
+    (["--option", "tv_wieght=0.02"], "--option: unknown attack setting 'tv_wieght'; known: ['bn_stats_weight', "),
     (["--option", "tv_weight=much"], "--option 'tv_weight' must be a number, got 'much'"),
     (["--option", "nodes=2.5"], "--option 'nodes' must be an integer, got '2.5'"),
     (["--option", "tv_reduction=max"], "tv_reduction must be 'mean' or 'sum', got 'max'"),

@@ -145,6 +145,7 @@ def test_no_field_can_hold_images():
         "num_samples",
         "local_steps",
         "optimizer",
+        "train_mode",
     }
     assert {f.name for f in dataclasses.fields(ClientOptimizer)} == {"name", "momentum", "weight_decay", "adam_betas"}
     update = ObservedUpdate(_state(0), _state(1), _meta())
@@ -222,9 +223,15 @@ def test_a_client_key_that_is_not_a_public_identifier_is_rejected(key):
 
 def test_non_floating_weights_are_rejected():
     w0, wT = _state(0), _state(1)
-    wT["fc2.bias"] = torch.arange(62)
-    with pytest.raises(ValueError, match=r"wT\['fc2.bias'\] has dtype torch.int64; model parameters are floating"):
-        ObservedUpdate(w0, wT, _meta())
+    with pytest.raises(ValueError, match=r"wT\['fc2.bias'\] has dtype torch.bool; an update holds floating-point"):
+        ObservedUpdate(w0, {**wT, "fc2.bias": torch.ones(62, dtype=torch.bool)}, _meta())
+    with pytest.raises(ValueError, match="w0 and wT differ in dtype at 'fc2.bias': torch.float32 vs torch.int64"):
+        ObservedUpdate(w0, {**wT, "fc2.bias": torch.arange(62)}, _meta())
+    # integer tensors are buffers (tests/test_batchnorm.py); as a model's float parameter they are refused
+    ints = ObservedUpdate({**w0, "fc2.bias": torch.arange(62)}, {**wT, "fc2.bias": torch.arange(62)}, _meta())
+    assert ints.w0["fc2.bias"].dtype == torch.int64
+    with pytest.raises(ValueError, match="the update's 'fc2.bias' has dtype torch.int64, the model's torch.float32"):
+        ints.check_against(build_model("femnist"))
 
 
 @pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
@@ -285,6 +292,7 @@ def test_metadata_goes_to_the_reply_metrics_and_back():
         "batch-size": 4,
         "local-epochs": 3,
         **{"optimizer": 0, "momentum": 0.0, "weight-decay": 0.0, "adam-beta1": 0.9, "adam-beta2": 0.999},
+        "train-mode": 0,
     }
     assert TrainingMetadata.from_metrics("femnist", {**metrics, "train-loss": 1.0}) == meta
     heavy = dataclasses.replace(meta, optimizer=ClientOptimizer("nesterov", 0.9, 5e-4))

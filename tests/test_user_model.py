@@ -84,10 +84,14 @@ BAD_SPECS = [
         "it must return logits of shape (2, 62)",
     ),
     (
-        "tests.user_models:with_batch_norm",
-        "model spec 'tests.user_models:with_batch_norm': state-dict entry '1.num_batches_tracked' is torch.int64; "
-        "every entry must be floating point (e.g. no batch-norm counters: use track_running_stats=False or no batch "
-        "norm)",
+        "tests.user_models:integer_parameter",
+        "model spec 'tests.user_models:integer_parameter': parameter 'steps' is torch.int64; every parameter "
+        "must be floating point",
+    ),
+    (
+        "tests.user_models:bool_buffer",
+        "model spec 'tests.user_models:bool_buffer': buffer 'mask' is torch.bool; a buffer must be floating point "
+        "or integer (such as batch norm's running statistics and num_batches_tracked)",
     ),
 ]
 

@@ -1,9 +1,11 @@
 """Architectures the project does not ship, for the "attack your own model" tests (run config
 ``model="tests.user_models:lenet"``, ``fl-attack attack --model tests.user_models:lenet``).
 
-Both follow the contract of fl_attack.models.resolve_model: normalised (N,C,H,W) input of the
-dataset's shape, (N, num_classes) logits, floating-point state only, no batch norm. Neither names its
-output bias ``fc2.bias``: label recovery finds it as the last 1-D entry of size num_classes.
+All follow the contract of fl_attack.models.resolve_model: normalised (N,C,H,W) input of the
+dataset's shape, (N, num_classes) logits, floating-point parameters. LeNet and TinyResNet have no
+buffers; BatchNormNet has batch norm (float running statistics, an int64 counter), max pooling and
+dropout. None names its output bias ``fc2.bias``: label recovery finds it as the last 1-D entry of
+size num_classes.
 """
 
 from __future__ import annotations
@@ -91,6 +93,42 @@ def quickstart_net(dataset: str = "cifar100") -> QuickstartNet:
     return QuickstartNet(channels, size, spec.num_classes)
 
 
+class BatchNormNet(nn.Module):
+    """Batch norm, max pooling and dropout, FEMNIST: BatchNorm2d(1) on the input, then conv 1->4 (3x3,
+    pad 1), BatchNorm2d, ReLU, MaxPool 2, conv 4->8, BatchNorm2d, ReLU, MaxPool 2, Dropout(0.25), fc
+    392->62. The first batch norm sees the images themselves, whose statistics do not depend on the
+    weights (tests/test_batchnorm.py's literal check of the running-statistics estimate)."""
+
+    def __init__(self, width: int = 4, num_classes: int = 62):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.BatchNorm2d(1),
+            nn.Conv2d(1, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.drop = nn.Dropout(0.25)
+        self.head = nn.Linear(2 * width * 7 * 7, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(self.features(x).flatten(1)))
+
+
+def batch_norm_net() -> BatchNormNet:
+    """The factory of "tests.user_models:batch_norm_net" (FEMNIST only)."""
+    return BatchNormNet()
+
+
+def with_batch_norm():
+    """Conv 1->4 (3x3), BatchNorm2d, fc 2704->62 (FEMNIST): the smallest model with batch norm."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 26 * 26, 62))
+
+
 # Factories that break the contract, for the error messages.
 def not_a_module():
     return 42
@@ -100,8 +138,25 @@ def wrong_classes(dataset: str = "femnist") -> LeNet:
     return LeNet(num_classes=10)
 
 
-def with_batch_norm():
-    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 26 * 26, 62))
+class _Odd(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.fc = nn.Linear(784, 62)
+        if kind == "parameter":
+            self.steps = nn.Parameter(torch.zeros((), dtype=torch.int64), requires_grad=False)
+        else:
+            self.register_buffer("mask", torch.ones(62, dtype=torch.bool))
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+def integer_parameter():
+    return _Odd("parameter")
+
+
+def bool_buffer():
+    return _Odd("buffer")
 
 
 def no_output_bias():

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from .batchnorm import statistics_loss
 from .gradients import path_gradient
 
 _EPS = 1e-12
@@ -56,6 +57,11 @@ class AttackConfig:
     optimizer_aware: weigh the surrogate by the client's optimizer, read from the update's public
     metadata (docs/PISME.md, "Optimizers": momentum's per-step weights along the path, the weight
     decay term lambda w(t)); False is the naive attack that assumes plain SGD. No effect on plain SGD.
+    bn_stats_weight: on a train-mode update of a model with batch norm, the weight of the match of
+    X_hat's feature means and variances at each batch norm's input to the client's, estimated from
+    the change of the running statistics (``fl_attack.attacks.batchnorm``; not in the paper); 0
+    (default) is off. ``fl_attack.reconstruct`` refuses it > 0 on an eval-mode update or a model
+    without batch-norm running statistics.
     """
 
     iterations: int = 1000
@@ -81,6 +87,7 @@ class AttackConfig:
     label_refine: float = 0.0
     label_estimator: str = "support"
     optimizer_aware: bool = True
+    bn_stats_weight: float = 0.0
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -112,6 +119,8 @@ class AttackConfig:
             )
         if int(self.trace_every) < 1:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
+        if not self.bn_stats_weight >= 0:
+            raise ValueError(f"bn_stats_weight must be >= 0 (0: off), got {self.bn_stats_weight}")
 
     @classmethod
     def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:
@@ -171,15 +180,32 @@ class Attack:
     docstring); ``batch_shape`` is () or (N,), the leading shape of every per-client variable.
     ``batchable``: False for an attack whose clients cannot share one computation (pisme-adaptive
     chooses its m per client); ``fl_attack.reconstruct_batch`` refuses those.
+    w0, wT and ``shapes`` are the model's parameters only. buffers: the model's buffers from w0
+    (name -> tensor, batched (N, ...); batch norm's running statistics, constants of every forward
+    pass), None for a model without any. statistics: the client's batch-norm feature statistics
+    (``fl_attack.attacks.batchnorm.client_statistics``; batched, one list per client), matched with
+    weight ``config.bn_stats_weight``; None: no such term.
     """
 
     name = "base"
     batchable = True
 
-    def __init__(self, model, w0: torch.Tensor, wT: torch.Tensor, shapes, config: AttackConfig, training=None):
+    def __init__(
+        self,
+        model,
+        w0: torch.Tensor,
+        wT: torch.Tensor,
+        shapes,
+        config: AttackConfig,
+        training=None,
+        buffers: dict | None = None,
+        statistics: list | None = None,
+    ):
         if w0.dim() not in (1, 2) or wT.shape != w0.shape:
             raise ValueError(f"w0 and wT must both be (P,) or (N, P), got {tuple(w0.shape)} and {tuple(wT.shape)}")
         self.model, self.w0, self.wT, self.shapes, self.config = model, w0, wT, shapes, config
+        self.buffers = buffers or None
+        self.statistics = statistics if statistics and config.bn_stats_weight > 0 else None
         # training: the update's public TrainingMetadata; with optimizer_aware, its optimizer shapes G.
         optimizer = training.optimizer if training is not None and config.optimizer_aware else None
         self.step_weights = None  # (T,) c_s of ClientOptimizer.step_weights, None for plain SGD
@@ -210,7 +236,7 @@ class Attack:
         ``path_gradient`` unchanged. Returns (P,) or (N, P)."""
         if self.step_weights is not None and nodes is not None:
             coeffs = coeffs * self.path_weights(nodes)
-        g = path_gradient(self.model, self.shapes, anchors, basis, coeffs, x, y)
+        g = path_gradient(self.model, self.shapes, anchors, basis, coeffs, x, y, self.buffers)
         if self.weight_decay:
             if basis is None:
                 mix = [c * a for c, a in zip(coeffs, anchors)]
@@ -259,7 +285,8 @@ class Attack:
         Each term is a scalar, or (N,) with one value per client (nothing mixes clients).
         "loss" is differentiable; "lsim_honest" is Lsim(G, delta_w) with d = 1 and
         "lsim_calibrated" is Lsim(d * G, delta_w) (both detached, in [0, 2]). With ``observed_only``,
-        G is restricted to the coordinates where delta_w is non-zero.
+        G is restricted to the coordinates where delta_w is non-zero. With ``statistics``, the loss
+        adds bn_stats_weight * "bn_stats" (``fl_attack.attacks.batchnorm.statistics_loss``).
         """
         g = self.surrogate_gradient(x, y)
         if self.observed_mask is not None:
@@ -272,7 +299,12 @@ class Attack:
             matched = lsim(g, self.delta_w)
             honest = matched.detach()
         loss = matched + self.config.tv_weight * tv + self.regularizer()
-        return {"loss": loss, "lsim_honest": honest, "lsim_calibrated": matched.detach(), "tv": tv.detach()}
+        terms = {"lsim_honest": honest, "lsim_calibrated": matched.detach(), "tv": tv.detach()}
+        if self.statistics is not None:
+            bn = statistics_loss(self.model, self.shapes, self.w0, self.wT, x, self.statistics, self.buffers)
+            loss = loss + self.config.bn_stats_weight * bn
+            terms["bn_stats"] = bn.detach()
+        return {"loss": loss, **terms}
 
 
 class JointAttack:

@@ -62,10 +62,16 @@ def path_gradient(
     coeffs: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
+    buffers: dict | None = None,
 ) -> torch.Tensor:
     """G = sum_i c_i grad_w CE(f_{w_i}(x), y) with w_i = sum_j basis[i, j] anchors[j] (eq. 8).
 
-    model: the victim (its own parameters are not used); shapes: ``fl_attack.update.layout``.
+    model: the victim (its own parameters are not used; its modules' modes are, e.g. batch norm in
+    train mode, ``fl_attack.attacks.batchnorm.surrogate_mode``); shapes: ``fl_attack.update.layout``
+    of its parameters, the weights w. buffers: the model's buffers to run with (name -> tensor, e.g.
+    batch norm's running statistics from the update's w0; batched: each of shape (N, ...), client n's
+    at row n), constants of the forward pass, not part of G; None: the model's own (the paper's CNNs
+    have none).
     anchors: J >= 1 flat (P,) weight vectors. basis: (m, J), each row summing to 1 (the nodes are affine
     combinations of the anchors, as on any path through w0 and wT), or None for w_i = anchors[i].
     coeffs: (m,) quadrature weights c_i. x: the model's input batch, (k, C, H, W) normalised images for
@@ -111,12 +117,13 @@ def path_gradient(
     create_graph = torch.is_grad_enabled() and (
         x.requires_grad or any(a.requires_grad for a in anchors) or (basis is not None and basis.requires_grad)
     )
-    if batch:
-        engine = _batched_path_gradient
-    else:
-        engine = _cnn_path_gradient if _is_paper_cnn(model, shapes, x) else _generic_path_gradient
     with torch.enable_grad():  # the node gradients need autograd even under no_grad
-        g = engine(model, shapes, anchors, basis, coeffs, x, y, create_graph)
+        if batch:
+            g = _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph, buffers)
+        elif buffers is None and _is_paper_cnn(model, shapes, x):
+            g = _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph)
+        else:
+            g = _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph, buffers)
     return g if create_graph else g.detach()
 
 
@@ -170,22 +177,24 @@ def _with_grad(t: torch.Tensor) -> torch.Tensor:
     return t if t.requires_grad else t.detach().requires_grad_(True)
 
 
-def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True):
+def _generic_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True, buffers=None):
     m, keys = len(coeffs), [name for name, _ in shapes]
     params = [unflatten(a, shapes) for a in anchors]
     rows = _rows(basis, m, len(anchors))
     total = {}
     for i in range(m):
         w_i = {k: _with_grad(_node_weight(params, k, rows[i], basis, i)) for k in keys}
-        loss = coeffs[i] * F.cross_entropy(functional_call(model, w_i, (x,)), y)
+        state = w_i if buffers is None else {**w_i, **buffers}
+        loss = coeffs[i] * F.cross_entropy(functional_call(model, state, (x,)), y)
         for k, g in zip(keys, torch.autograd.grad(loss, list(w_i.values()), create_graph=create_graph)):
             total[k] = g if k not in total else total[k] + g
     return torch.cat([total[k].reshape(-1) for k in keys])
 
 
-def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True):
+def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph=True, buffers=None):
     """(N, P): each client's G. Node by node, one torch.func.vmap over the clients (node weights,
-    x, y) of one node's gradient torch.func.grad(CE at w), scaled by c_i and summed over the nodes.
+    x, y, and each client's buffers when given) of one node's gradient torch.func.grad(CE at w),
+    scaled by c_i and summed over the nodes.
 
     The outer autograd differentiates through the transforms (torch.func composes with it), so G
     keeps its graph to X_hat, the anchors and the basis whether or not ``create_graph`` is asked;
@@ -194,10 +203,12 @@ def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_g
     """
     stacked = torch.stack(list(anchors), dim=1)  # (N, J, P)
 
-    def node_loss(w, xn, yn):  # CE of one client at one node's flat weights w, (P,)
-        return F.cross_entropy(functional_call(model, unflatten(w, shapes), (xn,)), yn)
+    def node_loss(w, xn, yn, bn=None):  # CE of one client at one node's flat weights w, (P,)
+        state = unflatten(w, shapes) if bn is None else {**unflatten(w, shapes), **bn}
+        return F.cross_entropy(functional_call(model, state, (xn,)), yn)
 
-    node_grad = torch.func.vmap(torch.func.grad(node_loss))
+    vmapped = torch.func.vmap(torch.func.grad(node_loss))
+    node_grad = vmapped if buffers is None else lambda w, xn, yn: vmapped(w, xn, yn, buffers)
     total = None
     for i in range(len(coeffs)):
         if basis is None:

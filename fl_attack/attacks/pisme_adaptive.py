@@ -43,11 +43,14 @@ def surrogate_at_order(
     x: torch.Tensor,
     y: torch.Tensor,
     m: int,
+    buffers: dict | None = None,
 ) -> torch.Tensor:
-    """G_m(X, P1) of eq. 8 with m Gauss-Legendre nodes, detached (no graph kept). Returns (P,)."""
+    """G_m(X, P1) of eq. 8 with m Gauss-Legendre nodes, detached (no graph kept). Returns (P,).
+    buffers: the model's buffers (``path_gradient``'s)."""
     t, c = gauss_legendre(m)
     basis = bezier_coefficients(t).to(w0)
-    return path_gradient(model, shapes, [w0, control_point.detach(), wT], basis, c.to(w0), x.detach(), y).detach()
+    anchors = [w0, control_point.detach(), wT]
+    return path_gradient(model, shapes, anchors, basis, c.to(w0), x.detach(), y, buffers).detach()
 
 
 def direction_error(g: torch.Tensor, reference: torch.Tensor) -> float:
@@ -56,7 +59,9 @@ def direction_error(g: torch.Tensor, reference: torch.Tensor) -> float:
     return float((g / g.norm().clamp_min(1e-300) - reference / reference.norm().clamp_min(1e-300)).norm())
 
 
-def quadrature_error(model, shapes, w0, control_point, wT, x, y, m: int, cache: dict | None = None) -> float:
+def quadrature_error(
+    model, shapes, w0, control_point, wT, x, y, m: int, cache: dict | None = None, buffers: dict | None = None
+) -> float:
     """The error estimate of the m-node rule at (X, P1): the distance between the unit vectors of
     G_m and G_(2m+1).
 
@@ -65,21 +70,22 @@ def quadrature_error(model, shapes, w0, control_point, wT, x, y, m: int, cache: 
     cache = {} if cache is None else cache
     for order in (m, 2 * m + 1):
         if order not in cache:
-            cache[order] = surrogate_at_order(model, shapes, w0, control_point, wT, x, y, order)
+            cache[order] = surrogate_at_order(model, shapes, w0, control_point, wT, x, y, order, buffers)
     return direction_error(cache[m], cache[2 * m + 1])
 
 
 def choose_nodes(
-    model, shapes, w0, control_point, wT, x, y, tolerance: float, max_nodes: int
+    model, shapes, w0, control_point, wT, x, y, tolerance: float, max_nodes: int, buffers: dict | None = None
 ) -> tuple[int, float, int]:
-    """The smallest m in 1..max_nodes whose error estimate is <= tolerance (else max_nodes).
+    """The smallest m in 1..max_nodes whose error estimate is <= tolerance (else max_nodes);
+    buffers: the model's buffers (``path_gradient``'s).
 
     Returns (m, its error estimate, node-gradient evaluations spent on the check).
     """
     cache: dict = {}
     error = math.nan
     for m in range(1, max_nodes + 1):
-        error = quadrature_error(model, shapes, w0, control_point, wT, x, y, m, cache)
+        error = quadrature_error(model, shapes, w0, control_point, wT, x, y, m, cache, buffers)
         if error <= tolerance:
             break
     return m, error, sum(cache)
@@ -125,6 +131,7 @@ class AdaptivePathIntegralSME(PathIntegralSME):
                 y,
                 self.config.node_tolerance,
                 self.config.nodes,
+                self.buffers,
             )
             self.evaluations += cost
             self._set_nodes(m)
