@@ -301,3 +301,16 @@ def test_a_tiny_preset_run_records_its_options(tmp_path):
     assert recorded["overrides"] == {"tv_weight": 0.02} and recorded["preset"] == "tiny"
     rows = (out / "results.csv").read_text().splitlines()
     assert len(rows) == 2 and ",4," in rows[1]  # local_steps T = 2 * ceil(4/2)
+
+
+def test_every_federations_study_run_is_a_valid_run_config_for_its_supernodes():
+    """A typo or a partition too small would stop the study in its n-th federation, an hour in:
+    every run's keys are known, it validates and its data gives each supernode its partition."""
+    from analysis.federations_study import REPLAYS, RUNS
+
+    for name, config, supernodes in RUNS:
+        assert set(config) <= set(PYPROJECT), (name, sorted(set(config) - set(PYPROJECT)))
+        settings = RunSettings.from_run_config({**PYPROJECT, **config}).with_partitions(supernodes)
+        settings.validate()
+        settings.check_partitions(supernodes)
+    assert {name for name, _ in REPLAYS} == {n for n, c, _ in RUNS if c.get("client-optimizer", "sgd") != "sgd"}
