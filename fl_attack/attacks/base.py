@@ -212,7 +212,8 @@ class Attack:
         self.weight_decay = 0.0
         if optimizer is not None and not optimizer.plain:
             weights = torch.as_tensor(optimizer.step_weights(training.local_steps), dtype=w0.dtype, device=w0.device)
-            self.step_weights = weights / weights.mean()
+            if not bool((weights == 1).all()):  # uniform (sgd, adam): G is path_gradient's, unweighted
+                self.step_weights = weights / weights.mean()
             self.weight_decay = 0.0 if optimizer.name == "adamw" else optimizer.weight_decay
         self.batch_shape = tuple(w0.shape[:-1])
         self.delta_w = w0 - wT
