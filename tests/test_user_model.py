@@ -362,6 +362,22 @@ def test_the_flower_app_recipe_attacks_a_max_pooling_model_trained_with_momentum
     assert [r["psnr"] for r in replayed if r["method"] == "pisme"] == pisme
 
 
+def test_the_flower_app_recipe_with_a_batch_norm_model_in_train_mode(tmp_path):
+    """The same recipe with the README's other kind of model: batch norm (and max pooling, dropout)
+    trained in train mode on FEMNIST. The counters stay int64 through the record; the attack runs."""
+    from fl_attack.records import read_csv
+    from fl_attack.update import load_update, read_update_index
+
+    model = "tests.user_models:batch_norm_net"
+    settings, jobs = _flower_app_run(tmp_path, dataset="femnist", model=model, client_train_mode=True)
+    assert jobs[0].update.metadata.train_mode and jobs[0].model == model
+    _, rows = read_csv(tmp_path / "attacks.csv")
+    assert rows and all(r["status"] == "ok" and math.isfinite(float(r["psnr"])) for r in rows), rows
+    recorded, _ = load_update(tmp_path / "updates", read_update_index(tmp_path / "updates")[0])
+    counters = [k for k in recorded.w0 if k.endswith("num_batches_tracked")]
+    assert counters and all(recorded.wT[k].dtype == torch.int64 for k in counters)
+
+
 # --- a real federation through the launcher -------------------------------------------------------
 
 
