@@ -6,9 +6,11 @@ Each run of ``RUNS`` is a real federation through the checked launcher (``strate
 (and the CIFAR-100 recipe of strategies/run_configs/flower-app.toml), 2 rounds, tracked clients attacked
 by PI-SME every round with the updates recorded. The regimes: the paper's (plain SGD, the paper's
 partitions), Flower's quickstart (momentum 0.9, IID), weight decay 5e-4, Adam, Dirichlet partitions at
-alpha 0.1 and 1, whole writers (natural partitions, samples-per-client 0) and batch norm in train mode.
+alpha 0.1 and 1, whole writers (natural partitions, samples-per-client 0) and batch norm in train mode
+(beside the same model in eval mode).
 Each entry of ``REPLAYS`` attacks a run's recorded updates again with the naive attack
-(``optimizer_aware=false``: every update modelled as plain SGD), so both see the same updates.
+(``optimizer_aware=false``: every update modelled as plain SGD), so both see the same updates, or, on
+the batch-norm run, also matching the running statistics (``bn_stats_weight``).
 Resumable as analysis.leakage_study (finished runs and replays are skipped). Written into DIR:
 ``runs/<name>/`` (each run, its replays inside), ``study.csv``/``study.md`` (per run, method and round:
 mean PSNR, SSIM, LPIPS, label accuracy, global accuracy), ``runs.md`` (each run's settings) and ``report/``.
@@ -74,6 +76,11 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
         },
         10,
     ),
+    (  # the same model in eval mode: what train mode itself changes
+        "batchnorm-eval",
+        {**BASE, **MOMENTUM, "partitioner": "iid", "model": "tests.user_models:batch_norm_net"},
+        10,
+    ),
     (  # the README recipe (Flower's quickstart CNN on CIFAR-100, Dirichlet 0.5), made small
         "flower-app-cifar100",
         {
@@ -93,6 +100,8 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
 NAIVE = ["--options", "optimizer_aware=false", "--name", "naive"]
 REPLAYS: list[tuple[str, list[str]]] = [
     (name, NAIVE) for name, config, _ in RUNS if config.get("client-optimizer", "sgd") != "sgd"
+] + [  # matching the client's feature statistics read off the running statistics (AttackConfig.bn_stats_weight)
+    ("batchnorm-train", ["--options", f"bn_stats_weight={w}", "--name", f"bn-stats-{w}"]) for w in (0.1, 1.0)
 ]
 
 
