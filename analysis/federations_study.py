@@ -76,6 +76,19 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
         },
         10,
     ),
+    (  # a second configuration of it: another seed (w0, data, batches), E=2 (T=4)
+        "batchnorm-train-seed1",
+        {
+            **BASE,
+            **MOMENTUM,
+            "partitioner": "iid",
+            "model": "tests.user_models:batch_norm_net",
+            "client-train-mode": True,
+            "seed": 1,
+            "local-epochs": 2,
+        },
+        10,
+    ),
     (  # the same model in eval mode: what train mode itself changes
         "batchnorm-eval",
         {**BASE, **MOMENTUM, "partitioner": "iid", "model": "tests.user_models:batch_norm_net"},
@@ -101,7 +114,9 @@ NAIVE = ["--options", "optimizer_aware=false", "--name", "naive"]
 REPLAYS: list[tuple[str, list[str]]] = [
     (name, NAIVE) for name, config, _ in RUNS if config.get("client-optimizer", "sgd") != "sgd"
 ] + [  # matching the client's feature statistics read off the running statistics (AttackConfig.bn_stats_weight)
-    ("batchnorm-train", ["--options", f"bn_stats_weight={w}", "--name", f"bn-stats-{w}"]) for w in (0.1, 1.0)
+    (run, ["--options", f"bn_stats_weight={w}", "--name", f"bn-stats-{w}"])
+    for run in ("batchnorm-train", "batchnorm-train-seed1")
+    for w in (0.1, 1.0)
 ]
 
 
