@@ -96,10 +96,18 @@ class RecordingWorkers(InlineWorkers):
         super().submit(job)
 
 
-def federate(tmp_path, partitions=(0, 1), num_rounds=1, **overrides):
+def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, **overrides):
     """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
     server side of server_app.build_strategy, the in-process workers); returns (settings, tracking
-    strategy, Flower's result, the attack jobs)."""
+    strategy, Flower's result, the attack jobs). torch_threads: run it with that many torch threads
+    (restored after), as the Ray workers would."""
+    if torch_threads is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(torch_threads)
+        try:
+            return federate(tmp_path, partitions, num_rounds, **overrides)
+        finally:
+            torch.set_num_threads(before)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
     settings = RunSettings.from_run_config(run_config)

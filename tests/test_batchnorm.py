@@ -365,7 +365,6 @@ def test_unit_integer_arrays_aggregate_as_the_clients_maximum_in_their_dtype():
 
 
 def test_an_in_process_train_mode_federation_records_and_replays_its_integer_buffers(tmp_path):
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fl_attack.cli import main
     from fl_attack.records import read_csv
@@ -381,13 +380,7 @@ def test_an_in_process_train_mode_federation_records_and_replays_its_integer_buf
         attack_threads=1,
         server_test_samples=50,
     )
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        settings, strategy, _, jobs = federate(tmp_path, **run)
-    finally:
-        torch.set_num_threads(before)
+    settings, strategy, _, jobs = federate(tmp_path, **run, torch_threads=1)
     assert settings.client_train_mode and [job.update.metadata.train_mode for job in jobs] == [True, True]
     write_run_config(tmp_path, settings, flower_run_config(**run), num_nodes=2)
     rows = read_update_index(tmp_path / "updates")

@@ -277,7 +277,6 @@ def test_the_run_config_model_is_resolved_in_validation():
 
 
 def test_an_in_process_federation_and_its_replay_with_a_user_model(tmp_path):
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fl_attack.records import read_csv
     from strategies.server_app import write_run_config
@@ -292,13 +291,7 @@ def test_an_in_process_federation_and_its_replay_with_a_user_model(tmp_path):
         model=LENET,
         server_test_samples=100,
     )
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        settings, strategy, _, jobs = federate(tmp_path, **run)
-    finally:
-        torch.set_num_threads(before)
+    settings, strategy, _, jobs = federate(tmp_path, **run, torch_threads=1)
     write_run_config(tmp_path, settings, flower_run_config(**run), num_nodes=2)
     assert [job.model for job in jobs] == [LENET]  # the spec travels with the job; the actor rebuilds it
     assert set(jobs[0].update.w0) == set(lenet().state_dict())  # the clients trained the LeNet
@@ -317,8 +310,6 @@ def _flower_app_run(tmp_path, **changes):
     process, made small: 1 round, k=8, B=4, 5 attack iterations; ``changes`` on top."""
     import tomllib
 
-    from flwr.supercore.task_identity import TaskIdentity
-
     from strategies.server_app import write_run_config
     from tests.inprocess import federate, flower_run_config
 
@@ -328,13 +319,7 @@ def _flower_app_run(tmp_path, **changes):
     run.update(num_server_rounds=1, samples_per_client=8, batch_size=4, attack_iterations=5, attack_threads=1)
     run.update(server_test_samples=100, **changes)
     rounds = run.pop("num_server_rounds")
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        settings, _, _, jobs = federate(tmp_path, num_rounds=rounds, **run)
-    finally:
-        torch.set_num_threads(before)
+    settings, _, _, jobs = federate(tmp_path, num_rounds=rounds, **run, torch_threads=1)
     write_run_config(tmp_path, settings, flower_run_config(num_rounds=rounds, **run), num_nodes=2)
     return settings, jobs
 
