@@ -581,6 +581,27 @@ class RunSettings:
             if not same:
                 raise ValueError(f"the client's reply says {key} {replied}, the run config prescribes {expected}")
 
+    def _check_training_options(self) -> None:
+        """Settings that would be silently ignored: client-momentum given for an optimizer without
+        momentum, and attack-options bn_stats_weight on a run that trains in eval mode (the running
+        statistics move only in train mode; the attacks would all fail)."""
+        default = type(self).__dataclass_fields__["client_momentum"].default
+        if self.client_momentum != default and self.client_optimizer not in ("momentum", "nesterov"):
+            raise ValueError(
+                f"invalid run config: client-momentum {self.client_momentum} applies to client-optimizer "
+                f"momentum and nesterov only, not '{self.client_optimizer}' (torch's SGD with momentum is "
+                'client-optimizer="momentum")'
+            )
+        try:
+            weight = self.attack_config().bn_stats_weight
+        except ValueError:
+            return  # a bad attack-options value is reported where the options are checked
+        if weight > 0 and not self.client_train_mode:
+            raise ValueError(
+                "invalid run config: attack-options bn_stats_weight > 0 needs client-train-mode = true "
+                "(batch norm's running statistics change only in train mode)"
+            )
+
     def _check_memory(self) -> None:
         """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
         from .memory import memory_methods, parse_joint_rounds
@@ -874,6 +895,7 @@ class RunSettings:
             if not ok:
                 raise ValueError(f"invalid run config: {message}")
         self._check_memory()
+        self._check_training_options()
         rounds = self.attack_rounds.strip()
         try:
             kind, _, number = rounds.partition(":")

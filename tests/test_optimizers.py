@@ -195,6 +195,9 @@ def test_plain_sgd_attacks_are_unchanged_by_optimizer_awareness(writer):
         ({"client-weight-decay": -1e-4}, "weight decay must be a finite number >= 0"),
         ({"client-optimizer": "adam", "client-adam-betas": "0.9"}, "adam betas"),
         ({"client-optimizer": "adam", "client-adam-betas": "0.9,1.0"}, "adam betas"),
+        ({"client-momentum": 0.5}, "client-momentum 0.5 applies to client-optimizer momentum and nesterov only"),
+        ({"client-optimizer": "adamw", "client-momentum": 0.0}, "not 'adamw'"),
+        ({"attack-options": "bn_stats_weight=1"}, "bn_stats_weight > 0 needs client-train-mode = true"),
     ],
 )
 def test_bad_optimizer_settings_are_refused_before_the_run(overrides, message):
