@@ -161,7 +161,8 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         "aware - naive: the mean over victims (client, seed) of the PSNR difference on the same update; "
         "spread: its min .. max; aware wins: victims where the aware attack scores the higher PSNR.",
         "Plain SGD has one arm: every optimizer-aware term is 1 or 0 there, the attacks are the same bit for bit.",
-        "Adam's step weights assume a constant second moment, which the server never sees (docs/PISME.md).",
+        "Adam and AdamW have uniform step weights (docs/PISME.md, Optimizers), so their aware arm is the naive "
+        "one (AdamW's decoupled decay is not modelled): differences there come from torch threads only.",
     ]
     write_markdown(
         ctx,
@@ -169,6 +170,8 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         caption,
         markdown_table(header, lines),
         notes,
+        scale_note=f"k={sc.samples}, B={sc.batch_size}, {sc.iterations} attack iterations, m={sc.nodes}, FEMNIST "
+        "only, at the T of each row (E = T / ceil(k/B)); --clients and --seeds set the victims.",
         rows=rows,
     )
 
