@@ -18,16 +18,14 @@ mean PSNR, SSIM, LPIPS, label accuracy, global accuracy), ``runs.md`` (each run'
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 from fl_attack.records import write_text_atomic
 from strategies import run_configs
 
 from .leakage_study import write_outputs
-from .studies import run_config_text, run_study
+from .studies import run_config_text, study_main
 
 # What every FEMNIST run shares: 10 writers, 2 rounds, k=16, B=8, E=5 (T=10), three tracked clients.
 BASE = {
@@ -127,29 +125,22 @@ def runs_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.federations_study",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, runs.md, report/)")
-    parser.add_argument("--only", default="", help="comma-separated run names (default: all of them)")
-    parser.add_argument("--skip-replays", action="store_true", help="run the federations only")
-    args = parser.parse_args(argv)
-    only = {n.strip() for n in args.only.split(",") if n.strip()} or None
-    unknown = (only or set()) - {name for name, _, _ in RUNS}
-    if unknown:
-        print(f"federations study: error: unknown run(s) {sorted(unknown)}", file=sys.stderr)
-        return 2
-    out = Path(args.out).resolve()
-    started = time.time()
-    log = lambda m: print(f"federations study: {m}", flush=True)  # noqa: E731
-    folders = run_study(out, RUNS, REPLAYS, only, not args.skip_replays, log=log)
+def outputs(out: Path, folders: list[Path]):
+    """runs.md, then the leakage study's tables and report over ``folders``; returns the table."""
     write_text_atomic(out / "runs.md", runs_markdown())
-    table = write_outputs(out, folders)
-    log(f"{len(folders)} run(s) and replay(s), {len(table)} table rows, {time.time() - started:.0f} s; {out}")
-    return 0
+    return write_outputs(out, folders)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return study_main(
+        argv,
+        label="federations study",
+        prog="python -m analysis.federations_study",
+        doc=__doc__,
+        runs=RUNS,
+        replays=REPLAYS,
+        outputs=outputs,
+    )
 
 
 if __name__ == "__main__":

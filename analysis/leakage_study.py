@@ -20,9 +20,7 @@ an interrupted run is resumed from its checkpoint. Written into DIR:
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +28,7 @@ import pandas as pd
 from fl_attack.records import write_text_atomic
 from strategies import run_configs
 
-from .studies import run_study
+from .studies import study_main
 
 # The learning regime (FedAvg on real writers at lr 0.05, the paper's local protocol shape at a CPU
 # size) lives in the run-config presets strategies/run_configs/learning-{femnist,cifar100}.toml, which
@@ -113,35 +111,15 @@ def write_outputs(out: Path, folders: list[Path]) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    return study_main(
+        argv,
+        label="leakage study",
         prog="python -m analysis.leakage_study",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        doc=__doc__,
+        runs=RUNS,
+        replays=REPLAYS,
+        outputs=write_outputs,
     )
-    parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, report/)")
-    parser.add_argument(
-        "--only",
-        default="",
-        help="comma-separated run names (default: all of " + ", ".join(name for name, _, _ in RUNS) + ")",
-    )
-    parser.add_argument("--skip-replays", action="store_true", help="run the federations only")
-    args = parser.parse_args(argv)
-    only = {n.strip() for n in args.only.split(",") if n.strip()} or None
-    unknown = (only or set()) - {name for name, _, _ in RUNS}
-    if unknown:
-        print(f"leakage study: error: unknown run(s) {sorted(unknown)}", file=sys.stderr)
-        return 2
-    out = Path(args.out).resolve()
-    started = time.time()
-    log = lambda m: print(f"leakage study: {m}", flush=True)  # noqa: E731
-    folders = run_study(out, RUNS, REPLAYS, only, not args.skip_replays, log=log)
-    table = write_outputs(out, folders)
-    print(
-        f"leakage study: {len(folders)} run(s) and replay(s), {len(table)} table rows, "
-        f"{time.time() - started:.0f} s; {out / 'study.md'}",
-        flush=True,
-    )
-    return 0
 
 
 if __name__ == "__main__":

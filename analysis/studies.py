@@ -72,3 +72,35 @@ def run_study(out: Path, runs, replays, only: set[str] | None, with_replays: boo
         if finished(replay):
             folders.append(replay)
     return folders
+
+
+def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs) -> int:
+    """The command line of a study: --out DIR, --only NAME,..., --skip-replays. Runs ``run_study``,
+    then ``outputs(out, folders)`` (which writes the tables and returns the study table); 2 for an
+    unknown run name. ``label`` prefixes every line it prints ("leakage study: ...")."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, report/)")
+    names = [name for name, _, _ in runs]
+    parser.add_argument(
+        "--only", default="", help="comma-separated run names (default: all of " + ", ".join(names) + ")"
+    )
+    parser.add_argument("--skip-replays", action="store_true", help="run the federations only")
+    args = parser.parse_args(argv)
+    only = {n.strip() for n in args.only.split(",") if n.strip()} or None
+    unknown = (only or set()) - set(names)
+    if unknown:
+        print(f"{label}: error: unknown run(s) {sorted(unknown)}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    started = time.time()
+
+    def log(message: str) -> None:
+        print(f"{label}: {message}", flush=True)
+
+    folders = run_study(out, runs, replays, only, not args.skip_replays, log=log)
+    table = outputs(out, folders)
+    log(f"{len(folders)} run(s) and replay(s), {len(table)} table rows, {time.time() - started:.0f} s; {out}")
+    return 0

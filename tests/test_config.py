@@ -316,3 +316,12 @@ def test_every_federations_study_run_is_a_valid_run_config_for_its_supernodes():
     naive = {name for name, args in REPLAYS if "optimizer_aware=false" in args}
     assert naive == {n for n, c, _ in RUNS if c.get("client-optimizer", "sgd") != "sgd"}
     assert all(name in dict((n, c) for n, c, _ in RUNS) for name, _ in REPLAYS)
+
+
+@pytest.mark.parametrize("study", ["leakage_study", "federations_study"])
+def test_a_study_refuses_an_unknown_run_before_launching_anything(study, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(f"analysis.{study}").main
+    assert main(["--out", str(tmp_path), "--only", "nope"]) == 2
+    assert "unknown run(s) ['nope']" in capsys.readouterr().err and not (tmp_path / "runs").exists()
