@@ -569,14 +569,11 @@ class RunSettings:
             ("batch-size", m.batch_size, self.batch_size, m.batch_size == self.batch_size),
             ("local-epochs", m.local_epochs, self.local_epochs, m.local_epochs == self.local_epochs),
             ("client-optimizer", m.optimizer.describe(), self.optimizer.describe(), m.optimizer == self.optimizer),
+            ("client-train-mode", m.train_mode, self.client_train_mode, m.train_mode == self.client_train_mode),
         ]
         if self.samples_per_client > 0:
             k = self.samples_per_client
             prescribed.append(("samples-per-client", m.num_samples, k, m.num_samples == k))
-        if hasattr(m, "train_mode"):
-            prescribed.append(
-                ("client-train-mode", m.train_mode, self.client_train_mode, m.train_mode == self.client_train_mode)
-            )
         for key, replied, expected, same in prescribed:
             if not same:
                 raise ValueError(f"the client's reply says {key} {replied}, the run config prescribes {expected}")
