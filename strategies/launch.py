@@ -401,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(deploy_dir, ignore_errors=True)
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
     summary = _report_timings(run_dir, started, flwr_exited)
+    if summary is None:  # the ServerApp writes it last: without it the end of the record is unknown
+        print(
+            f"fl-attack: error: {run_dir}/summary.json is missing or unreadable (the disk may have refused it); "
+            "the record may be incomplete: see events.log",
+            file=sys.stderr,
+        )
+        return 1
     if summary.get("writes_refused") or summary.get("attacks_unwritten"):
         from .server_app import incomplete
 
@@ -416,22 +423,26 @@ def _mkdir(folder: Path) -> Path:
     return folder
 
 
-def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> dict:
+def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> dict | None:
     """Add the launcher's clock to summary.json's timings and print where the time went; returns
-    summary.json ({} when it cannot be read)."""
+    summary.json, None when it cannot be read. A refused rewrite is reported, not raised."""
     from fl_attack.records import write_json_atomic
     from fl_attack.timings import table
 
     path = run_dir / "summary.json"
     try:
         summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(summary, dict):
+        return None
     if "timings" not in summary:
         return summary
-    launcher = {"launched": launched, "flwr_exited": flwr_exited}
-    summary["timings"]["launcher"] = launcher
-    write_json_atomic(path, summary)
+    summary["timings"]["launcher"] = {"launched": launched, "flwr_exited": flwr_exited}
+    try:
+        write_json_atomic(path, summary)
+    except OSError as exc:  # the ServerApp's summary stands; only the launcher's clock is lost
+        print(f"fl-attack: warning: could not add the launcher's timings to {path}: {exc}", file=sys.stderr)
     print(table(summary["timings"]), flush=True)
     return summary
 

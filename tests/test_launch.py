@@ -175,3 +175,39 @@ def test_a_resume_without_a_readable_checkpoint_is_refused_in_one_line_before_an
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"resume='{run}' cannot be resumed: {run.checkpoint_file}" in err, err
     assert "weights_only" not in err
+
+
+# A flwr that "completes" a run: it names the run and its folder as flwr and the ServerApp do, and
+# leaves rounds.csv; summary.json is what the test varies.
+COMPLETES = """
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[-1])
+run.mkdir(parents=True, exist_ok=True)
+(run / "rounds.csv").write_text("round\\n1\\n")
+print("started run 7", flush=True)
+print(f"fl-attack: leakage record in {run}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("summary", [None, "{not json", '{"attacks": 1, "attacks_ok": 1, "writes_refused": {}}'])
+def test_a_completed_run_without_a_readable_summary_exits_1(fake_flwr, monkeypatch, capsys, tmp_path, summary):
+    """Unit test (a fake flwr, a faked final status): the ServerApp writes summary.json last, so a
+    run whose summary.json the disk refused (missing or torn) ends with one error line and exit 1;
+    a readable one ends with 0."""
+    run = tmp_path / "results" / "run"
+    if summary is not None:
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(summary)
+    monkeypatch.setattr(
+        launch,
+        "_flwr_command",
+        lambda config_file, federation, superlink=None: [sys.executable, "-c", COMPLETES, str(run)],
+    )
+    monkeypatch.setattr(launch, "_final_status", lambda run_id, env, superlink=None: "completed")
+    rc = launch.main(["--silence-timeout", "30"])
+    err = capsys.readouterr().err
+    if summary and summary.startswith("{\""):
+        assert rc == 0, err
+    else:
+        assert rc == 1 and f"{run}/summary.json is missing or unreadable" in err, err
