@@ -559,6 +559,63 @@ def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monk
     assert kept["target"].partition_id == 0 and kept["images"].shape[0] == settings.samples_per_client
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real filesystem to fill: a 64 MiB tmpfs mounted in tmp_path, and ``fill()``, which writes
+    a file until the kernel answers ENOSPC. Skips where this machine refuses the mount."""
+    import errno
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+    def fill():
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 65536)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+
+    try:
+        yield mount, fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_disk_full_before_shutdown_is_reported_and_never_raised(full_disk, caplog):
+    """A real full filesystem (the kernel's ENOSPC, not a patched call) under the run folder from
+    round 1's update on: the attack still runs, its row and the update are refused and counted, and
+    the shutdown path (drain, unwritten-*.pt, the workers' stop) logs what it lost and never raises."""
+    import errno
+    import logging
+
+    mount, fill = full_disk
+    settings, strategy, _ = _strategy(mount, attack_clients="0")
+    w0, replies, _ = _round(settings)
+    strategy.global_arrays = {1: w0}
+    fill()
+    arrays, _ = strategy.aggregate_train(1, replies)  # the round goes on
+    assert arrays is not None and len(strategy.unwritten) == 1 and strategy.unwritten[0].images is not None
+    with caplog.at_level(logging.ERROR):
+        counts = strategy.finish(timeout=5)  # must not raise
+    assert counts["attacks"] == 0 and counts["attacks_unwritten"] == 1
+    assert counts["writes_refused"]["updates"] == [1]
+    assert "1 attack result(s) could not be written at all" in caplog.text
+    assert not list(mount.glob("unwritten-*.pt"))
+    assert not (mount / "attacks.csv").exists() or not _rows(mount / "attacks.csv")  # no row, not half of one
+    with pytest.raises(OSError) as refused:  # what the ServerApp catches and prints in one line
+        strategy.folder.write_summary({"attacks": 0, **counts})
+    assert refused.value.errno == errno.ENOSPC and not strategy.folder.summary_file.exists()
+
+
 def test_the_aggregate_does_not_depend_on_the_order_replies_arrive_in(tmp_path):
     """Floating-point sums depend on their order; replies are aggregated in partition order, so all
     24 arrival orders of 4 replies give one bit-identical global model."""
