@@ -412,6 +412,11 @@ def parse_methods(text: str, what: str = "") -> tuple[str, ...]:
     if not names:
         raise ValueError(f"{prefix}no attack method given; choose from: {choices}")
     for name in names:
+        if name.endswith("+memory") and name.removesuffix("+memory") in ATTACKS:
+            raise ValueError(
+                f"{prefix}'{name}' attacks a client over a federation's rounds: give attack-memory in a "
+                "federation, or --memory to fl-attack replay; here, choose from: " + choices
+            )
         if name not in ATTACKS:
             raise ValueError(f"{prefix}unknown attack method '{name}'; choose from: {choices}")
     twice = next((m for m in names if names.count(m) > 1), None)
