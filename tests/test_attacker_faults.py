@@ -7,6 +7,7 @@ os._exit inside a job, or the test kills it with ray.kill(no_restart=False)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -68,7 +69,6 @@ def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs(ray_runtime, tmp_path
 
 
 def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp_path):
-    ray = ray_runtime
     plan = str(tmp_path)
 
     class CrashingActor(AttackWorker):  # defined here so that Ray pickles it by value
@@ -83,13 +83,15 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
                     os._exit(1)
             hang = os.path.join(plan, f"hang-{job.job_id}")
             if os.path.exists(hang) and not os.path.exists(hang + ".started"):
-                open(hang + ".started", "w").close()
+                with open(hang + ".pid", "w") as f:  # the process to kill: whichever actor took the job
+                    f.write(str(os.getpid()))
+                os.replace(hang + ".pid", hang + ".started")
                 time.sleep(120)
             return super().run(job)
 
     (tmp_path / "crash-1").write_text("1")  # dies once, then completes
     (tmp_path / "crash-2").write_text("2")  # dies on its first try and on its resubmission
-    (tmp_path / "hang-3").write_text("")  # hangs until the test kills its actor
+    (tmp_path / "hang-3").write_text("")  # hangs until the test kills its actor's process
     dispatcher = RayWorkers(num_actors=2, threads=1, device="cpu", actor_cls=CrashingActor)
     try:
         start, outcomes = time.perf_counter(), []
@@ -100,7 +102,9 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
             assert time.perf_counter() - start < 150, "job 3 never started"
             outcomes += dispatcher.poll()
             time.sleep(0.2)
-        ray.kill(dispatcher._actors[0], no_restart=False)  # Ray restarts it
+        # Job 3 was queued behind job 1, so it was resubmitted when job 1 killed actor 0 and may run
+        # on either actor: SIGKILL the process that runs it (as the OOM killer would); Ray restarts it.
+        os.kill(int((tmp_path / "hang-3.started").read_text()), signal.SIGKILL)
         # Generous: each restart starts a Python process that imports torch (~5 s here, far more on a
         # loaded machine); the test takes ~25 s on an idle 2-core machine.
         outcomes += dispatcher.drain(timeout=150)
