@@ -524,10 +524,10 @@ class LeakageTracking:
     def drain(self, timeout: float) -> list[dict]:
         """Wait up to ``timeout`` seconds for the attacks still in flight, with a progress bar and a
         line in events.log every minute; the ones still running then are recorded as failed."""
-        rows, left = [], self.pipeline.in_flight
+        rows, left = [], self.attacks_pending  # in flight, and "+memory" jobs queued behind them
         if left:
             self.folder.event(
-                f"rounds done; waiting for {left} attack(s) still in flight "
+                f"rounds done; waiting for {left} attack(s) still in flight or queued "
                 f"(the oldest from round {self.pipeline.rounds_in_flight()[0]}), at most {timeout:.0f} s"
             )
         bar = tqdm(
@@ -541,7 +541,7 @@ class LeakageTracking:
                 bar.update(len(pairs))
             if time.monotonic() > note[0]:
                 note[0] += 60
-                self.folder.event(f"waiting for {self.pipeline.in_flight} attack(s)")
+                self.folder.event(f"waiting for {self.attacks_pending} attack(s)")
 
         with self.timings.measure("drain_wait"), bar:
             self.pipeline.drain(timeout, on_done=done)

@@ -174,7 +174,7 @@ def test_unknown_preset_file():
     with pytest.raises(
         ValueError,
         match="unknown run config 'papr'; choose from: flower-app, learning-cifar100, learning-femnist, "
-        "memory-femnist, paper",
+        "memory-cifar100, memory-femnist, paper",
     ):
         run_configs.load("papr")
 

@@ -349,7 +349,7 @@ def test_paired_differences_pair_the_same_victim():
 def test_two_workers_share_a_grid_and_write_the_same_rows(tmp_path):
     """--workers: the grid's attacks fan out over local processes; the rows do not depend on how many.
     (The speed-up is measured in docs/scale-out.md, not asserted here: timings vary with load.)"""
-    grid = ["--iterations", "60", "--grid", "dataset=cifar100", "--grid", "nodes=1,2,3,4,5,6"]
+    grid = ["--iterations", "10", "--grid", "dataset=cifar100", "--grid", "nodes=1,2,3,4,5,6"]
     rows = {}
     for workers in (1, 2):
         assert main(_tiny("node-sweep", tmp_path / str(workers), "--workers", str(workers), *grid)) == 0

@@ -204,12 +204,14 @@ def test_ray_workers_join_a_cluster_by_address_and_run_there(ray_cluster):
 
 def test_a_federation_attached_to_a_ray_cluster_attacks_in_its_workers(ray_cluster, tmp_path):
     """The launcher's --ray-address: Flower's simulation joins the cluster, and the attacker actors
-    run in its workers (attacks.csv names the cluster's node and the actors' worker ids)."""
+    run in its workers (attacks.csv names the cluster's node and the actors' worker ids). With
+    attack-actors=2, the round's two attacks go to the two actors (least loaded), one each."""
     address, node = ray_cluster
     results = tmp_path / "results"
     run_config = (
         "num-server-rounds=1 samples-per-client=6 batch-size=3 local-epochs=1 attack-iterations=5 "
-        f'attack-clients="all" attack-method="sme" server-test-samples=0 results-dir="{results}" run-name="ray"'
+        f'attack-clients="all" attack-method="sme" server-test-samples=0 results-dir="{results}" run-name="ray" '
+        "attack-actors=2"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "strategies.launch", "--ray-address", address, "--run-config", run_config]
@@ -226,6 +228,7 @@ def test_a_federation_attached_to_a_ray_cluster_attacks_in_its_workers(ray_clust
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows), rows
     assert {r["worker_node"] for r in rows} == {node}
     assert all(len(r["worker_id"]) > 20 for r in rows)  # Ray worker ids, not pid<N>
+    assert len({r["worker_id"] for r in rows}) == 2  # one attack on each actor
     # fl-attack replay --ray-address: the recorded updates attacked again on the same cluster.
     from fl_attack.cli import main as cli
 
