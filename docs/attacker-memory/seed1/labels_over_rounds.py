@@ -1,55 +1,62 @@
-"""Offline: the label estimator on every recorded round of a memory run, per tracked writer,
-and simple fusions across rounds, scored against the truth (analysis only)."""
-import sys, json
-import numpy as np, torch
-from fl_attack.update import read_update_index, load_update
-from fl_attack.labels import recover_counts, estimate_class_counts, class_support, round_counts_on_support
+"""Offline, for docs/attacker-memory.md: the label estimator on every recorded round of a memory run,
+per tracked writer, fusions of the rounds, and the aux estimator, scored against the truth.
+
+    PYTHONPATH=. python docs/attacker-memory/seed1/labels_over_rounds.py RUN_DIR
+"""
+
+import json
+import sys
+
+import numpy as np
+
+from fl_attack.labels import (
+    AuxiliaryData,
+    class_support,
+    estimate_class_counts,
+    recover_counts,
+    round_counts_on_support,
+)
 from fl_attack.run_config import RunSettings
+from fl_attack.update import load_update, read_update_index
 from fl_attack.victims import ground_truth
 
-run = sys.argv[1]
-cfg = json.load(open(f"{run}/config.json"))
-settings = RunSettings.from_run_config(cfg["run_config"])
-rows = read_update_index(f"{run}/updates")
-by_p = {}
-for row in rows:
-    upd, target = load_update(f"{run}/updates", row)
-    by_p.setdefault(target.partition_id, []).append((target.round, upd))
-for p, items in sorted(by_p.items()):
-    items.sort(key=lambda t: t[0])
-    _, y = ground_truth(settings.data, [p])
-    truth = np.bincount(y.numpy(), minlength=62)
-    k = int(truth.sum())
-    acc = lambda c: int(np.minimum(c, truth).sum()) / k
-    raws, supports = [], []
-    line = []
-    for r, u in items:
-        raw = estimate_class_counts(u, None, seed=0)
-        sup = class_support(u)
-        c = round_counts_on_support(raw, sup, k)
-        raws.append(raw); supports.append(sup)
-        line.append(f"{r}:{acc(c):.2f}")
-    print(p, "per round", " ".join(line))
-    for n in (1, 2, 3, 5, 15):
-        sup = np.logical_and.reduce(supports[:n]) if n > 1 else supports[0]
-        union = np.logical_or.reduce(supports[:n])
-        mean = np.mean(raws[:n], axis=0)
-        med = np.median(raws[:n], axis=0)
-        print(f"  first {n}: mean-raw/sup1 {acc(round_counts_on_support(mean, supports[0], k)):.2f}"
-              f"  median/sup1 {acc(round_counts_on_support(med, supports[0], k)):.2f}"
-              f"  raw1/intersect {acc(round_counts_on_support(raws[0], sup, k)):.2f}"
-              f"  raw1/union {acc(round_counts_on_support(raws[0], union, k)):.2f}"
-              f"  support sizes {int(supports[0].sum())},{int(sup.sum())},{int(union.sum())} true {int((truth>0).sum())}")
 
-from fl_attack.labels import AuxiliaryData
-ts = settings.server_test_set()
-aux = AuxiliaryData(ts.images, ts.labels)
-for p, items in sorted(by_p.items()):
-    _, y = ground_truth(settings.data, [p])
-    truth = np.bincount(y.numpy(), minlength=62); k = int(truth.sum())
-    acc = lambda c: int(np.minimum(c, truth).sum()) / k
-    out = []
-    for r, u in items:
-        if r in (1, 2, 5, 10, 15):
-            out.append(f"{r}:{acc(recover_counts(u, 'aux', aux, None, seed=0)):.2f}")
-    print(p, "aux", " ".join(out))
+def accuracy(counts: np.ndarray, truth: np.ndarray) -> float:
+    return int(np.minimum(counts, truth).sum()) / int(truth.sum())
+
+
+def main(run: str) -> None:
+    with open(f"{run}/config.json") as f:
+        settings = RunSettings.from_run_config(json.load(f)["run_config"])
+    by_partition: dict[int, list] = {}
+    for row in read_update_index(f"{run}/updates"):
+        update, target = load_update(f"{run}/updates", row)
+        by_partition.setdefault(target.partition_id, []).append((target.round, update))
+    test_set = settings.server_test_set()
+    aux = AuxiliaryData(test_set.images, test_set.labels)
+    for p, items in sorted(by_partition.items()):
+        items.sort(key=lambda item: item[0])
+        _, labels = ground_truth(settings.data, [p])
+        truth = np.bincount(labels.numpy(), minlength=62)
+        k = int(truth.sum())
+        raws = [estimate_class_counts(u, None, seed=0) for _, u in items]
+        supports = [class_support(u) for _, u in items]
+        each = [accuracy(round_counts_on_support(r, s, k), truth) for r, s in zip(raws, supports)]
+        print(p, "per round", " ".join(f"{r}:{a:.2f}" for (r, _), a in zip(items, each)))
+        for n in (1, 2, 3, 5, 15):
+            mean = accuracy(round_counts_on_support(np.mean(raws[:n], axis=0), supports[0], k), truth)
+            median = accuracy(round_counts_on_support(np.median(raws[:n], axis=0), supports[0], k), truth)
+            print(
+                f"  first {n}: mean-raw {mean:.2f}  median-raw {median:.2f}  support sizes "
+                f"{int(supports[0].sum())} true {int((truth > 0).sum())}"
+            )
+        chosen = [(r, u) for r, u in items if r in (1, 2, 5, 10, 15)]
+        print(
+            p,
+            "aux",
+            " ".join(f"{r}:{accuracy(recover_counts(u, 'aux', aux, None, seed=0), truth):.2f}" for r, u in chosen),
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
