@@ -207,7 +207,7 @@ def test_a_completed_run_without_a_readable_summary_exits_1(fake_flwr, monkeypat
     monkeypatch.setattr(launch, "_final_status", lambda run_id, env, superlink=None: "completed")
     rc = launch.main(["--silence-timeout", "30"])
     err = capsys.readouterr().err
-    if summary and summary.startswith("{\""):
+    if summary and summary.startswith('{"'):
         assert rc == 0, err
     else:
         assert rc == 1 and f"{run}/summary.json is missing or unreadable" in err, err
