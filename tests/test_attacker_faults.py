@@ -2,7 +2,7 @@
 and a job that kills its actor twice is recorded as failed with the cause (fl_attack/workers.py).
 
 One real Ray runtime (2 CPUs, num_cpus=0 actors as inside Flower); the actor kills itself with
-os._exit inside a job, or the test kills it with ray.kill(no_restart=False)."""
+os._exit inside a job, or the test SIGKILLs its process."""
 
 from __future__ import annotations
 

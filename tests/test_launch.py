@@ -180,7 +180,7 @@ def test_a_resume_without_a_readable_checkpoint_is_refused_in_one_line_before_an
 # A flwr that "completes" a run: it names the run and its folder as flwr and the ServerApp do, and
 # leaves rounds.csv; summary.json is what the test varies.
 COMPLETES = """
-import json, sys
+import sys
 from pathlib import Path
 run = Path(sys.argv[-1])
 run.mkdir(parents=True, exist_ok=True)
