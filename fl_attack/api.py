@@ -28,6 +28,7 @@ from .attacks.batchnorm import check_statistics_use, surrogate_mode
 from .data import get_spec
 from .labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from .models import check_model, parameter_keys, resolve_model
+from .precision import autocast, precision_scope, resolve_precision
 from .update import ObservedUpdate, flatten, layout
 
 
@@ -42,6 +43,8 @@ class Reconstruction:
     trace: one dict every ``trace_every`` iterations (iteration, loss, lsim_honest,
     lsim_calibrated, tv, the attack's own variables, and whatever ``callback`` returned).
     seconds: wall time of the attack; from ``reconstruct_batch``, the batch's wall time / N.
+    precision: the arithmetic precision the attack ran with, "fp32", "bf16" or "tf32" (its
+    ``AttackConfig.precision`` resolved on its device, "auto" included; ``fl_attack.precision``).
     """
 
     method: str
@@ -54,6 +57,7 @@ class Reconstruction:
     config: dict
     trace: list = field(default_factory=list)
     lsim_per_update: list = field(default_factory=list)  # honest Lsim on each given update, in their order
+    precision: str = "fp32"
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -108,6 +112,14 @@ def reconstruct(
     statistics estimated from the change of the running statistics.
     dtype: the attack's working precision, torch.float32 (default) or torch.float64 (for exactness
     checks; X_hat is drawn in float32 either way, so both start from the same images).
+    precision (an AttackConfig field, so a keyword like ``nodes``): the arithmetic of the attack's
+    steps (``fl_attack.precision``): "fp32" (default, float32 throughout), "bf16" (bfloat16 autocast
+    of the forwards, the node gradients and so their double backward, with float32 master copies of
+    X_hat, P1 and d, float32 sums of the quadrature nodes and of the cosine objective), "tf32" (CUDA
+    only: TF32 tensor cores for float32 GEMMs and convolutions, the flags restored afterwards) or
+    "auto" (the fastest one the device really accelerates, probed once per process; fp32 on a CPU
+    without native bf16). The label recovery, the final Lsim and every metric are float32 whatever
+    it is; ``Reconstruction.precision`` says which one ran. bf16 and tf32 need dtype torch.float32.
     update as a sequence of n ObservedUpdates of one client (one dataset, layout and k): one X_hat
     is fitted to all of them (``fl_attack.attacks.base.JointAttack``: the weighted sum of each
     update's own objective, each update with its own path variables); n = 1 is exactly the single
@@ -120,12 +132,15 @@ def reconstruct(
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
     shapes) or oracle labels of the wrong length, and KeyError for recovered labels without an
     output-layer bias, before any optimisation; ValueError too for updates of a joint attack of both
-    train and eval mode, and for bn_stats_weight > 0 on an eval-mode update or a model without
-    batch-norm running statistics.
+    train and eval mode, for bn_stats_weight > 0 on an eval-mode update or a model without
+    batch-norm running statistics, for a precision not in ``fl_attack.precision.PRECISIONS``, tf32
+    off CUDA, and bf16 or tf32 with dtype torch.float64.
     """
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
     _check_dtype(dtype)
+    dev = resolve_device(device)
+    precision = _precision(config.precision, dev, dtype)
     if not isinstance(update, (ObservedUpdate, list, tuple)):
         raise TypeError(f"update must be an ObservedUpdate or a list of them, got {type(update).__name__}")
     updates = [update] if isinstance(update, ObservedUpdate) else list(update)
@@ -150,7 +165,6 @@ def reconstruct(
     else:
         y = oracle
     label_source = "recovered" if oracle is None else "oracle"
-    dev = resolve_device(device)
     start = time.perf_counter()
 
     model = _frozen(model, dev, update)
@@ -190,6 +204,7 @@ def reconstruct(
         progress=progress,
         time_limit=time_limit,
         start=start,
+        precision=precision,
     )
     return Reconstruction(
         method=method,
@@ -202,6 +217,7 @@ def reconstruct(
         config=asdict(config),
         trace=trace,
         lsim_per_update=[float(v) for v in final.get("lsim_per_update", final["lsim_honest"].reshape(1))],
+        precision=precision,
     )
 
 
@@ -234,8 +250,8 @@ def reconstruct_batch(
     attacks"), because the unbatched paper-CNN path is hand-fused for the CPU and the vmapped one is not.
 
     updates: N >= 1 ObservedUpdates of one dataset and one state-dict layout, each with the same
-    number of samples k. method, config, overrides, model, label_aux, device, dtype, progress: as
-    ``reconstruct`` (one value for all clients; pisme-adaptive cannot be batched).
+    number of samples k. method, config, overrides (precision included), model, label_aux, device,
+    dtype, progress: as ``reconstruct`` (one value for all clients; pisme-adaptive cannot be batched).
     labels: "recovered" (each client's own, from its update) or oracle labels for every client,
     an (N, k) int64 tensor, or N entries, each a (k,) tensor or "recovered".
     callback(iteration, images in [0,1], (N,k,C,H,W)) may return N dicts, one per client, to add to
@@ -248,14 +264,16 @@ def reconstruct_batch(
     layouts, k or train mode (naming the first offending client index and the value it differs
     from), an update that is not the model's, bn_stats_weight > 0 on an update it cannot use (as
     ``reconstruct``), or oracle labels of the wrong number or shape (naming the client); KeyError for
-    recovered labels without an output-layer bias. Each client's buffers (batch norm's running
-    statistics) are its own w0's, vmapped with its weights.
+    recovered labels without an output-layer bias; ValueError for a bad precision (as ``reconstruct``).
+    Each client's buffers (batch norm's running statistics) are its own w0's, vmapped with its weights.
     """
     attack_cls = get_attack(method)
     if not attack_cls.batchable:
         raise ValueError(f"method '{method}' cannot be batched: its clients cannot share one computation")
     config = AttackConfig.from_overrides(config, **overrides)
     _check_dtype(dtype)
+    dev = resolve_device(device)
+    precision = _precision(config.precision, dev, dtype)
     updates = list(updates)
     if not updates:
         raise ValueError("reconstruct_batch needs at least one update")
@@ -319,7 +337,6 @@ def reconstruct_batch(
         for u, o in zip(updates, oracle)
     ]
     sources = ["recovered" if o is None else "oracle" for o in oracle]
-    dev = resolve_device(device)
     start = time.perf_counter()
 
     model = _frozen(model, dev, updates[0])
@@ -356,6 +373,7 @@ def reconstruct_batch(
         progress=progress,
         time_limit=time_limit,
         start=start,
+        precision=precision,
     )
     seconds = (time.perf_counter() - start) / n
     images = spec.denormalize(x.detach()).clamp(0, 1).to(device="cpu", dtype=torch.float32)
@@ -370,6 +388,7 @@ def reconstruct_batch(
             seconds=seconds,
             config=asdict(config),
             trace=traces[i],
+            precision=precision,
         )
         for i in range(n)
     ]
@@ -410,6 +429,17 @@ def _joint_weights(updates: list, weights, config: AttackConfig) -> torch.Tensor
 def _check_dtype(dtype) -> None:
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+
+
+def _precision(precision: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The attack's resolved precision (``fl_attack.precision.resolve_precision``); with dtype
+    float64 (an exactness check) "auto" is "fp32", and bf16 and tf32 are refused (ValueError)."""
+    if dtype == torch.float64 and precision in ("bf16", "tf32"):
+        raise ValueError(
+            f"precision '{precision}' lowers float32 arithmetic; dtype=torch.float64 is an exactness check: "
+            "use precision 'fp32' with it"
+        )
+    return "fp32" if dtype == torch.float64 else resolve_precision(precision, device)
 
 
 def _victim_model(model, dataset: str) -> torch.nn.Module:
@@ -491,13 +521,17 @@ def _row(iteration: int, values: dict, client: int | None) -> dict:
     return row
 
 
-def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress, time_limit, start):
+def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress, time_limit, start, precision="fp32"):
     """The one optimisation loop of every attack (docs/PISME.md, "Optimisation"), on one client or a batch.
 
     x: X_hat, a leaf of shape (k,C,H,W) or (N,k,C,H,W), updated in place; y: (k,) or (N,k) labels.
     Minimises the sum of the clients' losses (each client's gradient is its own), with Adam (or SGD
     for P1), the pixel-box clamp, the attack's projection and SME's schedule, all element-wise.
     refine(x, y) -> y: the label re-estimation at ``label_refine`` (None: labels stay fixed).
+    precision: a resolved one (``fl_attack.precision``): "tf32" holds for each step's forward and
+    backward (``precision_scope``), "bf16" autocasts each step's objective, i.e. the forwards and node
+    gradients whose graph the backward then follows in their dtypes (``autocast``). The labels'
+    refinement, the trace's callback and the final objective (the returned Lsim) run in float32.
     Returns (y, one trace per client, the final objective terms at the returned X_hat).
     Raises TimeoutError past ``time_limit`` seconds since ``start``.
     """
@@ -524,8 +558,10 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
             raise TimeoutError(f"attack '{method}' exceeded its time limit of {time_limit:g} s at iteration {it}")
         for o in optimizers:
             o.zero_grad(set_to_none=True)
-        terms = attack.objective(x, y)
-        terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
+        with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
+            with autocast(precision, x.device):  # bf16: the forwards and node gradients
+                terms = attack.objective(x, y)
+            terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
         for o in optimizers:
             o.step()
         for s in schedulers:
@@ -548,6 +584,6 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
                     rows[0].update(extra)
             for trace, row in zip(traces, rows):
                 trace.append(row)
-    # Final Lsim at the returned images, with and without the calibration.
+    # Final Lsim at the returned images, with and without the calibration (in float32, whatever the precision).
     final = attack.objective(x, y)
     return y, traces, final

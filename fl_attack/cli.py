@@ -25,6 +25,7 @@ from .attacks import ATTACKS, AttackConfig
 from .config import PRESETS, parse_key_values
 from .data import DATASETS
 from .memory import MEMORY_SUFFIX, memory_methods
+from .precision import PRECISIONS
 from .standalone import DEFAULT_PRESET, RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
 
 PROG = "fl-attack"
@@ -67,6 +68,7 @@ examples:
   fl-attack attack --preset cpu --methods pisme --option tv_weight=0.02,lr_control_point=1e-4
   fl-attack attack --dataset cifar100 --classes 10 --samples 50 --clients 2 --iterations 300
   fl-attack attack --labels oracle --nodes 3 --iterations 100
+  fl-attack attack --device cuda --precision auto
 """
 
 
@@ -103,8 +105,12 @@ def _methods(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_attack_choice(parser, methods, labels, device, methods_text, labels_text, device_text) -> None:
-    """--methods, --labels and --device, shared by ``attack`` and ``replay`` (defaults and their text)."""
+def _add_attack_choice(
+    parser, methods, labels, device, methods_text, labels_text, device_text, precision_text="fp32"
+) -> None:
+    """--methods, --labels, --device and --precision, shared by ``attack`` and ``replay`` (defaults
+    and their text; --precision's default is None, not given: fp32 for ``attack``, the run's for
+    ``replay``)."""
     parser.add_argument(
         "--methods",
         type=_methods,
@@ -124,6 +130,14 @@ def _add_attack_choice(parser, methods, labels, device, methods_text, labels_tex
         choices=("auto", "cpu", "cuda"),
         default=device,
         help=f"where training and attacks run; auto = cuda if available (default: {device_text})",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="the attacks' arithmetic: fp32; bf16 (bfloat16 autocast, float32 master copies and sums); "
+        "tf32 (CUDA only); auto = the fastest the device accelerates (fp32 on a CPU without native bf16) "
+        f"(docs/performance.md, Mixed precision) (default: {precision_text})",
     )
 
 
@@ -227,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
         '"lr_control_point=1e-4,tv_reduction=sum"; repeatable. iterations, nodes, trace_every, '
-        "seed and label_refine have flags of their own: give one or the other (default: none)",
+        "seed, label_refine and precision have flags of their own: give one or the other (default: none)",
     )
     a.add_argument(
         "--out",
@@ -256,7 +270,7 @@ def _prepare_out(out: Path) -> None:
 
 
 # The AttackConfig fields with a flag of their own; --option may set them when the flag is not given.
-_OWN_FLAGS = ("iterations", "nodes", "trace_every", "seed", "label_refine")
+_OWN_FLAGS = ("iterations", "nodes", "trace_every", "seed", "label_refine", "precision")
 
 
 def _settings(args) -> AttackSettings:
@@ -365,7 +379,7 @@ def _add_replay_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run folder with recorded updates (record-updates=true)")
-    _add_attack_choice(r, None, None, "auto", "the run's", "the run's", "auto")
+    _add_attack_choice(r, None, None, "auto", "the run's", "the run's", "auto", "the run's")
     r.add_argument(
         "--iterations",
         type=int,
@@ -466,6 +480,7 @@ def _replay(args) -> int:
             ray_address=args.ray_address,
             memory=args.memory,
             memory_rounds=args.memory_rounds,
+            precision=args.precision,
         )
     except ReplayError as exc:
         raise UsageError(str(exc)) from None

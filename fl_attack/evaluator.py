@@ -117,6 +117,7 @@ def attack_row(
     worker_node: str = "",
     worker_id: str = "",
     device: str = "",
+    precision: str = "",
     threads: int | None = None,
     memory: str = "",
     epsilon: float | None = None,
@@ -131,7 +132,8 @@ def attack_row(
     "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
     attack_seconds: the attack's wall time. image: the grid's path relative to the run.
     worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
-    device it ran on (cpu, cuda), empty where unknown; threads: its torch threads. memory: the
+    device it ran on (cpu, cuda), empty where unknown; precision: the arithmetic it ran with (fp32,
+    bf16, tf32; ``fl_attack.precision``), empty where unknown; threads: its torch threads. memory: the
     attack memory of a remembering server's row (fl_attack.memory), else "". epsilon: the DP budget
     the attacked client had spent by this update (fl_attack.privacy); None (an empty cell) without DP.
     parameters / unknowns: the update's floating-point entries and the client's pixels k*C*H*W
@@ -160,6 +162,7 @@ def attack_row(
         worker_node=worker_node,
         worker_id=worker_id,
         device=device,
+        precision=precision,
         threads=threads,
         memory=memory,
         epsilon=epsilon,
@@ -250,6 +253,7 @@ class Evaluator:
             worker_node=outcome.worker_node,
             worker_id=outcome.worker_id,
             device=outcome.device,
+            precision=outcome.precision,
             threads=outcome.threads,
             memory=outcome.memory,
             epsilon=epsilon,

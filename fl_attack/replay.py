@@ -43,6 +43,7 @@ from .config import parse_key_values
 from .evaluator import Evaluator
 from .labels import NEEDS_AUX, AuxiliaryData
 from .memory import MEMORY_SUFFIX, AttackMemory, memory_methods
+from .precision import resolve_precision
 from .privacy import PrivacyLedger
 from .records import header_mismatch, read_csv, write_bytes_atomic
 from .run_config import RunSettings
@@ -189,10 +190,11 @@ class Replay:
         return f"{self.workers} local process(es)" if self.workers else "this process"
 
 
-def _default_name(methods, labels, iterations, nodes, options: dict, rounds) -> str:
+def _default_name(methods, labels, iterations, nodes, options: dict, rounds, precision=None) -> str:
     parts = ["-".join(methods), labels]
     parts += [f"K{iterations}"] if iterations else []
     parts += [f"m{nodes}"] if nodes else []
+    parts += [precision] if precision else []
     parts += [f"{k}{v}" for k, v in options.items()]
     parts += ["rounds" + "_".join(map(str, rounds))] if rounds else []
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
@@ -248,6 +250,7 @@ def prepare_replay(
     ray_address: str = "",
     memory: str | None = None,
     memory_rounds: str | None = None,
+    precision: str | None = None,
 ) -> Replay:
     """Check everything a replay needs, before any attack: the run folder, the settings, the
     recorded updates' checksums and the ground truth of every target.
@@ -266,6 +269,8 @@ def prepare_replay(
     run's attack-memory and attack-memory-rounds): each method also runs as "METHOD+memory", and
     the updates are attacked one after another in round order. With ``missing``, the run's own
     memory.pt is where it starts from; a new replay starts from none and saves its own memory.pt.
+    precision: the attacks' arithmetic (``fl_attack.precision``: fp32, bf16, tf32 or auto; default:
+    the run's attack-precision, fp32 for a run recorded before it existed), checked on ``device``.
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)
@@ -279,6 +284,7 @@ def prepare_replay(
                 ("--nodes", nodes),
                 ("--options", options),
                 ("--name", name),
+                ("--precision", precision),
             )
             if value
         ]
@@ -301,11 +307,12 @@ def prepare_replay(
     try:
         option_values = parse_key_values(options or "", asdict(AttackConfig()), "--options", "attack setting")
         overrides = dict(option_values)
-        for key, value in (("iterations", iterations), ("nodes", nodes)):
+        for key, value in (("iterations", iterations), ("nodes", nodes), ("precision", precision)):
             if value is not None:
                 overrides[key] = value
         config = AttackConfig.from_overrides(run.attack_config, **overrides)
         dev = resolve_device(device)
+        resolve_precision(config.precision, dev)  # tf32 off CUDA, before any attack
     except (TypeError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
     if remembers and labels == "oracle":
@@ -334,7 +341,7 @@ def prepare_replay(
     if missing:
         out, name = run.path, ""
     else:
-        name = name or _default_name(methods, labels, iterations, nodes, option_values, rounds)
+        name = name or _default_name(methods, labels, iterations, nodes, option_values, rounds, precision)
         if not re.fullmatch(r"[A-Za-z0-9._=-]+", name) or name in (".", ".."):
             raise ReplayError(f"--name must be a plain folder name (letters, digits, . _ = -), got {name!r}")
         out = run.path / REPLAYS / name
@@ -412,7 +419,7 @@ def _replay_run_config(replay: Replay) -> dict:
         str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options", "attack setting"
     )
     options.update(replay.options)
-    for key in ("iterations", "nodes"):  # their own run-config keys
+    for key in ("iterations", "nodes", "precision"):  # their own run-config keys
         options.pop(key, None)
     rc.update(
         {
@@ -420,6 +427,7 @@ def _replay_run_config(replay: Replay) -> dict:
             "attack-labels": replay.labels,
             "attack-iterations": config.iterations,
             "attack-nodes": config.nodes,
+            "attack-precision": config.precision,
             "attack-options": ",".join(f"{k}={v}" for k, v in options.items()),
         }
     )
@@ -501,6 +509,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
         out.event(
             f"{what} of {replay.run.path}: {replay.attacks} attack(s), methods {','.join(replay.methods)}, "
             f"labels {replay.labels}, K={replay.config.iterations}, m={replay.config.nodes}, "
+            f"precision {replay.config.precision}, "
             f"{replay.threads or torch.get_num_threads()} torch thread(s) on {replay.device}, in {replay.where()}",
         )
         evaluator = Evaluator(

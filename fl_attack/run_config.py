@@ -17,6 +17,7 @@ from .attacks import AttackConfig
 from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
 from .data import PARTITIONERS, get_spec
 from .defenses import weight_matrices
+from .precision import PRECISIONS
 from .privacy import ACCOUNTANTS, gaussian_noise_multiplier
 
 
@@ -413,6 +414,7 @@ class RunSettings:
     attack_threads: int = 0
     attack_timeout: float = 600.0
     attack_device: str = "auto"
+    attack_precision: str = "fp32"
     attack_options: str = ""
     attack_rounds: str = "all"
     attack_budget: int = 0
@@ -624,10 +626,28 @@ class RunSettings:
             raise ValueError(f"invalid run config: {exc}") from None
 
     def attack_config(self) -> AttackConfig:
-        """The AttackConfig for every attack of this run (attack-options override the defense's adaptation)."""
-        overrides = {"observed_only": self.defense.observed_only, **_parse_overrides(self.attack_options)}
+        """The AttackConfig for every attack of this run (attack-options override the defense's
+        adaptation). ValueError naming the key when attack-options sets a setting that has a
+        run-config key of its own (attack-iterations, attack-nodes, seed, attack-precision)."""
+        options = _parse_overrides(self.attack_options)
+        own = {
+            "iterations": "attack-iterations",
+            "nodes": "attack-nodes",
+            "seed": "seed",
+            "precision": "attack-precision",
+        }
+        clash = sorted(options.keys() & own.keys())
+        if clash:
+            raise ValueError(
+                f"invalid run config: attack-options sets {clash[0]}; set the run-config key {own[clash[0]]}"
+            )
+        overrides = {"observed_only": self.defense.observed_only, **options}
         return AttackConfig.from_overrides(
-            iterations=self.attack_iterations, nodes=self.attack_nodes, seed=self.seed, **overrides
+            iterations=self.attack_iterations,
+            nodes=self.attack_nodes,
+            seed=self.seed,
+            precision=self.attack_precision,
+            **overrides,
         )
 
     def attack_thread_count(self, clients_per_round: int | None = None, cpus: int | None = None) -> int:
@@ -797,14 +817,20 @@ class RunSettings:
         return settings
 
     def check_device(self) -> None:
-        """ValueError when attack-device='cuda' and torch sees no CUDA device on this machine (kept
-        apart from ``validate``: a run recorded on a GPU machine is still read back elsewhere)."""
+        """ValueError when attack-device='cuda', or attack-precision='tf32' (CUDA only), and torch
+        sees no CUDA device on this machine (kept apart from ``validate``: a run recorded on a GPU
+        machine is still read back elsewhere)."""
         import torch
 
         if self.attack_device == "cuda" and not torch.cuda.is_available():
             raise ValueError(
                 "invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
                 "use attack-device='auto' or 'cpu'"
+            )
+        if self.attack_precision == "tf32" and not torch.cuda.is_available():
+            raise ValueError(
+                "invalid run config: attack-precision='tf32' needs a CUDA device and torch sees none here; "
+                "use attack-precision='fp32', 'bf16' or 'auto'"
             )
 
     def validate(self) -> None:
@@ -873,6 +899,14 @@ class RunSettings:
             (self.client_threads >= 0, f"client-threads must be >= 0 (0 = 1 thread), got {self.client_threads}"),
             (self.attack_timeout > 0, f"attack-timeout must be a finite number > 0 seconds, got {self.attack_timeout}"),
             (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
+            (
+                self.attack_precision in PRECISIONS,
+                f"attack-precision must be one of {', '.join(PRECISIONS)}, got {self.attack_precision!r}",
+            ),
+            (
+                not (self.attack_precision == "tf32" and self.attack_device == "cpu"),
+                "attack-precision 'tf32' needs attack-device 'cuda' or 'auto' (TF32 is a CUDA tensor-core mode)",
+            ),
             (self.results_dir.strip() != "", "results-dir must not be empty"),
             (
                 self.run_name == ""

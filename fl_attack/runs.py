@@ -76,6 +76,7 @@ ATTACKS: dict[str, type] = {
     "worker_node": str,
     "worker_id": str,
     "device": str,
+    "precision": str,  # the attack's arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs
     "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
     "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.memory), else empty
     "epsilon": float,  # the DP budget the attacked client(s) had spent by the update's round; empty without DP

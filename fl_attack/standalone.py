@@ -44,6 +44,7 @@ from .config import PRESETS, TrainingProtocol
 from .data import Pool, client_partition, get_spec, load_pool, num_partitions
 from .evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
 from .models import resolve_model
+from .precision import resolve_precision
 from .records import CsvTable, csv_text, write_text_atomic
 from .update import AttackTarget, TrainingMetadata
 from .victims import Victim
@@ -76,7 +77,8 @@ class AttackSettings:
     victims' initial model w0 = build_model(dataset, seed) and their batch shuffling.
     classes: C classes per CIFAR-100 client (None: a uniform draw; not allowed for femnist).
     labels: "recovered" (from the update) or "oracle" (the true labels, given to the attack).
-    device: "auto", "cpu" or "cuda". data_dir: None for the bundled real sample.
+    device: "auto", "cpu" or "cuda". precision: the attacks' arithmetic, fp32 (default), bf16, tf32
+    (CUDA) or auto (``fl_attack.precision``). data_dir: None for the bundled real sample.
     overrides: further AttackConfig fields for every method (e.g. {"lr_control_point": 1e-4}).
     model: the victims' architecture, "" (the paper's CNN) or "package.module:factory"
     (fl_attack.models.resolve_model); the attacker knows it, as a federation's server does.
@@ -100,6 +102,7 @@ class AttackSettings:
     preset: str = ""  # the fl_attack.config.PRESETS name the sizes came from ("" = none given), for the record
     overrides: dict = field(default_factory=dict)
     model: str = ""
+    precision: str = "fp32"
 
     @property
     def protocol(self) -> TrainingProtocol:
@@ -111,8 +114,8 @@ class AttackSettings:
 
     def attack_config(self) -> AttackConfig:
         """The AttackConfig shared by every method of the run; ValueError for bad settings, and for
-        overrides of iterations, nodes, trace_every or seed (settings of their own here)."""
-        own = sorted(set(self.overrides) & {"iterations", "nodes", "trace_every", "seed"})
+        overrides of iterations, nodes, trace_every, seed or precision (settings of their own here)."""
+        own = sorted(set(self.overrides) & {"iterations", "nodes", "trace_every", "seed", "precision"})
         if own:
             raise ValueError(f"overrides may not set {own[0]}: it is a setting of its own")
         return AttackConfig.from_overrides(
@@ -121,6 +124,7 @@ class AttackSettings:
             nodes=self.nodes,
             trace_every=self.trace_every,
             seed=self.seed,
+            precision=self.precision,
             **self.overrides,
         )
 
@@ -135,7 +139,7 @@ def validate_settings(settings: AttackSettings) -> Pool:
 
     Raises ValueError (unknown dataset or method, labels mode, nodes < 1, iterations < 1, B > k,
     classes for femnist, more clients than partitions, clients with fewer than k samples, no CUDA,
-    a bad model spec)
+    a bad precision or tf32 off CUDA, a bad model spec)
     or FileNotFoundError (missing data directory), each with a one-line message.
     """
     spec = get_spec(settings.dataset)
@@ -151,7 +155,7 @@ def validate_settings(settings: AttackSettings) -> Pool:
         local_epochs=settings.local_epochs,
         num_samples=settings.samples,
     )
-    resolve_device(settings.device)
+    resolve_precision(settings.precision, resolve_device(settings.device))
     resolve_model(settings.model, spec.name)  # a bad spec or a model off the contract, before any data
     if settings.data_dir is not None and not Path(settings.data_dir).expanduser().exists():
         raise FileNotFoundError(f"data directory not found: {settings.data_dir}")
@@ -241,6 +245,7 @@ def run_attack_experiment(
         **asdict(settings),
         "methods": list(settings.methods),
         "device_resolved": str(resolve_device(settings.device)),
+        "precision_resolved": resolve_precision(settings.precision, resolve_device(settings.device)),
         "torch": torch.__version__,
     }
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")

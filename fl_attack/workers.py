@@ -36,6 +36,7 @@ from .api import reconstruct
 from .attacks import ATTACKS, AttackConfig
 from .labels import AuxiliaryData
 from .memory import MEMORY_SUFFIX, MemoryInputs, attack_with_memory
+from .precision import resolve_precision
 from .update import AttackTarget, ObservedUpdate
 
 log = logging.getLogger(__name__)
@@ -112,10 +113,11 @@ def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
         AttackJob(job.job_id, job.update, base, job.config, job.target, job.labels), outcome.error, outcome.seconds
     )
     if outcome.memoryless is None:
-        memoryless.worker_node, memoryless.worker_id, memoryless.device = (
+        memoryless.worker_node, memoryless.worker_id, memoryless.device, memoryless.precision = (
             outcome.worker_node,
             outcome.worker_id,
             outcome.device,
+            outcome.precision,
         )
     outcome.memoryless = None
     return [memoryless, outcome]
@@ -138,6 +140,7 @@ class AttackOutcome:
     lsim_calibrated: float = float("nan")
     seconds: float = float("nan")
     device: str = ""
+    precision: str = ""  # the arithmetic the attack ran with (fl_attack.precision: fp32, bf16, tf32)
     local_steps: int | None = None  # T of the attacked update
     nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
     iterations: int | None = None  # K, the attack's iterations (its AttackConfig's)
@@ -217,6 +220,7 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
             candidates=candidates,
             memory=job.memory.mode,
             memoryless=_succeeded(job, base, rec, **where),
+            precision=rec.precision,
             **job.described(),
             **where,
         )
@@ -224,6 +228,7 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
         log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
         outcome = AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
         outcome.worker_node, outcome.worker_id, outcome.device = node, worker, _device_name(device)
+        outcome.precision = _precision_name(job.config, outcome.device)
         return outcome
 
 
@@ -241,6 +246,7 @@ def _succeeded(job: AttackJob, method: str, rec, **where) -> AttackOutcome:
         lsim_calibrated=rec.lsim_calibrated,
         seconds=rec.seconds,
         trace=rec.trace,
+        precision=rec.precision,
         **job.described(rec.trace),
         **where,
     )
@@ -248,6 +254,17 @@ def _succeeded(job: AttackJob, method: str, rec, **where) -> AttackOutcome:
 
 def _device_name(device: str) -> str:
     return str(torch.device(device) if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _precision_name(config: AttackConfig | None, device: str) -> str:
+    """The precision a failed job would have run with on ``device`` ("auto" resolved), its config's
+    own value where that does not resolve there (tf32 off CUDA), "" without a config."""
+    if config is None:
+        return ""
+    try:
+        return resolve_precision(config.precision, device)
+    except ValueError:
+        return config.precision
 
 
 def _first_line(exc: BaseException) -> str:

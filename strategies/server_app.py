@@ -52,6 +52,9 @@ RESUMABLE_KEYS = {
     "attack-ray-address",
     "client-num-cpus",
 }
+# Run-config keys added after runs were recorded, with the value such a run ran with: a run
+# recorded without one resumes as if it had been set so.
+ADDED_KEYS = {"attack-precision": "fp32"}
 
 
 def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | None:
@@ -118,7 +121,9 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
             f"(needs config.json and {folder.checkpoint_file.name}): {exc}"
         ) from None
     differing = sorted(
-        k for k in set(before) | set(run_config) if k not in RESUMABLE_KEYS and before.get(k) != run_config.get(k)
+        k
+        for k in set(before) | set(run_config)
+        if k not in RESUMABLE_KEYS and before.get(k, ADDED_KEYS.get(k)) != run_config.get(k, ADDED_KEYS.get(k))
     )
     if differing:
         raise ValueError(

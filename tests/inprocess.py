@@ -17,8 +17,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
+from fl_attack.data import client_partition, load_pool
 from fl_attack.models import build_model
 from fl_attack.run_config import RunSettings
+from fl_attack.training import train_local
 from fl_attack.update import ObservedUpdate, TrainingMetadata
 from fl_attack.workers import InlineWorkers, Pipeline
 from strategies.secagg import run_secagg
@@ -141,3 +143,20 @@ def small_update() -> ObservedUpdate:
     wT = OrderedDict((k, v - 1e-3 * torch.randn(v.shape, generator=gen)) for k, v in w0.items())
     meta = TrainingMetadata(dataset="femnist", lr=0.004, batch_size=2, local_epochs=1, num_samples=2)
     return ObservedUpdate(w0, wT, meta, {"round": 1})
+
+
+def femnist_update(partition: int, k: int, batch_size: int, local_epochs: int):
+    """(update, the client's train split) of a real FEMNIST writer: ``partition``'s first k
+    samples, trained from the paper CNN (seed 0) at the paper's lr 0.004 by fl_attack's own client
+    training (T = local_epochs x ceil(k / batch_size) SGD steps)."""
+    split = client_partition(load_pool("femnist"), partition, k)
+    result = train_local(
+        build_model("femnist", seed=0),
+        split.train.images,
+        split.train.labels,
+        dataset="femnist",
+        lr=0.004,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+    )
+    return result.update, split.train

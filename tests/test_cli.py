@@ -175,6 +175,9 @@ BAD_INPUTS = [
     (["--trace-every", "0"], "trace_every must be >= 1"),
     (["--labels", "true"], "argument --labels: invalid choice: 'true'"),
     (["--nodes", "two"], "argument --nodes: invalid int value: 'two'"),
+    (["--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
+    (["--precision", "tf32", "--device", "cpu"], "precision 'tf32' needs a CUDA device"),
+    (["--precision", "bf16", "--option", "precision=fp32"], "--option precision and --precision both given"),
 ]
 
 
@@ -219,6 +222,7 @@ def test_help_documents_every_flag(capsys):
         "--labels",
         "--seed",
         "--device",
+        "--precision",
         "--data-dir",
         "--trace-every",
         "--out",
@@ -235,6 +239,7 @@ def test_help_documents_every_flag(capsys):
         "(default: 7)",
         "(default: recovered)",
         "(default: auto)",
+        "(default: fp32)",
         "results/attack",
     ]:
         assert default in text, default

@@ -20,6 +20,7 @@ from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
 from fl_attack.training import train_local
 from fl_attack.update import flatten, layout
+from tests.user_models import PlainPaperCNN
 
 
 @pytest.fixture(scope="module", params=["femnist", "cifar100"])
@@ -40,19 +41,6 @@ def real_update(request):
     return victim, layout(update.w0), w0, wT, x, split.train.labels
 
 
-class _Generic(torch.nn.Module):
-    """The same network as a plain module, which path_gradient must route to its generic path."""
-
-    def __init__(self, cnn):
-        super().__init__()
-        self.conv1, self.conv2, self.fc1, self.fc2, self.pool = cnn.conv1, cnn.conv2, cnn.fc1, cnn.fc2, cnn.pool
-
-    def forward(self, x):
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x)))
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
-
-
 def _grads(model, shapes, anchors, basis, coeffs, x, y, probe):
     """G and the gradient of <probe, G> with respect to x, every anchor and the basis (double backward)."""
     g = path_gradient(model, shapes, anchors, basis, coeffs, x, y)
@@ -64,7 +52,7 @@ def _grads(model, shapes, anchors, basis, coeffs, x, y, probe):
 def test_structured_path_equals_generic_path(real_update, path):
     model, shapes, w0, wT, x, y = real_update
     assert gradients._is_paper_cnn(model, shapes, x)
-    assert not gradients._is_paper_cnn(_Generic(model), shapes, x)
+    assert not gradients._is_paper_cnn(PlainPaperCNN(model), shapes, x)
     gen = torch.Generator().manual_seed(1)
     control_point = ((w0 + wT) / 2 + 1e-3 * torch.randn(w0.shape, generator=gen, dtype=w0.dtype)).requires_grad_(True)
     x = x.clone().requires_grad_(True)
@@ -85,7 +73,7 @@ def test_structured_path_equals_generic_path(real_update, path):
         anchors, basis, coeffs = [w0, control_point * 1.0], None, torch.tensor([0.25, 0.75], dtype=torch.float64)
     probe = torch.randn(w0.shape, generator=gen, dtype=w0.dtype)
     fast = _grads(model, shapes, anchors, basis, coeffs, x, y, probe)
-    slow = _grads(_Generic(model), shapes, anchors, basis, coeffs, x, y, probe)
+    slow = _grads(PlainPaperCNN(model), shapes, anchors, basis, coeffs, x, y, probe)
     for name, f, s in zip(["G", "d/dX", "d/danchor", "d/dbasis"], fast, slow):
         f, s = f.detach(), s.detach()
         scale = float(s.abs().max())
@@ -197,7 +185,7 @@ def test_third_order_derivatives_stay_exact(real_update):
         fn = lambda z: (path_gradient(m, shapes, [w0], None, one, z, y) * (wT - w0)).sum()
         return torch.autograd.functional.hvp(fn, x.clone(), v)[1]
 
-    fast, slow = hvp(model), hvp(_Generic(model))
+    fast, slow = hvp(model), hvp(PlainPaperCNN(model))
     assert float(slow.abs().max()) > 0
     assert float((fast - slow).abs().max()) <= 1e-9 * float(slow.abs().max())
 

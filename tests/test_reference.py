@@ -18,12 +18,13 @@ import fl_attack.api as api
 from fl_attack import AttackConfig, reconstruct
 from fl_attack.attacks import get_attack
 from fl_attack.attacks.base import lsim, total_variation
-from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.data import get_spec
 from fl_attack.models import build_model
 from fl_attack.quadrature import gauss_legendre
 from fl_attack.training import train_local
 from fl_attack.update import flatten, layout
 from tests import reference as R
+from tests.inprocess import femnist_update
 
 FEMNIST_MEAN, FEMNIST_STD = (0.9642,), (0.1577,)  # docs/PISME.md, "Input normalisation"
 
@@ -31,17 +32,8 @@ FEMNIST_MEAN, FEMNIST_STD = (0.9642,), (0.1577,)  # docs/PISME.md, "Input normal
 @pytest.fixture(scope="module")
 def victim():
     """A real FEMNIST writer, k=6, B=3, E=1 (T=2 local SGD steps at the paper's lr 0.004)."""
-    split = client_partition(load_pool("femnist"), 0, 6)
-    result = train_local(
-        build_model("femnist", seed=0),
-        split.train.images,
-        split.train.labels,
-        dataset="femnist",
-        lr=0.004,
-        batch_size=3,
-        local_epochs=1,
-    )
-    return result.update, split.train.images, split.train.labels
+    update, train = femnist_update(0, 6, batch_size=3, local_epochs=1)
+    return update, train.images, train.labels
 
 
 def _rel_err(actual, expected):

@@ -144,6 +144,18 @@ def test_resume_refuses_another_run_config_and_a_finished_run(tmp_path):
         prepare_resume(RunSettings.from_run_config(finished), finished)
 
 
+def test_a_run_recorded_before_attack_precision_existed_resumes_at_fp32(tmp_path):
+    """A config.json without attack-precision (recorded by an older version) ran in fp32: resuming
+    it at fp32 is the same run, at bf16 it is another one."""
+    folder, values = _interrupted_run(tmp_path)
+    assert "attack-precision" not in folder.read_config()["run_config"]
+    fp32 = {**values, "resume": str(folder), "attack-precision": "fp32"}
+    assert prepare_resume(RunSettings.from_run_config(fp32), fp32)[1] == 2
+    bf16 = {**fp32, "attack-precision": "bf16"}
+    with pytest.raises(ValueError, match="differs from the interrupted run's in attack-precision; only "):
+        prepare_resume(RunSettings.from_run_config(bf16), bf16)
+
+
 def test_resume_refuses_a_record_with_columns_this_version_does_not_write(tmp_path):
     """A record from a newer version is refused before anything is cut or written: every file stays
     byte for byte as it was."""

@@ -165,3 +165,18 @@ def no_output_bias():
 
 def broken(dataset: str):
     raise RuntimeError("no weights file")
+
+
+class PlainPaperCNN(nn.Module):
+    """The paper CNN's own layers (``fl_attack.models.PaperCNN``) as a plain module, same state-dict
+    keys: ``fl_attack.attacks.gradients.path_gradient`` does not recognise it and takes its generic
+    (autograd) path, so the two paths can be compared on one network."""
+
+    def __init__(self, cnn):
+        super().__init__()
+        self.conv1, self.conv2, self.fc1, self.fc2, self.pool = cnn.conv1, cnn.conv2, cnn.fc1, cnn.fc2, cnn.pool
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))

@@ -62,6 +62,11 @@ class AttackConfig:
     the change of the running statistics (``fl_attack.attacks.batchnorm``; not in the paper); 0
     (default) is off. ``fl_attack.reconstruct`` refuses it > 0 on an eval-mode update or a model
     without batch-norm running statistics.
+    precision: the arithmetic of the attack's steps, one of ``fl_attack.precision.PRECISIONS``:
+    "fp32" (default, the paper's float32), "bf16" (bfloat16 autocast with float32 master copies and
+    sums), "tf32" (CUDA only) or "auto" (the fastest the device accelerates; not in the paper;
+    docs/performance.md, "Mixed precision"). Checked here for its value; ``fl_attack.reconstruct``
+    resolves it on the attack's device (tf32 off CUDA: ValueError).
     """
 
     iterations: int = 1000
@@ -88,6 +93,7 @@ class AttackConfig:
     label_estimator: str = "support"
     optimizer_aware: bool = True
     bn_stats_weight: float = 0.0
+    precision: str = "fp32"
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -121,6 +127,9 @@ class AttackConfig:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
         if not self.bn_stats_weight >= 0:
             raise ValueError(f"bn_stats_weight must be >= 0 (0: off), got {self.bn_stats_weight}")
+        from ..precision import check_precision
+
+        check_precision(self.precision)
 
     @classmethod
     def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:

@@ -22,6 +22,11 @@ Two implementations compute the same G:
   6. the activations are channels_last (NHWC), oneDNN's native layout: the convolutions skip their
      layout reorders and pooling works on contiguous channel vectors.
 tests/test_attacks.py checks both against each other and against the literal Algorithm 1.
+Under bf16 autocast (``fl_attack.precision``, precision "bf16") the generic path is lowered by
+autocast itself; the structured one lowers its operators explicitly (autocast does not reach into
+its autograd Functions, and their oneDNN calls need one dtype): bf16 activations, convolutions,
+double backward and GEMMs, float32 sums over the nodes and samples, conv1's weight gradient in
+float32. Both return G in float32 (tests/test_precision.py).
 
 A third computes G for N clients at once (``fl_attack.reconstruct_batch``): anchors of shape (N, P),
 images (N, k, C, H, W); at each node, torch.func.vmap over the clients of one node gradient
@@ -40,6 +45,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from ..models import PaperCNN
+from ..precision import full_precision, lowered_dtype
 from ..update import unflatten
 
 _CNN_KEYS = (
@@ -83,6 +89,8 @@ def path_gradient(
     Returns G, shape (P,) (batched: (N, P)). When grad mode is on and x, an anchor or the basis
     requires grad, G is differentiable in them to any order (create_graph); otherwise it is detached.
     An anchor whose coefficient is 0 at every node gets no gradient (autograd's None), as in torch.
+    Under bf16 autocast on x's device the node forwards and gradients run in bf16 and G is summed
+    and returned in the anchors' dtype (float32; module docstring); without autocast nothing is cast.
     Raises ValueError for inconsistent shapes, labels that are not int64, or a basis whose rows do
     not sum to 1.
     """
@@ -211,12 +219,13 @@ def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_g
     node_grad = vmapped if buffers is None else lambda w, xn, yn: vmapped(w, xn, yn, buffers)
     total = None
     for i in range(len(coeffs)):
-        if basis is None:
-            w_i = anchors[i]  # (N, P)
-        elif basis.dim() == 2:
-            w_i = torch.einsum("j,njp->np", basis[i], stacked)
-        else:
-            w_i = torch.einsum("nj,njp->np", basis[:, i], stacked)
+        with full_precision(x):  # the node weights stay float32 under bf16 autocast (einsum is a bmm)
+            if basis is None:
+                w_i = anchors[i]  # (N, P)
+            elif basis.dim() == 2:
+                w_i = torch.einsum("j,njp->np", basis[i], stacked)
+            else:
+                w_i = torch.einsum("nj,njp->np", basis[:, i], stacked)
         g = coeffs[i] * node_grad(w_i, x, y)
         total = g if total is None else total + g
     return total
@@ -232,50 +241,66 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph
     m = len(coeffs)
     params = [unflatten(a, shapes) for a in anchors]
     rows = _rows(basis, m, len(anchors))
+    # Mixed precision (fl_attack.precision): under bf16 autocast ``low`` is bf16 and every convolution,
+    # GEMM and activation below is lowered explicitly (autocast does not reach into the hand-written
+    # Functions, whose oneDNN calls need one dtype); G's sums over nodes and samples come out in
+    # ``high`` (float32). Without autocast low == high and every ``.to`` returns its tensor itself.
+    high, low = x.dtype, lowered_dtype(x)
     x = _channels_last(x)  # rewrite 6: every activation follows
+    xl = x.to(low)
     c1, c2 = model.conv1, model.conv2
     conv1 = dict(stride=c1.stride, padding=c1.padding, dilation=c1.dilation, groups=c1.groups)
     conv2 = dict(stride=c2.stride, padding=c2.padding, dilation=c2.dilation, groups=c2.groups)
     if basis is not None:  # rewrite 1: conv1 at each anchor, once for all nodes
         if basis.requires_grad:
-            conv1_at_anchor = [F.conv2d(x, p["conv1.weight"], p["conv1.bias"], **conv1) for p in params]
+            conv1_at_anchor = [
+                F.conv2d(xl, p["conv1.weight"].to(low), p["conv1.bias"].to(low), **conv1) for p in params
+            ]
         else:  # anchor differences: z1_i = conv(x, A_0) + sum_j basis[i, j] conv(x, A_j - A_0)
             first = params[0]
             diffs = [
-                F.conv2d(x, p["conv1.weight"] - first["conv1.weight"], p["conv1.bias"] - first["conv1.bias"], **conv1)
+                F.conv2d(
+                    xl,
+                    (p["conv1.weight"] - first["conv1.weight"]).to(low),
+                    (p["conv1.bias"] - first["conv1.bias"]).to(low),
+                    **conv1,
+                )
                 for p in params[1:]
             ]
-            node_inputs = _PathCombine.apply(
-                [row[1:] for row in rows], F.conv2d(x, first["conv1.weight"], first["conv1.bias"], **conv1), *diffs
-            )
+            anchor = F.conv2d(xl, first["conv1.weight"].to(low), first["conv1.bias"].to(low), **conv1)
+            node_inputs = _PathCombine.apply([row[1:] for row in rows], anchor, *diffs)
     rest = _CNN_KEYS[2:]
     per_node = ("conv2.weight", "conv2.bias", "fc2.weight", "fc2.bias")  # their G is summed node by node
     out_grad, total, fc1_inputs, fc1_out_grads = None, {}, [], []
     for i in range(m):
         if basis is None:
-            z1 = F.conv2d(x, params[i]["conv1.weight"], params[i]["conv1.bias"], **conv1)
+            z1 = F.conv2d(xl, params[i]["conv1.weight"].to(low), params[i]["conv1.bias"].to(low), **conv1)
         elif basis.requires_grad:
             z1 = _combine(conv1_at_anchor, rows[i])
         else:
             z1 = node_inputs[i]
         z1 = _with_grad(z1)
         w_i = {k: _with_grad(_node_weight(params, k, rows[i], basis, i)) for k in rest}
+        w = {k: v.to(low) for k, v in w_i.items()}  # the node's weights as the operators use them
         h = avg_pool2(relu(z1))
-        h = avg_pool2(relu(conv2d(h, w_i["conv2.weight"], w_i["conv2.bias"], **conv2)))
+        h = avg_pool2(relu(conv2d(h, w["conv2.weight"], w["conv2.bias"], **conv2)))
         flat = h.flatten(1)
-        u = F.linear(flat, w_i["fc1.weight"], w_i["fc1.bias"])
-        loss = coeffs[i] * F.cross_entropy(F.linear(torch.relu(u), w_i["fc2.weight"], w_i["fc2.bias"]), y)
+        u = F.linear(flat, w["fc1.weight"], w["fc1.bias"])
+        logits = F.linear(torch.relu(u), w["fc2.weight"], w["fc2.bias"]).to(high)  # CE in float32, as autocast
+        loss = coeffs[i] * F.cross_entropy(logits, y)
         grads = torch.autograd.grad(loss, [z1, u] + [w_i[k] for k in per_node], create_graph=create_graph)
-        out_grad = grads[0] if out_grad is None else out_grad + grads[0]
+        g1 = grads[0].to(high)  # the quadrature sum of conv1's output gradients, in float32
+        out_grad = g1 if out_grad is None else out_grad + g1
         fc1_inputs.append(flat)
         fc1_out_grads.append(grads[1])
         for k, g in zip(per_node, grads[2:]):
             total[k] = g if k not in total else total[k] + g
     # fc1's part of G: one GEMM over all nodes' samples (rewrite 4) instead of m GEMMs with K = k
     fc1_out_grad = torch.cat(fc1_out_grads)
-    total["fc1.weight"] = fc1_out_grad.t() @ torch.cat(fc1_inputs)
-    total["fc1.bias"] = fc1_out_grad.sum(0)
-    # conv1's part of G: one weight gradient of x against the summed output gradients (rewrite 1)
+    total["fc1.weight"] = (fc1_out_grad.t() @ torch.cat(fc1_inputs)).to(high)  # accumulated in float32 by the GEMM
+    total["fc1.bias"] = _sum(fc1_out_grad, 0, high)
+    # conv1's part of G: one weight gradient of x against the summed output gradients (rewrite 1),
+    # in float32 (conv1 has 1 or 3 input channels: memory-bound, nothing to gain from bf16)
     weight = params[0]["conv1.weight"].detach()
     total["conv1.weight"] = torch.ops.aten.convolution_backward(
         out_grad,
@@ -292,6 +317,12 @@ def _cnn_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_graph
     )[1]
     total["conv1.bias"] = out_grad.sum((0, 2, 3))
     return torch.cat([total[k].reshape(-1) for k in _CNN_KEYS])
+
+
+def _sum(t: torch.Tensor, dim, dtype: torch.dtype) -> torch.Tensor:
+    """t.sum(dim) with the result in ``dtype``: a lowered (bf16) t is accumulated and returned in
+    float32, a t already in ``dtype`` is summed exactly as before (bit for bit)."""
+    return t.sum(dim) if t.dtype == dtype else t.sum(dim, dtype=dtype)
 
 
 class _PathCombine(torch.autograd.Function):
