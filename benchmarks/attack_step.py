@@ -17,6 +17,15 @@ partitions 0..N-1, oracle labels so label recovery does not dilute the figure): 
 ``fl_attack.reconstruct`` calls against one ``fl_attack.reconstruct_batch`` call, alternated, and
 reports attacks per second of both, their ratio and the largest difference of the final Lsim
 between the two (float32: rounding only).
+
+With ``--precisions fp32,bf16[,tf32]`` it times instead the shipped step in each precision
+(``fl_attack.precision``; "auto" is resolved first) side by side in one process, alternated, on the
+same real client batch and state: seconds per step, GFLOP/s, the fraction of that precision's own
+GEMM peak (a 2048 x 2048 matmul in bf16, in fp32, or in fp32 with TF32 allowed, measured in the same
+process before and after the grid, the best of the two), the agreement of the step's gradients
+(dL/dX_hat, dL/dP1, dL/dd) with the fp32 step's (the smallest cosine and the largest relative norm
+error of the three), and the throughput of whole PI-SME attacks (``--iterations`` each, recovered
+labels) in each precision.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from fl_attack.attacks.pisme import PathIntegralSME
 from fl_attack.config import PAPER
 from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
+from fl_attack.precision import autocast, check_precision, gemm_gflops, precision_scope, resolve_precision
 from fl_attack.update import flatten, layout, unflatten
 from fl_attack.victims import train_victim
 from tests.reference import pisme_objective_reference
@@ -59,18 +69,14 @@ class BenchRow:
     width: int = 0
 
 
-def gemm_peak_gflops(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
-    """fp32 GEMM throughput (GFLOP/s) of this process: the best of ``repeats`` n x n matmuls."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        _sync(device)
-        t = time.perf_counter()
-        (a @ b).sum().item()
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
+def gemm_peak_gflops(
+    device: torch.device, n: int = 2048, repeats: int = 5, precision: str = "fp32", max_seconds: float | None = None
+) -> float:
+    """GEMM throughput (GFLOP/s) of this process: the best of ``repeats`` n x n matmuls, in fp32, in
+    bf16 (precision "bf16") or in fp32 with TF32 allowed ("tf32"; ``fl_attack.precision.gemm_gflops``;
+    max_seconds: its time bound)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return gemm_gflops(device, dtype, n, repeats, tf32=precision == "tf32", max_seconds=max_seconds)
 
 
 class _NoModuleTracker:
@@ -184,26 +190,30 @@ class _Problem:
         ]
         self.optimizer = torch.optim.Adam(groups)
 
-    def grads(self, impl: str) -> list[torch.Tensor]:
-        a = self.attack
-        if impl == "fast":
-            loss = a.objective(self.x, self.y)["loss"]
-        else:
-            loss = pisme_objective_reference(
-                self.model,
-                self.w0_state,
-                self.wT_state,
-                unflatten(a.control_point, self.shapes),
-                unflatten(a.calibration, self.shapes),
-                self.x,
-                self.y,
-                self.nodes,
-            )
-        return list(torch.autograd.grad(loss, [self.x, a.control_point, a.calibration]))
+    def grads(self, impl: str, precision: str = "fp32") -> list[torch.Tensor]:
+        """dL/dX_hat, dL/dP1, dL/dd of one step, in ``precision`` (a resolved one), as the attack
+        loop computes them (``fl_attack.api._optimise``: autocast around the forward only)."""
+        a, device = self.attack, self.x.device
+        with precision_scope(precision, device):
+            with autocast(precision, device):
+                if impl == "fast":
+                    loss = a.objective(self.x, self.y)["loss"]
+                else:
+                    loss = pisme_objective_reference(
+                        self.model,
+                        self.w0_state,
+                        self.wT_state,
+                        unflatten(a.control_point, self.shapes),
+                        unflatten(a.calibration, self.shapes),
+                        self.x,
+                        self.y,
+                        self.nodes,
+                    )
+            return list(torch.autograd.grad(loss, [self.x, a.control_point, a.calibration]))
 
-    def step(self, impl: str) -> None:
+    def step(self, impl: str, precision: str = "fp32") -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        for p, g in zip([self.x, self.attack.control_point, self.attack.calibration], self.grads(impl)):
+        for p, g in zip([self.x, self.attack.control_point, self.attack.calibration], self.grads(impl, precision)):
             p.grad = g
         self.optimizer.step()
 
@@ -525,6 +535,209 @@ def summarize_batched(result: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class PrecisionRow:
+    dataset: str
+    nodes: int
+    samples: int
+    precision: str
+    seconds_per_step: float  # median over the alternated repeats
+    gflop_per_step: float
+    gflops: float
+    gemm_peak_gflops: float  # this precision's own 2048^2 GEMM peak (bf16; fp32; fp32 with TF32)
+    peak_fraction: float  # gflops / its own peak
+    peak_memory_mb: float
+    grad_cosine: float  # the smallest cosine of dL/dX_hat, dL/dP1, dL/dd with the fp32 step's
+    grad_rel_error: float  # the largest ||g - g_fp32|| / ||g_fp32|| of the three
+    attack_iterations: int
+    attack_seconds: float  # one whole PI-SME attack (reconstruct, recovered labels)
+    attacks_per_second: float
+    width: int = 0
+
+
+def _agreement(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> tuple[float, float]:
+    """(smallest cosine, largest relative norm error) of the step's gradients against the reference's, in float64."""
+    cos, rel = [], []
+    for g, r in zip(grads, reference):
+        g, r = g.double().flatten(), r.double().flatten()
+        cos.append(float(g @ r / (g.norm() * r.norm()).clamp_min(1e-300)))
+        rel.append(float((g - r).norm() / r.norm().clamp_min(1e-300)))
+    return min(cos), max(rel)
+
+
+def bench_precisions(
+    dataset: str,
+    nodes: int,
+    samples: int,
+    device: torch.device,
+    repeats: int,
+    peaks: dict,
+    precisions: tuple,
+    iterations: int,
+    width: int | None = None,
+) -> list[PrecisionRow]:
+    """The shipped PI-SME step in each resolved precision at one configuration, in one process: the
+    steps alternate between the precisions so drift biases none; then one whole attack each."""
+    problem = _Problem(dataset, nodes, samples, device, width=width)
+    reference = problem.grads("fast", "fp32")
+    agreement = {p: _agreement(problem.grads("fast", p), reference) for p in precisions}
+    flops, times, memory = {}, {p: [] for p in precisions}, dict.fromkeys(precisions, 0.0)
+    for precision in precisions:
+        problem.step("fast", precision)  # warm-up
+        flops[precision] = count_flops(lambda precision=precision: problem.step("fast", precision))
+    for _ in range(repeats):
+        for precision in precisions:
+            _reset_peak(device)
+            _sync(device)
+            t = time.perf_counter()
+            problem.step("fast", precision)
+            _sync(device)
+            times[precision].append(time.perf_counter() - t)
+            memory[precision] = max(memory[precision], _peak_mb(device))
+    update, _ = _client_update(dataset, samples, 0, width)
+    model = build_model(dataset, width=width)
+    attack_seconds = {}
+    for precision in precisions:  # whole attacks with recovered labels, as a user runs them
+        _sync(device)
+        t = time.perf_counter()
+        reconstruct(
+            update, "pisme", nodes=nodes, iterations=iterations, device=device, model=model, precision=precision
+        )
+        _sync(device)
+        attack_seconds[precision] = time.perf_counter() - t
+    rows = []
+    for precision in precisions:
+        sec = statistics.median(times[precision])
+        rate = flops[precision] / sec / 1e9
+        rows.append(
+            PrecisionRow(
+                dataset,
+                nodes,
+                samples,
+                precision,
+                sec,
+                flops[precision] / 1e9,
+                rate,
+                peaks[precision],
+                rate / peaks[precision],
+                memory[precision],
+                *agreement[precision],
+                iterations,
+                attack_seconds[precision],
+                1 / attack_seconds[precision],
+                problem.width,
+            )
+        )
+    return rows
+
+
+def resolve_precisions(precisions, device) -> tuple[str, ...]:
+    """The resolved precisions to compare, fp32 first (the reference), each once; ValueError for a
+    bad value or one the device cannot run (tf32 off CUDA)."""
+    device = resolve_device(device)
+    resolved = [resolve_precision(check_precision(p), device) for p in precisions]
+    return tuple(dict.fromkeys(["fp32", *resolved]))
+
+
+def run_precisions(
+    datasets=("cifar100", "femnist"),
+    nodes=(7,),
+    samples=(50,),
+    device="auto",
+    repeats: int = 3,
+    threads: int | None = None,
+    widths=(None,),
+    precisions=("fp32", "bf16"),
+    iterations: int = 5,
+    progress=print,
+    peak_size: int = 2048,
+) -> dict:
+    """The precision comparison grid; returns {"device", "threads", "torch", "gemm_peak_gflops":
+    {precision: GFLOP/s}, "gemm_size": n, "rows": [...]}. Each precision's GEMM peak (n = peak_size)
+    is the best of one measurement before and one after the grid, each bounded to about 10 s.
+    Raises ValueError on bad arguments (as run_bench, plus the precisions, iterations >= 1 and
+    peak_size >= 1), before any timing."""
+    validate_bench(datasets, nodes, samples, repeats, threads, widths)
+    if iterations < 1 or peak_size < 1:
+        raise ValueError(f"--iterations and --peak-size must be >= 1, got {iterations} and {peak_size}")
+    samples = (samples,) if isinstance(samples, int) else tuple(samples)
+    precisions = resolve_precisions(precisions, device)
+    device = resolve_device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    peak = functools.partial(gemm_peak_gflops, device, peak_size, max_seconds=PEAK_SECONDS)
+    peaks = {p: peak(precision=p) for p in precisions}
+    rows = []
+    progress(PRECISION_HEADER)
+    for dataset in datasets:
+        for width in widths:
+            for k in samples:
+                for m in nodes:
+                    for row in bench_precisions(
+                        dataset, int(m), int(k), device, repeats, peaks, precisions, iterations, width
+                    ):
+                        rows.append(row)
+                        progress(format_precision_row(row))
+    for precision in precisions:
+        after = peak(precision=precision)
+        if after > peaks[precision]:  # every row against the better of the two measurements
+            for row in rows:
+                if row.precision == precision:
+                    row.peak_fraction *= peaks[precision] / after
+                    row.gemm_peak_gflops = after
+            peaks[precision] = after
+    return {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "gemm_peak_gflops": peaks,
+        "gemm_size": peak_size,
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+PEAK_SECONDS = 10.0  # each GEMM peak measurement's bound (an emulated bf16 2048^2 matmul takes ~15 s)
+PRECISION_HEADER = (
+    f"{'dataset':9} {'width':>5} {'k':>3} {'m':>3} {'prec':5} {'s/step':>8} {'GFLOP':>7} {'GFLOP/s':>8} "
+    f"{'peak':>7} {'%peak':>6} {'peakMB':>7} {'cos':>8} {'rel err':>8} {'iters':>5} {'attack s':>8} {'att/s':>7}"
+)
+
+
+def format_precision_row(r: PrecisionRow | dict) -> str:
+    r = PrecisionRow(**r) if isinstance(r, dict) else r
+    return (
+        f"{r.dataset:9} {r.width:>5} {r.samples:>3} {r.nodes:>3} {r.precision:5} {r.seconds_per_step:8.3f} "
+        f"{r.gflop_per_step:7.2f} {r.gflops:8.1f} {r.gemm_peak_gflops:7.1f} {100 * r.peak_fraction:5.1f}% "
+        f"{r.peak_memory_mb:7.0f} {r.grad_cosine:8.5f} {r.grad_rel_error:8.1e} {r.attack_iterations:>5} "
+        f"{r.attack_seconds:8.2f} {r.attacks_per_second:7.3f}"
+    )
+
+
+def summarize_precisions(result: dict) -> str:
+    """The precisions side by side: the table, then each lowered precision's step and attack
+    against fp32's at every configuration, as text."""
+    peaks = ", ".join(f"{p} {v:.1f}" for p, v in result["gemm_peak_gflops"].items())
+    lines = [
+        f"device {result['device']}, {result['threads']} threads, torch {result['torch']}; "
+        f"{result.get('gemm_size', 2048)}^2 GEMM peaks (GFLOP/s, best of before and after): {peaks}",
+        PRECISION_HEADER,
+    ] + [format_precision_row(r) for r in result["rows"]]
+    by = {(r["dataset"], r["width"], r["samples"], r["nodes"], r["precision"]): r for r in result["rows"]}
+    for dataset, width, k, m, precision in by:
+        if precision == "fp32":
+            continue
+        r, f = by[(dataset, width, k, m, precision)], by[(dataset, width, k, m, "fp32")]
+        lines.append(
+            f"{dataset} width={width} k={k} m={m}: {precision} step {r['seconds_per_step']:.3f} s against fp32 "
+            f"{f['seconds_per_step']:.3f} s (x{f['seconds_per_step'] / r['seconds_per_step']:.2f}); "
+            f"{100 * r['peak_fraction']:.0f}% of its GEMM peak against fp32's {100 * f['peak_fraction']:.0f}%; "
+            f"gradients: cosine >= {r['grad_cosine']:.5f}, relative error <= {r['grad_rel_error']:.2e}; "
+            f"whole attack ({r['attack_iterations']} iterations) {r['attack_seconds']:.2f} s against "
+            f"{f['attack_seconds']:.2f} s (x{f['attack_seconds'] / r['attack_seconds']:.2f})"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """Command line: prints the table (or --json); exit status 2 with one line for a bad argument."""
     parser = argparse.ArgumentParser(
@@ -556,10 +769,20 @@ def main(argv=None) -> int:
         help="time N whole PI-SME attacks on N clients, batched (reconstruct_batch) against sequential "
         "(reconstruct), instead of the step grid",
     )
-    add("--iterations", type=int, default=5, help="attack iterations with --batched (default: 5)")
+    add("--iterations", type=int, default=5, help="attack iterations with --batched or --precisions (default: 5)")
+    add(
+        "--precisions",
+        default="",
+        metavar="LIST",
+        help="compare the shipped step and whole attacks in these precisions, side by side (fp32, bf16, tf32 "
+        "on CUDA, auto; fp32 is always included), instead of the step grid (default m: 7)",
+    )
+    add("--peak-size", type=int, default=2048, metavar="N", help="with --precisions: the GEMM peaks' n (default: 2048)")
     add("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     defaults = ("cifar100", "3", "10") if args.batched else ("cifar100,femnist", "1,3,7,12", "50")
+    if args.precisions and not args.batched:
+        defaults = ("cifar100,femnist", "7", "50")
     args.datasets, args.nodes, args.samples = (
         given or default for given, default in zip((args.datasets, args.nodes, args.samples), defaults)
     )
@@ -571,9 +794,28 @@ def main(argv=None) -> int:
         validate_bench(datasets, nodes, samples, args.repeats, args.threads or None, widths)
         if args.batched < 0 or args.iterations < 1:
             raise ValueError(f"--batched must be >= 1 and --iterations >= 1, got {args.batched} and {args.iterations}")
+        if args.batched and args.precisions:
+            raise ValueError("--batched and --precisions are two benchmarks; give one")
+        precisions = resolve_precisions(tuple(args.precisions.split(",")), args.device) if args.precisions else ()
     except (ValueError, FileNotFoundError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    if precisions:
+        result = run_precisions(
+            datasets,
+            nodes,
+            samples,
+            args.device,
+            args.repeats,
+            args.threads or None,
+            widths,
+            precisions,
+            args.iterations,
+            progress=(lambda s: None) if args.json else print,
+            peak_size=args.peak_size,
+        )
+        print(json.dumps(result, indent=2) if args.json else summarize_precisions(result))
+        return 0
     if args.batched:
         try:
             result = run_batched(

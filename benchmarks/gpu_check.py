@@ -1,6 +1,6 @@
 """``python -m benchmarks.gpu_check``: the GPU check, one command (``make gpu-check``; docs/gpu-check.md).
 
-Five stages, each a subprocess with its own time limit, run in order; a failing stage does not stop
+Six stages, each a subprocess with its own time limit, run in order; a failing stage does not stop
 the next ones:
 
 1. ``environment``: nvidia-smi, Python, torch, CUDA, cuDNN, the GPU, the versions of flwr, ray,
@@ -10,7 +10,10 @@ the next ones:
 3. ``bench``: ``python -m benchmarks.attack_step`` (one PI-SME step, ours against the literal loop);
 4. ``batched``: ``python -m benchmarks.attack_step --batched N`` for several N: the throughput of
    N batched attacks against N sequential ones;
-5. ``federation``: a short paper-size federation (``python -m strategies.launch``: CIFAR-100,
+5. ``precision``: ``python -m benchmarks.attack_step --precisions fp32,bf16,tf32`` (fp32,bf16 on a
+   CPU): the shipped step and whole attacks in each precision side by side, each against its own
+   GEMM peak, and the bf16 and TF32 gradients against fp32's (docs/performance.md, "Mixed precision");
+6. ``federation``: a short paper-size federation (``python -m strategies.launch``: CIFAR-100,
    k = 50, B = 10, E = 20, lr 0.004, PI-SME m = 7) whose attacks run in attacker actors on the
    device; it checks that every attack succeeded and that attacks.csv's ``device`` says so.
 
@@ -65,6 +68,7 @@ class Sizes:
     """The settings of the stages that compute: ``full`` for a GPU, ``quick`` for a CPU dry run."""
 
     bench: list[str]
+    precision: list[str]
     batched_clients: tuple[int, ...]
     batched: list[str]
     run_config: dict
@@ -75,6 +79,9 @@ class Sizes:
     def full(cls, device: str) -> Sizes:
         return cls(
             bench=["--datasets", "cifar100,femnist", "--nodes", "1,3,7,12", "--samples", "50", "--repeats", "7"],
+            precision=["--precisions", "fp32,bf16,tf32" if device == "cuda" else "fp32,bf16"]
+            + ["--datasets", "cifar100,femnist", "--nodes", "7", "--samples", "50", "--repeats", "5"]
+            + ["--iterations", "20"],
             batched_clients=(1, 4, 16),
             batched=["--datasets", "cifar100", "--nodes", "7", "--samples", "50", "--iterations", "10"]
             + ["--repeats", "3"],
@@ -106,6 +113,9 @@ class Sizes:
     def quick(cls, device: str) -> Sizes:
         return cls(
             bench=["--datasets", "femnist", "--nodes", "1", "--samples", "4", "--repeats", "1"],
+            precision=["--precisions", "fp32,bf16,tf32" if device == "cuda" else "fp32,bf16"]
+            + ["--datasets", "femnist", "--nodes", "1", "--samples", "4", "--repeats", "1", "--iterations", "1"]
+            + ["--peak-size", "256"],
             batched_clients=(1, 2),
             batched=["--datasets", "femnist", "--nodes", "1", "--samples", "4", "--iterations", "1", "--repeats", "1"],
             run_config={
@@ -148,6 +158,7 @@ STAGES = (
     ("cuda-tests", "CUDA tests", 20, 240),
     ("bench", "Step benchmark", 30, 180),
     ("batched", "Batched-attack throughput", 30, 180),
+    ("precision", "Mixed precision: fp32, bf16 and TF32 side by side", 20, 150),
     ("federation", "Paper-size federation with attacker actors on the device", 90, 300),
 )
 
@@ -517,27 +528,34 @@ def stage_cuda_tests(check: Check, stage: Stage, timeout: float) -> None:
     stage.body = "```\n" + _tail(log, 25) + "\n```"
 
 
-def stage_bench(check: Check, stage: Stage, timeout: float) -> None:
-    log = check.out / "logs" / "bench.log"
-    out_json = check.out / "bench.json"
-    cmd = [check.python, "-m", "benchmarks.attack_step", "--device", check.device, *check.sizes.bench, "--json"]
-    tmp = check.out / ".bench.json.tmp"
+def _attack_step_json(check: Check, stage: Stage, timeout: float, name: str, args: list[str]) -> dict | None:
+    """Run ``benchmarks.attack_step ARGS --json`` and keep NAME.json and logs/NAME.log; None (with
+    the stage marked failed or timed out) when it fails, times out or prints unreadable JSON."""
+    log, tmp = check.out / "logs" / f"{name}.log", check.out / f".{name}.json.tmp"
+    cmd = [check.python, "-m", "benchmarks.attack_step", "--device", check.device, *args, "--json"]
     with open(tmp, "w") as f:  # stdout is the JSON, stderr the log
         rc, timed_out = check.run(stage, cmd, timeout, log, stdout=f)
-    stage.files.append("logs/bench.log")
+    stage.files.append(f"logs/{name}.log")
     if timed_out or rc != 0:
         tmp.unlink(missing_ok=True)
         stage.status = "timeout" if timed_out else "fail"
         stage.note = f"exit status {rc}" + (", timed out" if timed_out else "")
         stage.body = "```\n" + _tail(log) + "\n```"
-        return
+        return None
     try:
         result = json.loads(tmp.read_text())
     except json.JSONDecodeError as exc:
         stage.status, stage.note = "fail", f"unreadable JSON: {exc}"
+        return None
+    os.replace(tmp, check.out / f"{name}.json")
+    stage.files.append(f"{name}.json")
+    return result
+
+
+def stage_bench(check: Check, stage: Stage, timeout: float) -> None:
+    result = _attack_step_json(check, stage, timeout, "bench", check.sizes.bench)
+    if result is None:
         return
-    os.replace(tmp, out_json)
-    stage.files.append("bench.json")
     from benchmarks.attack_step import summarize
 
     table = summarize(result)
@@ -604,6 +622,35 @@ def stage_batched(check: Check, stage: Stage, timeout: float) -> None:
     )
     figure = _figure(check, "batched.png", _plot_batched, rows)
     stage.body = "```\n" + table + "\n```" + (f"\n\n![batched throughput]({figure})" if figure else "")
+
+
+def stage_precision(check: Check, stage: Stage, timeout: float) -> None:
+    result = _attack_step_json(check, stage, timeout, "precision", check.sizes.precision)
+    if result is None:
+        return
+    from benchmarks.attack_step import summarize_precisions
+
+    table = summarize_precisions(result)
+    _write_atomic(check.out / "precision.txt", table + "\n")
+    stage.files.append("precision.txt")
+    rows = result["rows"]
+    fp32 = {(r["dataset"], r["nodes"]): r["seconds_per_step"] for r in rows if r["precision"] == "fp32"}
+    ratios = [
+        f"{r['dataset']} m={r['nodes']} {r['precision']}: x{fp32[r['dataset'], r['nodes']] / r['seconds_per_step']:.2f}"
+        for r in rows
+        if r["precision"] != "fp32"
+    ]
+    # the lowered steps must still compute the same step: every gradient's cosine with fp32's above
+    # tests/test_precision.py's loosest bound (dL/dP1's, 0.95)
+    agree = all(r["grad_cosine"] > 0.95 for r in rows)
+    stage.status = "pass" if agree else "fail"
+    stage.note = (
+        f"{result['device']}; step speed-up over fp32: "
+        + ", ".join(ratios)
+        + ("" if agree else "; a lowered step's gradients are off fp32's (cosine <= 0.95)")
+    )
+    figure = _figure(check, "precision.png", _plot_precision, rows)
+    stage.body = "```\n" + table + "\n```" + (f"\n\n![precision]({figure})" if figure else "")
 
 
 def _toml_value(value) -> str:
@@ -769,6 +816,22 @@ def _plot_bench(rows, plt):
     return fig
 
 
+def _plot_precision(rows, plt):
+    configs = sorted({(r["dataset"], r["nodes"], r["samples"]) for r in rows})
+    fig, axes = plt.subplots(1, len(configs), figsize=(4.5 * len(configs), 3.6), squeeze=False)
+    for ax, (dataset, m, k) in zip(axes[0], configs):
+        mine = [r for r in rows if (r["dataset"], r["nodes"], r["samples"]) == (dataset, m, k)]
+        names = [r["precision"] for r in mine]
+        ax.bar(names, [r["seconds_per_step"] * 1e3 for r in mine], color="tab:blue")
+        for i, r in enumerate(mine):
+            ax.annotate(
+                f"{100 * r['peak_fraction']:.0f}% of peak", (i, r["seconds_per_step"] * 1e3), ha="center", va="bottom"
+            )
+        ax.set(title=f"{dataset}, k={k}, m={m}", ylabel="ms per PI-SME step")
+    fig.suptitle("One PI-SME step per precision (each against its own GEMM peak)")
+    return fig
+
+
 def _plot_batched(rows, plt):
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     rows = sorted(rows, key=lambda r: r["clients"])
@@ -803,6 +866,7 @@ STAGE_FUNCTIONS = {
     "cuda-tests": stage_cuda_tests,
     "bench": stage_bench,
     "batched": stage_batched,
+    "precision": stage_precision,
     "federation": stage_federation,
 }
 

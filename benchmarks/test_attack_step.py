@@ -64,3 +64,31 @@ def test_batched_benchmark_runs_and_checks_its_arguments(capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_precision_comparison_times_fp32_and_bf16_side_by_side(capsys):
+    """--precisions: the shipped step in fp32 and bf16 in one process, each against its own GEMM peak,
+    bf16's gradients against fp32's, and whole attacks in each (torch emulates bf16 on a CPU without it)."""
+    from benchmarks.attack_step import main, run_precisions, summarize_precisions
+
+    result = run_precisions(
+        ("femnist",), (2,), (4,), "cpu", repeats=1, widths=(4,), precisions=("bf16",), iterations=1, peak_size=64
+    )
+    rows = {r["precision"]: r for r in result["rows"]}
+    assert list(rows) == ["fp32", "bf16"] and set(result["gemm_peak_gflops"]) == {"fp32", "bf16"}
+    assert rows["fp32"]["grad_cosine"] == pytest.approx(1) and rows["fp32"]["grad_rel_error"] == 0
+    # the smallest cosine and largest error of the three gradients: dL/dP1's bounds (tests/test_precision.py)
+    assert rows["bf16"]["grad_cosine"] > 0.95 and 0 < rows["bf16"]["grad_rel_error"] < 0.35
+    for r in rows.values():
+        assert r["seconds_per_step"] > 0 and r["peak_fraction"] > 0 and r["attack_seconds"] > 0
+        assert r["gemm_peak_gflops"] == result["gemm_peak_gflops"][r["precision"]]
+    assert rows["bf16"]["gflop_per_step"] == pytest.approx(rows["fp32"]["gflop_per_step"])  # the same step
+    assert "bf16 step" in summarize_precisions(result)
+    for argv in (
+        ["--precisions", "fp16"],
+        ["--precisions", "tf32", "--device", "cpu"],
+        ["--precisions", "bf16", "--batched", "2"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err

@@ -51,6 +51,9 @@ def test_a_quick_cpu_run_writes_every_stage_and_its_figures(tmp_path):
         "bench.png",
         "batched.json",
         "batched.png",
+        "precision.json",
+        "precision.txt",
+        "precision.png",
         "federation.png",
         "federation-reconstruction.png",
         "federation/rounds.csv",
@@ -63,6 +66,7 @@ def test_a_quick_cpu_run_writes_every_stage_and_its_figures(tmp_path):
     if not torch.cuda.is_available():
         assert "CUDA test(s) skipped: no CUDA device" in stages["cuda-tests"]["note"]
     assert [r["clients"] for r in json.loads((out / "batched.json").read_text())["rows"]] == [1, 2]
+    assert [r["precision"] for r in json.loads((out / "precision.json").read_text())["rows"]] == ["fp32", "bf16"]
     with open(out / "federation" / "attacks.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["status"], r["device"]) for r in rows] == [("ok", "cpu")]
@@ -107,6 +111,7 @@ def test_a_failing_or_timed_out_stage_does_not_stop_the_others(tmp_path, fake_st
         "cuda-tests": "pass",
         "bench": "fail",
         "batched": "timeout",
+        "precision": "pass",
         "federation": "pass",
     }
     assert stages["bench"]["note"] == "RuntimeError: broken on purpose"
@@ -124,7 +129,7 @@ def test_the_budget_cuts_each_stage_and_skips_what_no_longer_fits(tmp_path, fake
     assert gpu_check.main(["--device", "cpu", "--out", str(out), "--budget-seconds", str(budget)]) == 0
     stages = _status(out)
     assert stages["environment"]["status"] == "pass"
-    for name in ("cuda-tests", "bench", "batched"):
+    for name in ("cuda-tests", "bench", "batched", "precision"):
         assert stages[name]["status"] == "skipped" and "not enough budget left" in stages[name]["note"]
     assert stages["federation"]["status"] == "pass"
     assert gpu_check.main(["--device", "cpu", "--out", str(out), "--budget-seconds", "1"]) == 0
@@ -140,6 +145,7 @@ def test_stages_can_be_chosen(tmp_path, fake_stages):
         "cuda-tests": "skipped",
         "bench": "pass",
         "batched": "skipped",
+        "precision": "skipped",
         "federation": "pass",
     }
     with pytest.raises(SystemExit):

@@ -59,6 +59,7 @@ EXPECTED = {
     "label-recovery": ["round", "client", "estimator", "label_accuracy", "test_accuracy", "pbar_tv_dummy", "seconds"],
     "client-optimizers": ["regime", "optimizer", "client_lr", "optimizer_aware", "local_steps", "method"]
     + SCORE_COLUMNS,
+    "precision": ["dataset", "paper_T", "precision", "local_steps", "client", "seed", "method"] + SCORE_COLUMNS,
 }
 
 

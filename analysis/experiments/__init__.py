@@ -1,11 +1,11 @@
 """The PI-SME paper's experiments, one command each, on real data (the bundled samples by default).
 
     python -m analysis.experiments NAME [--scale cpu|paper|tiny] [--out DIR] [--device auto|cpu|cuda]
-                                        [--seeds N] [--clients N] [--iterations N] [--threads N]
-                                        [--data-dir PATH]
+                                        [--precision fp32|bf16|tf32|auto] [--seeds N] [--clients N]
+                                        [--iterations N] [--threads N] [--data-dir PATH]
 
 NAME is one of ``EXPERIMENTS``: table1, node-sweep, class-deficiency, path-consistency,
-matched-compute, adaptive-nodes, label-recovery, client-optimizers. Each writes DIR/NAME.csv (one row
+matched-compute, adaptive-nodes, label-recovery, client-optimizers, precision. Each writes DIR/NAME.csv (one row
 per measurement), DIR/NAME.png and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
 Scales (the presets of fl_attack.config.PRESETS): ``paper`` is the
 paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
@@ -36,6 +36,7 @@ EXPERIMENTS = {
     "adaptive-nodes": ("adaptive_nodes", "beyond the paper: m chosen from a quadrature-error tolerance"),
     "label-recovery": ("label_recovery", "beyond the paper: label estimators in a learning FedAvg federation"),
     "client-optimizers": ("optimizers", "beyond the paper: momentum, weight decay, Adam; optimizer-aware vs naive"),
+    "precision": ("precision", "beyond the paper: bf16 (and tf32 on CUDA) against fp32, per method (the fidelity)"),
 }
 
 
@@ -58,8 +59,12 @@ def run_experiment(
     workers: int = 0,
     ray_address: str = "",
     threads: int = 1,
+    precision: str = "fp32",
 ) -> Path:
     """Run one experiment; returns the output folder. ValueError for bad options, before any work.
+
+    precision: the attacks' arithmetic (``fl_attack.precision``: fp32, bf16, tf32 on CUDA, auto);
+    the precision experiment sets its own arms.
 
     command: the command line to quote in NAME.md (default: the equivalent of the arguments).
     grid: {axis: "v1,v2"} to sweep other values than the experiment's defaults (its ``GRID``).
@@ -72,7 +77,20 @@ def run_experiment(
     module = _module(name)
     axes = getattr(module, "GRID", ())
     ctx = make_context(
-        name, scale, out, device, seeds, clients, iterations, data_dir, grid, axes, workers, ray_address, threads
+        name,
+        scale,
+        out,
+        device,
+        seeds,
+        clients,
+        iterations,
+        data_dir,
+        grid,
+        axes,
+        workers,
+        ray_address,
+        threads,
+        precision,
     )
     ctx.command = command
     ctx.out.mkdir(parents=True, exist_ok=True)
@@ -97,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default="results/experiments", help="output folder (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda for the attacks (default: auto)")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        help="the attacks' arithmetic: fp32, bf16, tf32 (CUDA) or auto (docs/performance.md, Mixed precision; "
+        "the precision experiment compares its own arms) (default: fp32)",
+    )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per client (default: the scale's)")
     parser.add_argument("--clients", type=int, default=None, help="clients per cell (default: the scale's)")
     parser.add_argument("--iterations", type=int, default=None, help="attack iterations (default: the scale's)")
@@ -113,14 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="AXIS=V1,V2",
         help="sweep these values of one grid axis (repeatable): class-deficiency: classes, labels; "
-        "matched-compute: dataset, paper_T, labels; node-sweep: dataset, paper_T, nodes, labels. "
+        "matched-compute: dataset, paper_T, labels; node-sweep: dataset, paper_T, nodes, labels; "
+        "precision: dataset, precision (the arms against fp32: bf16, tf32). "
         "These experiments resume: rerunning a command skips the rows OUT/NAME.csv already holds",
     )
     parser.add_argument(
         "--workers",
         type=int,
         default=0,
-        help="class-deficiency, matched-compute, node-sweep: run the attacks on N local processes "
+        help="class-deficiency, matched-compute, node-sweep, precision: run the attacks on N local processes "
         "(or N Ray actors with --ray-address), each with --threads torch threads (default 0: this process)",
     )
     parser.add_argument(
@@ -165,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             ray_address=args.ray_address,
             threads=args.threads or torch.get_num_threads(),
+            precision=args.precision,
             command="python -m analysis.experiments " + " ".join(sys.argv[1:] if argv is None else argv),
         )
     except (ValueError, FileNotFoundError) as exc:

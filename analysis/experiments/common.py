@@ -29,6 +29,7 @@ from fl_attack.attacks import AttackConfig, get_attack
 from fl_attack.config import PRESETS, Preset
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluator import RESULT_COLUMNS, Evaluator, results_row
+from fl_attack.precision import resolve_precision
 from fl_attack.records import CsvTable, write_text_atomic
 from fl_attack.run_config import usable_cpus
 from fl_attack.victims import Victim
@@ -49,7 +50,8 @@ ATTACK_ROW_COLUMNS = [
 
 @dataclass
 class Context:
-    """One command's settings: the scale (after --seeds/--clients/--iterations), device, data, output."""
+    """One command's settings: the scale (after --seeds/--clients/--iterations), device, precision
+    (the attacks' arithmetic, ``fl_attack.precision``; --precision), data, output."""
 
     name: str
     scale: Preset
@@ -61,6 +63,7 @@ class Context:
     workers: int = 0  # attack workers: 0 = this process, N = local processes (or Ray actors with ray_address)
     ray_address: str = ""  # a Ray cluster to run the attacks on ("" = none)
     threads: int = 1  # torch threads per worker
+    precision: str = "fp32"  # the attacks' arithmetic, --precision (an experiment's own arms may set theirs)
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
     invocation: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="microseconds"))
@@ -85,7 +88,7 @@ class Context:
         """What must not change between the invocations that fill one NAME.csv: the victims'
         training, the attack's size and the data. Clients, seeds and grid values may grow."""
         sc = self.scale
-        return {
+        identity = {
             "samples": sc.samples,
             "batch_size": sc.batch_size,
             "lr": sc.lr,
@@ -94,6 +97,9 @@ class Context:
             "nodes": sc.nodes,
             "data_dir": self.data_dir,
         }
+        if self.precision != "fp32":  # so a CSV of earlier (fp32) invocations still resumes
+            identity["precision"] = self.precision
+        return identity
 
     def environment(self) -> str:
         threads = torch.get_num_threads()
@@ -119,12 +125,14 @@ def make_context(
     workers: int = 0,
     ray_address: str = "",
     threads: int = 1,
+    precision: str = "fp32",
 ) -> Context:
     """Validate the command's options (ValueError before any work) and build its Context.
 
     grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
     experiment's ``GRID``) and its values valid for ``AXES``. workers, ray_address, threads: where
-    the attacks run (``fl_attack.workers.make_workers``)."""
+    the attacks run (``fl_attack.workers.make_workers``). precision: the attacks' arithmetic
+    (``fl_attack.precision.PRECISIONS``; ValueError for another value, and for tf32 off CUDA)."""
     if scale not in PRESETS:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(PRESETS)}")
     sc = PRESETS[scale]
@@ -145,17 +153,20 @@ def make_context(
     )
     parsed = {axis: parse_axis(axis, text, axes, sc) for axis, text in (grid or {}).items()}
     make_workers(workers, address=ray_address, threads=max(1, threads))  # ValueError for bad counts; starts nothing
+    dev = resolve_device(device)
+    resolve_precision(precision, dev)
     return Context(
         name=name,
         scale=sc,
         out=Path(out),
-        device=resolve_device(device),
+        device=dev,
         data_dir=data_dir,
         explicit=explicit,
         grid=parsed,
         workers=int(workers),
         ray_address=ray_address,
         threads=max(1, int(threads)),
+        precision=precision,
     )
 
 
@@ -168,6 +179,7 @@ AXES = {
     "nodes": (int, "Gauss-Legendre nodes m >= 1", lambda v, sc: v >= 1),
     "regime": (str, "a client-optimizers regime", lambda v, sc: v in _optimizer_regimes()),
     "local_steps": (int, "local steps T >= 1", lambda v, sc: v >= 1),
+    "precision": (str, "a precision to compare with fp32: bf16 or tf32", lambda v, sc: v in ("bf16", "tf32")),
 }
 
 
@@ -239,10 +251,13 @@ def train_victim(
 
 
 def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recovered", job_id: int = 0, **overrides):
-    """``victim.attack_job`` at the scale's iterations, nodes and trace_every and the victim's seed
-    (``overrides``: other AttackConfig fields). labels: "recovered" or "oracle"."""
+    """``victim.attack_job`` at the scale's iterations, nodes and trace_every, the victim's seed and
+    the context's precision (``overrides``: other AttackConfig fields, precision included). labels:
+    "recovered" or "oracle"."""
     sc = ctx.scale
-    settings = dict(iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed)
+    settings = dict(
+        iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed, precision=ctx.precision
+    )
     config = AttackConfig.from_overrides(None, **{**settings, **overrides})
     return victim.attack_job(method, config, labels, job_id)
 
@@ -250,7 +265,8 @@ def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recover
 def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
     """The evaluator's side: score ``outcome`` (an ok ``AttackOutcome`` of ``job``) against the
     victim's private images on matched pairs. Returns one flat result row: the results.csv
-    columns (``fl_attack.evaluator.results_row``) with seed, classes, the costs and where it ran."""
+    columns (``fl_attack.evaluator.results_row``) with seed, classes, the costs, where it ran and the
+    precision it ran with."""
     config, method = job.config, job.method
     scored = Evaluator(victim.dataset).record(outcome, victim.truth)
     if scored["status"] != "ok":
@@ -262,6 +278,7 @@ def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
         "seconds_per_iteration": outcome.seconds / config.iterations,
         "gradient_evaluations": _gradient_evaluations(method, config, outcome.trace, config.iterations),
         "worker": f"{outcome.worker_node}/{outcome.worker_id}",
+        "precision": outcome.precision,
     }
     if method == "pisme-adaptive":
         row.update(
