@@ -27,8 +27,10 @@ def _status(out: Path) -> dict:
     return {s["name"]: s for s in json.loads((out / "status.json").read_text())["stages"]}
 
 
+@pytest.mark.slow  # about 90 s on 2 cores: run it (make test-slow) before spending device time
 def test_a_quick_cpu_run_writes_every_stage_and_its_figures(tmp_path):
-    """The whole check with tiny sizes on the CPU: the same commands a GPU run makes, with --device cpu."""
+    """The whole check with tiny sizes on the CPU: the same commands a GPU run makes, with --device cpu.
+    Slow (outside CI): the stages' own logic is tested on fakes below; this is the dry run of the real commands."""
     out, archive = tmp_path / "gpu-check", tmp_path / "back" / "gpu-check.tgz"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--out", str(out)]

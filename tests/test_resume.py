@@ -60,13 +60,22 @@ def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
 
 
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
-    whole = launch(tmp_path, 'run-name="whole"')
+    """Also with a remembering server (attack-memory="keep"): the resumed run starts from the
+    memory.pt the crash left, cut back to the checkpoint, and its history goes on from it."""
+    from fl_attack.memory import AttackMemory
+
+    whole = launch(tmp_path, 'run-name="whole" attack-memory="keep"')
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    crashed = launch(tmp_path, 'run-name="cut"', {"FL_ATTACK_CRASH_AFTER_ROUND": "3:before-checkpoint"})
+    crashed = launch(
+        tmp_path, 'run-name="cut" attack-memory="keep"', {"FL_ATTACK_CRASH_AFTER_ROUND": "3:before-checkpoint"}
+    )
     run = tmp_path / "results" / "cut"
     assert crashed.returncode != 0 and not (run / "summary.json").exists()
     assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2", "3"]  # a row past the checkpoint
     assert RunFolder(run).load_checkpoint()[0] == 2
+    # What the memory held of rounds 1-2 at the crash (a round-3 candidate there is past the checkpoint).
+    remembered = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")].history
+    before = [c.fit for c in remembered if max(c.rounds) <= 2]
     # (Starting the folder again, or resuming a record with columns this version does not know, is
     # refused: tested on real folders below, without a federation.)
     attacks_csv = run / "attacks.csv"
@@ -77,8 +86,14 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     ]
     # One recorded before a column was added (as by an older version) gets the column, empty.
     write_rows(attacks_csv, recorded, [c for c in ATTACK_COLUMNS if c != "device"])
-    resumed = launch(tmp_path, f'resume="{run}"')
+    resumed = launch(tmp_path, f'resume="{run}" attack-memory="keep"')
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    after = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")].history
+    assert [c.fit for c in after if max(c.rounds) <= 2] == before  # the memory went on from the crash's
+    held = [r for r in rows(attacks_csv) if r["round"] == "3" and r["method"] == "ig+memory"]
+    assert len(held) == 1 and held[0]["memory"] == "keep"
+    if before:  # (rounds 1-2's memory jobs may have been in flight at the crash)
+        assert float(held[0]["lsim_honest"]) <= min(before)  # never worse than what it remembered
     with open(attacks_csv) as f:
         assert next(csv.reader(f)) == ATTACK_COLUMNS
     migrated = {(r["round"], r["partition_id"], r["method"]): r for r in rows(attacks_csv)}
@@ -257,23 +272,3 @@ def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp
     named = RunSettings.from_run_config({"results-dir": str(tmp_path), "run-name": first.path.name})
     with pytest.raises(ValueError, match="already holds a run; choose another run-name, or resume it"):
         run_folder(named)
-
-
-def test_the_attack_memory_survives_a_resume(tmp_path):
-    """A remembering server resumed for one more round starts from the memory.pt it left: its
-    history goes on from it, and the estimate held after round 3 fits no worse than the best one
-    remembered. (The cut-back of a memory past the checkpoint: tests/test_memory.py.)"""
-    from fl_attack.memory import AttackMemory
-
-    two = CONFIG.replace("num-server-rounds=3", "num-server-rounds=2")
-    first = launch(tmp_path, 'run-name="mem" attack-memory="keep"', config=two)
-    run = tmp_path / "results" / "mem"
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    before = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")]
-    assert before.history and all(max(c.rounds) <= 2 for c in before.history)
-    resumed = launch(tmp_path, f'resume="{run}" attack-memory="keep"')
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    after = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")]
-    assert [c.fit for c in after.history[: len(before.history)]] == [c.fit for c in before.history]
-    (row,) = [r for r in rows(run / "attacks.csv") if r["round"] == "3" and r["method"] == "ig+memory"]
-    assert row["memory"] == "keep" and float(row["lsim_honest"]) <= before.best.fit

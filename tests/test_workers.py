@@ -202,6 +202,7 @@ def test_ray_workers_join_a_cluster_by_address_and_run_there(ray_cluster):
     assert all(o.worker_id and o.worker_id != f"pid{os.getpid()}" for o in outcomes)
 
 
+@pytest.mark.slow  # a real flwr run on the cluster, about 60 s (docs/reliability.md, "Slow tests")
 def test_a_federation_attached_to_a_ray_cluster_attacks_in_its_workers(ray_cluster, tmp_path):
     """The launcher's --ray-address: Flower's simulation joins the cluster, and the attacker actors
     run in its workers (attacks.csv names the cluster's node and the actors' worker ids). With
