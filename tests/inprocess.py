@@ -135,6 +135,25 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, *
     return settings, strategy, result, dispatcher.jobs
 
 
+def serve(tmp_path, partitions=(0, 1), num_rounds=1, **overrides) -> Path:
+    """The real ServerApp (strategies/server_app.py ``main``: the run folder, every round, the drain,
+    summary.json and its last console lines) on an InProcessGrid, with the attacks run in this process
+    (``InlineWorkers``: no Ray, no spawned process). The run is ``tmp_path``/run, which it returns."""
+    import strategies.strategy as strategy_module
+    from strategies import server_app
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
+    run_config = flower_run_config(num_rounds, results_dir=str(tmp_path), run_name="run", **overrides)
+    grid = InProcessGrid(run_config, partitions)
+    chosen = strategy_module.federation_workers
+    strategy_module.federation_workers = lambda settings, threads: InlineWorkers("cpu", threads)
+    try:
+        server_app.main(grid, Context(1, 0, {}, RecordDict(), run_config))
+    finally:
+        strategy_module.federation_workers = chosen
+    return tmp_path / "run"
+
+
 def small_update() -> ObservedUpdate:
     """A FEMNIST update without training: w0 = the paper's CNN (seed 0), wT = w0 minus 1e-3 x N(0, 1)
     noise (seed 1), k=2; for attack-plumbing tests (workers, actor faults), not attack quality."""

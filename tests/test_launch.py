@@ -3,6 +3,7 @@ the flwr command is replaced by a small Python script."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -190,11 +191,9 @@ print(f"fl-attack: leakage record in {run}", flush=True)
 """
 
 
-@pytest.mark.parametrize("summary", [None, "{not json", '{"attacks": 1, "attacks_ok": 1, "writes_refused": {}}'])
-def test_a_completed_run_without_a_readable_summary_exits_1(fake_flwr, monkeypatch, capsys, tmp_path, summary):
-    """Unit test (a fake flwr, a faked final status): the ServerApp writes summary.json last, so a
-    run whose summary.json the disk refused (missing or torn) ends with one error line and exit 1;
-    a readable one ends with 0."""
+def _complete_with_summary(monkeypatch, tmp_path, summary: str | None) -> Path:
+    """A fake flwr that completes a run in tmp_path/results/run, whose summary.json is ``summary``
+    (None: none), and a faked final status "completed"; returns the run folder."""
     run = tmp_path / "results" / "run"
     if summary is not None:
         run.mkdir(parents=True)
@@ -205,9 +204,42 @@ def test_a_completed_run_without_a_readable_summary_exits_1(fake_flwr, monkeypat
         lambda config_file, federation, superlink=None: [sys.executable, "-c", COMPLETES, str(run)],
     )
     monkeypatch.setattr(launch, "_final_status", lambda run_id, env, superlink=None: "completed")
+    return run
+
+
+@pytest.mark.parametrize("summary", [None, "{not json", '{"attacks": 1, "attacks_ok": 1, "writes_refused": {}}'])
+def test_a_completed_run_without_a_readable_summary_exits_1(fake_flwr, monkeypatch, capsys, tmp_path, summary):
+    """Unit test (a fake flwr, a faked final status): the ServerApp writes summary.json last, so a
+    run whose summary.json the disk refused (missing or torn) ends with one error line and exit 1;
+    a readable one ends with 0."""
+    run = _complete_with_summary(monkeypatch, tmp_path, summary)
     rc = launch.main(["--silence-timeout", "30"])
     err = capsys.readouterr().err
     if summary and summary.startswith('{"'):
         assert rc == 0, err
     else:
         assert rc == 1 and f"{run}/summary.json is missing or unreadable" in err, err
+
+
+@pytest.mark.parametrize(
+    "summary, named",
+    [
+        ({"writes_refused": {"checkpoints": [1]}}, "checkpoints of round(s) 1"),
+        ({"attacks_unwritten": 1}, "1 attacks.csv row(s) (kept in unwritten-*.pt)"),
+    ],
+    ids=["checkpoint", "attacks-row"],
+)
+def test_a_completed_run_whose_record_the_disk_refused_exits_1(
+    fake_flwr, monkeypatch, capsys, tmp_path, summary, named
+):
+    """Unit test (a fake flwr, a faked final status): a run that completed, but whose summary.json
+    says the disk refused a checkpoint or an attacks.csv row, ends with exit 1 and one error line
+    naming what is missing (it used to end with 0)."""
+    _complete_with_summary(monkeypatch, tmp_path, json.dumps(summary))
+    rc = launch.main(["--silence-timeout", "30"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("fl-attack: error:")]
+    assert rc == 1 and errors == [
+        f"fl-attack: error: the disk refused part of the record: {named} (see events.log): "
+        "the run may not resume or replay in full"
+    ], err

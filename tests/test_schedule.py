@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from fl_attack.models import build_model
 from fl_attack.runs import RunFolder
 from fl_attack.update import load_update, read_update_index
 from fl_attack.workers import Pipeline
-from tests.inprocess import federate
+from tests.inprocess import federate, serve
 
 FAST = dict(attack_iterations=1, partitions=(0, 1, 2, 3), server_test_samples=200)
 
@@ -143,33 +144,62 @@ def test_every_attacked_update_is_recorded_with_a_checksum(tmp_path):
         load_update(tmp_path / "updates", index[0])
 
 
-def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_path, monkeypatch):
-    """A real refused write (ENOSPC from os.write past the writer's retries) of every checkpoint and
-    recorded update: the federation goes on, and the counts summary.json and the console report
-    name what is missing, instead of '2/2 attacks succeeded' alone."""
+def _refuse_writes(monkeypatch, *names: str) -> None:
+    """os.write patched to fail with ENOSPC on every file whose path holds one of ``names`` (past the
+    writer's retries, which are not waited for)."""
     import errno
     import os
 
-    from strategies.server_app import incomplete
+    from fl_attack import records
 
+    monkeypatch.setattr(records, "RETRY_DELAYS", (0.0,))
     real_write = os.write
 
     def write(fd, data):
-        name = os.readlink(f"/proc/self/fd/{fd}")
-        if ".checkpoint.pt." in name or "/updates/" in name:
+        if any(name in os.readlink(f"/proc/self/fd/{fd}") for name in names):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
     monkeypatch.setattr(os, "write", write)
-    settings, strategy, _, _ = federate(tmp_path, num_rounds=2, **FAST)
-    counts = strategy.finish(60)
-    refused = counts["writes_refused"]
+
+
+def _errors(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("fl-attack: error:")]
+
+
+def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_path, monkeypatch, capsys):
+    """Through the ServerApp's main, a refused write (ENOSPC from a patched os.write, past the
+    writer's retries) of every checkpoint and recorded update: the federation goes on, and
+    summary.json's writes_refused and the ServerApp's last line name what is missing, instead of
+    '2/2 attacks succeeded' alone."""
+    from strategies.server_app import incomplete
+
+    _refuse_writes(monkeypatch, ".checkpoint.pt.", "/updates/")
+    run = serve(tmp_path, num_rounds=2, **FAST)
+    monkeypatch.undo()
+    summary = json.loads((run / "summary.json").read_text())
+    refused = summary["writes_refused"]
     assert refused["checkpoints"] == [1, 2] and set(refused["updates"]) == {1, 2} and "rounds" not in refused
-    assert counts["attacks_ok"] == counts["attacks"] > 0  # the attacks themselves were not lost
-    assert not RunFolder(tmp_path).checkpoint_file.exists()
-    text = incomplete(counts)
-    assert "checkpoints of round(s) 1,2" in text and "recorded updates of round(s) 1,2" in text
-    assert "could not write the checkpoint" in (tmp_path / "events.log").read_text()
+    assert summary["attacks_ok"] == summary["attacks"] > 0  # the attacks themselves were not lost
+    assert not RunFolder(run).checkpoint_file.exists()
+    (line,) = _errors(capsys.readouterr().out)
+    assert line == f"fl-attack: error: the disk refused part of the record: {incomplete(summary)}"
+    assert "checkpoints of round(s) 1,2" in line and "recorded updates of round(s) 1,2" in line
+    assert "could not write the checkpoint" in (run / "events.log").read_text()
+
+
+def test_a_summary_the_disk_refuses_is_one_line_and_never_raised(tmp_path, monkeypatch, capsys):
+    """The ServerApp writes summary.json last, on its shutdown path: when the disk refuses it (ENOSPC
+    from a patched os.write), main prints one error line naming the file and ends normally."""
+    _refuse_writes(monkeypatch, ".summary.json.")
+    run = serve(tmp_path, num_rounds=1, attack_rounds="none", server_test_samples=0)  # must not raise
+    monkeypatch.undo()
+    out = capsys.readouterr().out
+    (line,) = _errors(out)
+    assert line.startswith(f"fl-attack: error: could not write {run / 'summary.json'}: [Errno 28] "), line
+    assert "No space left on device" in line and "Traceback" not in out
+    assert f"fl-attack: 0/0 attacks succeeded; results in {run}" in out  # main went on to its end
+    assert not (run / "summary.json").exists() and [r["round"] for r in _rows(run / "rounds.csv")] == ["1"]
 
 
 def test_record_updates_false_records_none_and_still_attacks(tmp_path):
