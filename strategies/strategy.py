@@ -48,16 +48,21 @@ log = logging.getLogger(__name__)
 # Set to a round number R, the ServerApp process exits abruptly (os._exit: no clean-up, no
 # summary.json) right after round R's checkpoint, or with "R:before-checkpoint" after its rounds.csv
 # row but before its checkpoint (the resume must then cut that row back): how the tests interrupt a
-# real federation.
+# real federation. With ":settled" after either ("3:before-checkpoint:settled") it first waits (at
+# most 600 s) until every attack of the rounds before R is collected (its row written, its memory
+# saved), so that a test knows what the crash leaves on disk.
 CRASH_ENV = "FL_ATTACK_CRASH_AFTER_ROUND"
+SETTLED = ":settled"
 
 
-def _crash_here(server_round: int, point: str, folder) -> None:
-    if os.environ.get(CRASH_ENV) in ((f"{server_round}:{point}",) if point else (str(server_round),)):
-        folder.event(
-            f"round {server_round}: {CRASH_ENV}={os.environ[CRASH_ENV]}: the ServerApp dies here, as if killed"
-        )
-        os._exit(70)
+def _crash_here(server_round: int, point: str, tracking: LeakageTracking) -> None:
+    value = os.environ.get(CRASH_ENV, "")
+    if value.removesuffix(SETTLED) != (f"{server_round}:{point}" if point else str(server_round)):
+        return
+    if value.endswith(SETTLED):
+        tracking.settle(server_round, timeout=600)
+    tracking.folder.event(f"round {server_round}: {CRASH_ENV}={value}: the ServerApp dies here, as if killed")
+    os._exit(70)
 
 
 def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
@@ -428,7 +433,7 @@ class LeakageTracking:
             except OSError as exc:  # the federation goes on; the round's row is in events.log at least
                 self.refused["rounds"].append(server_round)
                 self.folder.event(f"round {server_round}: could not write rounds.csv ({exc}); row: {row}")
-            _crash_here(server_round, "before-checkpoint", self.folder)  # fault injection (tests)
+            _crash_here(server_round, "before-checkpoint", self)  # fault injection (tests)
             try:
                 if state is not None:
                     self.folder.save_checkpoint(server_round, state)
@@ -436,13 +441,24 @@ class LeakageTracking:
                 self.refused["checkpoints"].append(server_round)
                 self.folder.event(f"round {server_round}: could not write the checkpoint ({exc})")
             self.save_memory()  # after the checkpoint: a resume cuts the memory back to it
-        _crash_here(server_round, "", self.folder)  # fault injection (tests)
+        _crash_here(server_round, "", self)  # fault injection (tests)
         accuracy = record.get("global_accuracy")
         self.folder.event(
             f"round {server_round}: done; global accuracy "
             f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; {self.pipeline.in_flight} attack(s) "
             f"in flight, {self.lag_rounds()} round(s) behind"
         )
+
+    def settle(self, server_round: int, timeout: float) -> None:
+        """Collect until no attack of a round before ``server_round`` is in flight or queued, or
+        ``timeout`` seconds have passed (fault injection: CRASH_ENV's ":settled")."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.collect()
+            queued = [job.target.round for queue in self._memory_queue.values() for job in queue]
+            if all(r >= server_round for r in self.pipeline.rounds_in_flight() + queued):
+                return
+            time.sleep(0.05)
 
     def _evaluation_received(self, server_round: int) -> None:
         self.round_times.setdefault(server_round, {})["evaluating"] = time.time()

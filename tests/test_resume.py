@@ -66,9 +66,9 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
 
     whole = launch(tmp_path, 'run-name="whole" attack-memory="keep"')
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    crashed = launch(
-        tmp_path, 'run-name="cut" attack-memory="keep"', {"FL_ATTACK_CRASH_AFTER_ROUND": "3:before-checkpoint"}
-    )
+    # ":settled": the crash first waits for rounds 1-2's attacks, so their rows and memory are on disk.
+    crash = {"FL_ATTACK_CRASH_AFTER_ROUND": "3:before-checkpoint:settled"}
+    crashed = launch(tmp_path, 'run-name="cut" attack-memory="keep"', crash)
     run = tmp_path / "results" / "cut"
     assert crashed.returncode != 0 and not (run / "summary.json").exists()
     assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2", "3"]  # a row past the checkpoint
@@ -76,14 +76,13 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     # What the memory held of rounds 1-2 at the crash (a round-3 candidate there is past the checkpoint).
     remembered = AttackMemory.load(run / "memory.pt").clients[(0, "ig+memory")].history
     before = [c.fit for c in remembered if max(c.rounds) <= 2]
+    assert before, "rounds 1-2's memory is not in the memory.pt the crash left"
     # (Starting the folder again, or resuming a record with columns this version does not know, is
     # refused: tested on real folders below, without a federation.)
     attacks_csv = run / "attacks.csv"
-    # (The crash may have left rounds 1-2's attacks in flight: then an older version's row stands in.)
-    recorded = rows(attacks_csv) if attacks_csv.exists() else []
-    recorded = recorded or [
-        {**dict.fromkeys(ATTACK_COLUMNS, ""), "round": "1", "partition_id": "0", "method": "ig", "psnr": "12.5"}
-    ]
+    recorded = rows(attacks_csv)
+    early = sorted((r["round"], r["method"]) for r in recorded if int(r["round"]) <= 2)
+    assert early == [(r, m) for r in ("1", "2") for m in ("ig", "ig+memory")], early
     # One recorded before a column was added (as by an older version) gets the column, empty.
     write_rows(attacks_csv, recorded, [c for c in ATTACK_COLUMNS if c != "device"])
     resumed = launch(tmp_path, f'resume="{run}" attack-memory="keep"')
@@ -92,8 +91,7 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     assert [c.fit for c in after if max(c.rounds) <= 2] == before  # the memory went on from the crash's
     held = [r for r in rows(attacks_csv) if r["round"] == "3" and r["method"] == "ig+memory"]
     assert len(held) == 1 and held[0]["memory"] == "keep"
-    if before:  # (rounds 1-2's memory jobs may have been in flight at the crash)
-        assert float(held[0]["lsim_honest"]) <= min(before)  # never worse than what it remembered
+    assert float(held[0]["lsim_honest"]) <= min(before)  # never worse than what it remembered
     with open(attacks_csv) as f:
         assert next(csv.reader(f)) == ATTACK_COLUMNS
     migrated = {(r["round"], r["partition_id"], r["method"]): r for r in rows(attacks_csv)}
@@ -105,10 +103,9 @@ def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     assert [r["round"] for r in got] == ["1", "2", "3"]
     for want, have in zip(expected, got):
         assert {k: v for k, v in want.items() if k not in TIMING} == {k: v for k, v in have.items() if k not in TIMING}
-    # No attack row twice and round 3's attack there (one of rounds 1-2 may have been in flight at the
-    # crash: fl-attack replay --missing completes it from updates/); the config says it was resumed.
-    attacks = [(r["round"], r["partition_id"], r["method"]) for r in rows(run / "attacks.csv")]
-    assert len(set(attacks)) == len(attacks) and ("3", "0", "ig") in attacks
+    # Every attack row once, round 3's from the resumed run; the config says it was resumed.
+    attacks = sorted((r["round"], r["partition_id"], r["method"]) for r in rows(run / "attacks.csv"))
+    assert attacks == [(r, "0", m) for r in ("1", "2", "3") for m in ("ig", "ig+memory")], attacks
     assert {r["round"] for r in rows(run / "updates" / "index.csv")} == {"1", "2", "3"}
     config = json.loads((run / "config.json").read_text())
     assert config["resumed"][0]["after_round"] == 2 and len(config["resumed"]) == 1
@@ -238,8 +235,10 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
+        deadline = time.monotonic() + 600
         while not (run / "checkpoint.pt").exists():  # wait for the event
             assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint.pt within 600 s of the launch"
             time.sleep(0.2)
     finally:
         for pid in reversed(_tree(proc.pid)):
@@ -257,18 +256,22 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     assert (run / "summary.json").is_file()
 
 
-def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp_path):
-    from strategies.server_app import run_folder
+def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp_path, monkeypatch):
+    """Three unnamed runs started within one second (the run name's clock held still) get the
+    timestamped name, then -2 and -3; a named run never goes into a folder that holds a run."""
+    from types import SimpleNamespace
 
-    settings = RunSettings.from_run_config({"results-dir": str(tmp_path)})
-    first = run_folder(settings)
+    from strategies import server_app
+
+    monkeypatch.setattr(server_app, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
+    settings = RunSettings.from_run_config({"results-dir": str(tmp_path), "attack-method": "pisme"})
+    first = server_app.run_folder(settings)
     first.write_config({})
-    second = run_folder(settings)
+    second = server_app.run_folder(settings)
     second.write_config({})
-    third = run_folder(settings)
-    if second.path.name.startswith(first.path.name):  # within one second: the -2, -3 suffixes
-        assert (second.path.name, third.path.name) == (f"{first.path.name}-2", f"{first.path.name}-3")
-    assert len({first.path, second.path, third.path}) == 3
+    third = server_app.run_folder(settings)
+    assert first.path == tmp_path / "20250102-030405-femnist-pisme"
+    assert (second.path.name, third.path.name) == (f"{first.path.name}-2", f"{first.path.name}-3")
     named = RunSettings.from_run_config({"results-dir": str(tmp_path), "run-name": first.path.name})
     with pytest.raises(ValueError, match="already holds a run; choose another run-name, or resume it"):
-        run_folder(named)
+        server_app.run_folder(named)
