@@ -137,13 +137,17 @@ def test_new_estimators_beat_the_paper_after_learning(accuracies):
     assert (aux >= support).all(), (support, aux)
 
 
-def test_no_loss_at_an_untrained_w0(accuracies):
+def test_no_loss_at_an_untrained_w0(accuracies, federation):
     """Round 1 (w0 = build_model(seed 0)): the support estimator is no worse than the paper's on
-    every client; aux no worse on average (measured: equal on all 6 but one, where aux is better)."""
+    every client; aux no worse on average (measured: equal on all 6 but one, where aux is better).
+    The paper's counts are informative there: they beat the same number of samples spread evenly
+    over the classes present, client by client (measured 0.98 against 0.83 on average)."""
     paper, support, aux_acc = (accuracies[1, e] for e in ("paper", "support", "aux"))
     assert all(s >= p for s, p in zip(support, paper)), (paper, support)
     assert np.mean(aux_acc) >= np.mean(paper), (paper, aux_acc)
-    assert np.mean(paper) >= 0.9
+    updates, _ = federation
+    even = [_accuracy(round_counts_on_support(np.ones(62), class_support(u), K), y) for u, y in updates[1]]
+    assert all(p > e for p, e in zip(paper, even)), (paper, even)
 
 
 def test_recover_labels_and_counts_agree(federation):

@@ -21,7 +21,7 @@ from fl_attack import reconstruct
 from fl_attack.attacks import gradients
 from fl_attack.attacks.gradients import path_gradient
 from fl_attack.cli import main
-from fl_attack.evaluator import score
+from fl_attack.evaluator import psnr_trace, score
 from fl_attack.models import OUTPUT_BIAS, build_model, check_model, output_bias_key, resolve_model
 from fl_attack.run_config import RunSettings
 from fl_attack.update import flatten, layout
@@ -187,12 +187,22 @@ def test_reconstruct_attacks_a_user_model(lenet_victim):
     assert set(update.w0) == set(lenet().state_dict())
     mine = lenet()
     before = {k: v.clone() for k, v in mine.state_dict().items()}
-    rec = reconstruct(update, "pisme", model=mine, iterations=20, nodes=2, device="cpu")
+    truth = lenet_victim.images
+    # The trace scores X_hat after the first step and at the end (psnr_trace: matched-pair PSNR).
+    rec = reconstruct(
+        update, "pisme", model=mine, iterations=20, nodes=2, device="cpu", trace_every=19, callback=psnr_trace(truth)
+    )
     assert rec.images.shape == (8, 1, 28, 28) and torch.isfinite(rec.images).all()
     assert rec.label_source == "recovered" and rec.labels.shape == (8,)
-    scores = score(rec.images, rec.labels, lenet_victim.images, lenet_victim.labels, "femnist")
-    assert scores["psnr"] > 12  # 16.3 dB measured; 22 dB after 200 iterations
-    assert scores["label_accuracy"] >= 0.875  # recovered from classifier.4.bias (1.0 measured)
+    scores = score(rec.images, rec.labels, truth, lenet_victim.labels, "femnist")
+    # Labels recovered from classifier.4.bias beat the best constant guess (1.0 against 0.375 measured).
+    majority = lenet_victim.labels.bincount().max().item() / len(lenet_victim.labels)
+    assert scores["label_accuracy"] > majority, (scores["label_accuracy"], majority)
+    start, end = (row["psnr"] for row in rec.trace)  # iterations 0 and 19
+    assert end == pytest.approx(scores["psnr"])
+    # The optimisation, not the initialisation, brings X_hat closer to the client's images: 1 dB
+    # gained in 19 steps (1.8 dB measured, 14.5 -> 16.3 dB; 22 dB after 200 iterations).
+    assert end > start + 1, (start, end)
     assert 0 <= rec.lsim_honest < 1
     # the caller's module is left alone: its weights and requires_grad
     assert all(torch.equal(mine.state_dict()[k], v) for k, v in before.items())
