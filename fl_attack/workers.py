@@ -44,13 +44,20 @@ log = logging.getLogger(__name__)
 MAX_RESTARTS = 2  # Ray restarts a dead attacker actor this many times, then it is replaced
 RESUBMITS = 1  # a job whose worker died under it is resubmitted this many times, then recorded as failed
 # Fault-injection hook (tests): with this set to a path, every attack waits until that file exists,
-# so a test decides when attacks may end (e.g. only after round 2 has started).
+# so a test decides when attacks may end (e.g. only after round 2 has started). An attack that
+# waits first creates "<path>.waiting-<pid>", so a test also knows which process holds one there.
 GATE_ENV = "FL_ATTACK_ATTACKS_WAIT_FOR"
 
 
 def _wait_for_gate() -> None:
     gate = os.environ.get(GATE_ENV)
-    while gate and not os.path.exists(gate):
+    if not gate or os.path.exists(gate):
+        return
+    try:
+        open(f"{gate}.waiting-{os.getpid()}", "a").close()
+    except OSError:  # the gate's folder may be read-only: the wait is what counts
+        pass
+    while not os.path.exists(gate):
         time.sleep(0.05)
 
 

@@ -19,7 +19,15 @@ import torch
 
 from fl_attack import AttackConfig
 from fl_attack.update import AttackTarget
-from fl_attack.workers import AttackJob, InlineWorkers, ProcessWorkers, RayWorkers, make_workers, run_job
+from fl_attack.workers import (
+    GATE_ENV,
+    AttackJob,
+    InlineWorkers,
+    ProcessWorkers,
+    RayWorkers,
+    make_workers,
+    run_job,
+)
 from tests.inprocess import small_update
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,26 +81,30 @@ def test_process_workers_do_not_block_and_equal_this_process():
         assert o.lsim_honest == here[o.job_id].lsim_honest
 
 
-def _torch_loaded(pid: int) -> bool:
-    try:
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:  # not started yet, or gone
-        return False
-
-
-def _kill_a_running_worker(workers: ProcessWorkers) -> int:
-    """SIGKILL the pool's process once it has loaded torch (its initializer ran: it holds the job)."""
-    _wait_until(lambda: workers.pids and _torch_loaded(workers.pids[0]))
+def _kill_a_waiting_worker(workers: ProcessWorkers, gate: Path) -> int:
+    """SIGKILL the pool's process once its job waits at the gate (``gated``, below: the job said so
+    with "<gate>.waiting-<pid>", and cannot end before the test creates the gate)."""
+    _wait_until(lambda: workers.pids and Path(f"{gate}.waiting-{workers.pids[0]}").exists())
     pid = workers.pids[0]
     os.kill(pid, signal.SIGKILL)
     return pid
 
 
-def test_a_killed_process_is_replaced_and_its_job_resubmitted_once():
+@pytest.fixture
+def gated(tmp_path, monkeypatch):
+    """Every attack waits for a file (GATE_ENV, inherited by the spawned workers) until the test
+    creates it: a worker killed before then is provably killed under its job, however fast it is."""
+    gate = tmp_path / "attacks-may-end"
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    return gate
+
+
+def test_a_killed_process_is_replaced_and_its_job_resubmitted_once(gated):
     workers = ProcessWorkers(1, threads=1, device="cpu")
     try:
-        workers.submit(_job(7, iterations=400))
-        killed = _kill_a_running_worker(workers)
+        workers.submit(_job(7))
+        killed = _kill_a_waiting_worker(workers, gated)
+        gated.touch()  # only now may the job end: in the replacement process
         outcomes = workers.drain(timeout=240)
     finally:
         workers.shutdown()
@@ -100,13 +112,14 @@ def test_a_killed_process_is_replaced_and_its_job_resubmitted_once():
     assert outcomes[0].worker_id != f"pid{killed}" and workers.restarts == 1
 
 
-def test_a_job_whose_process_dies_twice_is_recorded_as_failed():
+def test_a_job_whose_process_dies_twice_is_recorded_as_failed(gated):
     workers = ProcessWorkers(1, threads=1, device="cpu")
     try:
-        workers.submit(_job(8, iterations=2000))
-        _kill_a_running_worker(workers)
-        _wait_until(lambda: not workers.poll() and workers.restarts == 1 and workers.pids)
-        _kill_a_running_worker(workers)
+        workers.submit(_job(8))
+        first = _kill_a_waiting_worker(workers, gated)
+        _wait_until(lambda: not workers.poll() and workers.restarts == 1 and workers.pids and workers.pids[0] != first)
+        _kill_a_waiting_worker(workers, gated)
+        gated.touch()  # too late: the job has died with its process twice
         outcomes = workers.drain(timeout=60)
     finally:
         workers.shutdown()
