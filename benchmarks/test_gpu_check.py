@@ -194,7 +194,12 @@ def test_a_missing_package_is_unpacked_from_the_dependency_archive(tmp_path, mon
 def test_an_interrupted_run_keeps_what_finished(tmp_path):
     """SIGTERM (a device's time limit) while a stage runs: the stages done are kept, the running one
     is marked, its command is killed, and README.md says the run was interrupted."""
-    out = tmp_path / "out"
+    out, pid_file = tmp_path / "out", tmp_path / "hang.pid"
+    # The hanging command writes its pid (atomically: a rename), so the test knows it runs, and which.
+    hang = (
+        f"import os, time; open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.replace({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(120)"
+    )
     script = f"""
 import sys
 from benchmarks import gpu_check
@@ -202,32 +207,51 @@ gpu_check.Check.prepare_deps = lambda self, always=False: None
 def passing(check, stage, timeout):
     stage.status = "pass"
 def hang(check, stage, timeout):
-    check.run(stage, [sys.executable, "-c", "import time; time.sleep(120)"], 600, check.out / "logs" / "hang.log")
+    check.run(stage, [sys.executable, "-c", {hang!r}], 600, check.out / "logs" / "hang.log")
 for name in gpu_check.STAGE_FUNCTIONS:
     gpu_check.STAGE_FUNCTIONS[name] = passing
 gpu_check.STAGE_FUNCTIONS["bench"] = hang
 sys.exit(gpu_check.main(["--device", "cpu", "--out", {str(out)!r}]))
 """
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (out / "status.json").is_file() and _status(out)["bench"]["status"] == "running":
-            break
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=60)[0].decode()
-    assert proc.returncode == 130, output
-    stages = _status(out)
-    assert [stages[n]["status"] for n in ("environment", "cuda-tests", "bench", "batched", "federation")] == [
-        "pass",
-        "pass",
-        "fail",
-        "skipped",
-        "skipped",
-    ]
-    assert "interrupted" in stages["bench"]["note"]
-    assert "**interrupted: signal SIGTERM**" in (out / "README.md").read_text()
+    command = None
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists():  # wait for the event: the bench stage's command runs
+            assert proc.poll() is None, proc.communicate()[0].decode()
+            assert time.monotonic() < deadline, "the bench stage's command did not start within 120 s"
+            time.sleep(0.1)
+        command = int(pid_file.read_text())
+        assert _status(out)["bench"]["status"] == "running"
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode()
+        assert proc.returncode == 130, output
+        stages = _status(out)
+        assert [stages[n]["status"] for n in ("environment", "cuda-tests", "bench", "batched", "federation")] == [
+            "pass",
+            "pass",
+            "fail",
+            "skipped",
+            "skipped",
+        ]
+        assert "interrupted" in stages["bench"]["note"]
+        assert "**interrupted: signal SIGTERM**" in (out / "README.md").read_text()
+        assert not _alive(command), "the interrupted stage's command outlived the check"
+    finally:  # nothing outlives the test, whatever failed
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if command is not None and _alive(command):
+            os.kill(command, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 def test_the_cuda_tests_are_the_ones_that_mention_cuda():
