@@ -17,6 +17,10 @@ from fl_attack.update import AttackTarget
 from fl_attack.workers import AttackJob, AttackWorker, RayWorkers
 from tests.inprocess import small_update
 
+# Generous: a job here is one attack iteration, but its actor may first start a Python process that
+# imports torch (seconds here, far more on a loaded machine).
+FINISH_TIMEOUT = 300
+
 
 def _job(job_id: int) -> AttackJob:
     return AttackJob(job_id, small_update(), "sme", AttackConfig(iterations=1, trace_every=1), AttackTarget(1, (0,)))
@@ -41,12 +45,14 @@ def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs(ray_runtime, tmp_path
                 time.sleep(0.05)
             return super().run(job)
 
-    def finish(dispatcher, job_id):
+    def finish(dispatcher, job_id, timeout=FINISH_TIMEOUT):
         (tmp_path / f"go-{job_id}").touch()
-        while True:  # wait for the event, then assert state
+        deadline = time.monotonic() + timeout
+        while True:  # wait for the event (with a deadline: a lost job fails the test, never hangs it)
             done = dispatcher.poll()
             if done:
                 return done
+            assert time.monotonic() < deadline, f"job {job_id} did not finish within {timeout} s of its go-file"
             time.sleep(0.1)
 
     dispatcher = RayWorkers(num_actors=2, threads=1, device="cpu", actor_cls=GatedActor)
