@@ -304,6 +304,7 @@ def test_out_on_sysfs_exits_2_before_training(capsys, no_training):
 
 
 def test_out_in_a_read_only_folder_exits_2_before_training(tmp_path, capsys, no_training):
+    """File modes (skipped as root, which ignores them; the read-only mount below runs as root too)."""
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o500)
@@ -314,6 +315,29 @@ def test_out_in_a_read_only_folder_exits_2_before_training(tmp_path, capsys, no_
         assert "cannot write there: Permission denied" in _one_error_line(capsys.readouterr().err)
     finally:
         folder.chmod(0o700)
+
+
+def test_out_on_a_read_only_filesystem_exits_2_before_training(tmp_path, capsys, no_training):
+    """Root-safe: a tmpfs mounted read-only refuses every write in the kernel (EROFS), whoever asks.
+    Both --out the mount itself (it exists: the test file is refused) and a folder below it (mkdir
+    is refused) exit 2 with one line naming the folder. Skips where the machine refuses the mount."""
+    import subprocess
+
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        for out in (mount, mount / "run"):
+            assert main(["attack", *TINY, "--out", str(out)]) == 2
+            line = _one_error_line(capsys.readouterr().err)
+            assert line == f"fl-attack: error: --out {out}: cannot write there: Read-only file system", line
+        assert list(mount.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_during_the_run_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
