@@ -6,10 +6,12 @@ import csv
 import json
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -268,9 +270,10 @@ def test_a_read_only_folder_raises_naming_the_file(tmp_path):
         folder.chmod(0o700)
 
 
-def _append_rows(path: str, writer: int, count: int) -> None:
+def _append_rows(path: str, writer: int, count: int, start) -> None:
     """A writer whose every os.write lands half its bytes after a pause (a nearly full disk): another
-    writer sees its half row on the file's end, and only the flock keeps it from cutting it off."""
+    writer sees its half row on the file's end, and only the flock keeps it from cutting it off.
+    ``start``: a Barrier both writers pass before their first row, so that they run at once."""
     real_write = os.write
 
     def short_write(fd, data):
@@ -278,25 +281,34 @@ def _append_rows(path: str, writer: int, count: int) -> None:
         return real_write(fd, data[: max(1, len(data) // 2)])
 
     os.write = short_write
+    start.wait(timeout=120)
     for i in range(count):
         append_csv_row(path, {"writer": writer, "i": i, "text": "x" * 500}, ["writer", "i", "text"])
 
 
 def test_concurrent_appenders_each_keep_every_row_whole(tmp_path):
-    """Two real processes appending 300 rows each to one CSV, with short writes (the flock): 600
-    whole rows, one header."""
+    """Two real processes appending 300 rows each to one CSV at once (a barrier starts them
+    together; their rows interleave in the file), with short writes (the flock): 600 whole rows,
+    one header."""
     import multiprocessing
 
     path = str(tmp_path / "attacks.csv")
     context = multiprocessing.get_context("spawn")
-    procs = [context.Process(target=_append_rows, args=(path, w, 300)) for w in (1, 2)]
+    start = context.Barrier(2)
+    procs = [context.Process(target=_append_rows, args=(path, w, 300, start)) for w in (1, 2)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join()
+        p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0, 0]
+    text = Path(path).read_text()
+    lines = text.split("\n")
+    assert lines[0] == "writer,i,text" and lines[-1] == "" and len(lines) == 602  # ends with a whole row
+    assert all(re.fullmatch(r"[12],\d+,x{500}", line) for line in lines[1:-1])  # every row whole
+    writers = [line[0] for line in lines[1:-1]]
+    # The writers overlapped: the file alternates between them more than once.
+    assert sum(a != b for a, b in zip(writers, writers[1:])) > 1, "the writers did not run at once"
     header, rows = read_csv(path)
     assert header == ["writer", "i", "text"] and len(rows) == 600
     for w in ("1", "2"):
         assert [r["i"] for r in rows if r["writer"] == w] == [str(i) for i in range(300)]
-    assert all(r["text"] == "x" * 500 for r in rows)
