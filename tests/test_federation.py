@@ -513,7 +513,7 @@ def test_the_launcher_refuses_a_bad_run_config_in_a_second(tmp_path, capsys):
 
 
 def test_a_refused_row_is_kept_and_written_once_the_disk_recovers(tmp_path, monkeypatch):
-    """A real failing write (ENOSPC from os.write on attacks.csv, past the writer's retries): the
+    """A failing write (ENOSPC from a patched os.write on attacks.csv, past the writer's retries): the
     round goes on, the finished reconstruction is kept, and its row lands at the next collect."""
     import errno
 

@@ -218,7 +218,7 @@ def test_a_fraction_of_clients_is_attacked_seeded_by_round(tmp_path):
 
 
 def test_an_attack_memory_the_disk_refuses_is_counted_and_kept_in_the_process(tmp_path, monkeypatch):
-    """A real refused write (ENOSPC from os.write) of every memory.pt: the federation and its memory
+    """A refused write (ENOSPC from a patched os.write) of every memory.pt: the federation and its memory
     go on (round 2's +memory row still holds round 1's estimate or a better one), and summary.json's
     counts name it."""
     import errno
