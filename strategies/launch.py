@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import re
@@ -159,20 +160,54 @@ def _run_config(overrides: list[str], federation: str | None, folder: Path) -> t
     return path, str(pairs.get("run-name", ""))
 
 
-def _stop_superlink(control_port: str) -> None:
-    """Stop the SuperLink this launcher started (found by its control-API port)."""
+def _processes():
+    """(pid, command line) of every live process that can be read in /proc (zombies left out: they
+    have exited and only wait to be reaped)."""
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "flower-superlink" in cmd and f":{control_port}" in cmd:
+        if proc.name.isdigit():
             try:
-                os.kill(int(proc.name), signal.SIGTERM)
+                if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    continue
+                yield int(proc.name), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError):
+                continue
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _stop_superlink(control_port: str, grace: float = 10.0) -> None:
+    """Stop the SuperLink this launcher started (found by its control-API port) and every process
+    of its session. ``flwr run`` starts the SuperLink in a session of its own, and the simulation
+    process it spawns (``flwr-simulation``, which runs the ServerApp and its attacker) outlives a
+    SIGTERM of the SuperLink alone: an abandoned run's ServerApp went on attacking for 25 minutes
+    after its launcher had exited. SIGTERM to the session, SIGKILL to what is left after ``grace``
+    seconds; never this launcher's own session."""
+    ours = [pid for pid, cmd in _processes() if "flower-superlink" in cmd and f":{control_port}" in cmd]
+    sessions = {_session_of(pid) for pid in ours}
+    sessions -= {None, os.getsid(0)}
+    if not sessions:
+        return
+
+    def members() -> list[int]:
+        return [pid for pid, _ in _processes() if pid != os.getpid() and _session_of(pid) in sessions]
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in members():
+            try:
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + wait
+        while members() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not members():
+            return
+    print(f"fl-attack: warning: processes of the SuperLink's session outlived SIGKILL: {members()}", file=sys.stderr)
 
 
 def _flwr_command(config_file: Path, federation: str | None, superlink: str | None = None) -> list[str]:
@@ -276,7 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="run on the SuperLink already running at HOST:PORT (started with --insecure); it keeps running",
     )
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is abandoned")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before the run is abandoned (default: no overall limit; a run whose attacker lags "
+        "drains for as long as its attacks take, and --silence-timeout still catches a hung run)",
+    )
     parser.add_argument(
         "--silence-timeout",
         type=float,
@@ -297,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("timeout", "silence_timeout"):
         value = getattr(args, name)
+        if value is None:
+            continue
         if not (value > 0 and value != float("inf")):
             print(
                 f"fl-attack: error: --{name.replace('_', '-')} must be a finite number of seconds > 0, got {value}",
@@ -361,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             else _flwr_command(config_file, federation)
         )
         print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
-        abandoned = stream(cmd, env, args.timeout, args.silence_timeout, on_line)
+        abandoned = stream(cmd, env, args.timeout or math.inf, args.silence_timeout, on_line)
         flwr_exited = time.time()
         run_id, run_dir = found["run_id"], found["run_dir"]
         if abandoned:

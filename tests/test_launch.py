@@ -147,6 +147,45 @@ def test_a_flwr_that_ignores_sigterm_is_killed_with_sigkill(fake_flwr, capsys):
     assert not _alive(child), "a SIGTERM-ignoring child survived the SIGKILL escalation"
 
 
+# A stand-in for the SuperLink flwr run starts: named like it (found by the launcher's control port),
+# in a session of its own, with a child (the simulation that runs the ServerApp) that ignores SIGTERM.
+SUPERLINK = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)'], "
+    "stdout=subprocess.PIPE, text=True)\n"
+    "child.stdout.readline()\n"
+    "print('simulation', child.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+DETACHED_SUPERLINK = f"""
+import os, subprocess, sys, time
+port = os.environ["FLWR_LOCAL_CONTROL_API_PORT"]
+superlink = subprocess.Popen([sys.executable, "-c", {SUPERLINK!r}, "flower-superlink", "--control-api-address",
+                              "127.0.0.1:" + port], start_new_session=True, stdout=subprocess.PIPE, text=True)
+print(superlink.stdout.readline().strip(), "superlink", superlink.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_an_abandoned_run_stops_the_superlinks_whole_session(fake_flwr, capsys):
+    """flwr run starts the SuperLink in a session of its own, and the SuperLink's simulation process
+    (the ServerApp and its attacker) outlived a SIGTERM of the SuperLink alone: a real run abandoned by
+    --timeout went on attacking for 25 minutes after its launcher had exited. The launcher now ends the
+    SuperLink's whole session, with SIGKILL after the grace period."""
+    fake_flwr(DETACHED_SUPERLINK)
+    assert launch.main(["--silence-timeout", "2"]) == 1
+    out = capsys.readouterr().out
+    found = re.search(r"simulation (\d+) superlink (\d+)", out)
+    assert found, out
+    simulation, superlink = int(found.group(1)), int(found.group(2))
+    deadline = time.monotonic() + 30  # a wait for the event (the launcher waits for them itself)
+    while (_alive(simulation) or _alive(superlink)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(superlink), "the SuperLink survived the launcher"
+    assert not _alive(simulation), "the SuperLink's simulation process survived the launcher"
+
+
 @pytest.mark.parametrize(
     "run_config, message",
     [
