@@ -11,6 +11,7 @@ from PIL import Image
 
 import fl_attack.workers as workers  # where the standalone engine calls reconstruct (run_job)
 from fl_attack.cli import main
+from tests.mounts import tmpfs
 
 COLUMNS = [
     "dataset",
@@ -321,23 +322,12 @@ def test_out_on_a_read_only_filesystem_exits_2_before_training(tmp_path, capsys,
     """Root-safe: a tmpfs mounted read-only refuses every write in the kernel (EROFS), whoever asks.
     Both --out the mount itself (it exists: the test file is refused) and a folder below it (mkdir
     is refused) exit 2 with one line naming the folder. Skips where the machine refuses the mount."""
-    import subprocess
-
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mount:
         for out in (mount, mount / "run"):
             assert main(["attack", *TINY, "--out", str(out)]) == 2
             line = _one_error_line(capsys.readouterr().err)
             assert line == f"fl-attack: error: --out {out}: cannot write there: Read-only file system", line
         assert list(mount.iterdir()) == []
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_during_the_run_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):

@@ -20,6 +20,7 @@ from fl_attack.training import train_local
 from fl_attack.update import AttackTarget
 from fl_attack.workers import AttackJob, InlineWorkers, RayWorkers
 from strategies.strategy import LeakageFedAvg, observed_update
+from tests.mounts import tmpfs
 
 SETTINGS = dict(
     dataset="femnist",
@@ -564,15 +565,6 @@ def full_disk(tmp_path):
     """A real filesystem to fill: a 64 MiB tmpfs mounted in tmp_path, and ``fill()``, which writes
     a file until the kernel answers ENOSPC. Skips where this machine refuses the mount."""
     import errno
-    import subprocess
-
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
 
     def fill():
         fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
@@ -584,10 +576,8 @@ def full_disk(tmp_path):
         finally:
             os.close(fd)
 
-    try:
+    with tmpfs(tmp_path / "disk", "size=64m") as mount:
         yield mount, fill
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_disk_full_before_shutdown_is_reported_and_never_raised(full_disk, caplog):
