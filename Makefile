@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) -m strategies.launch --run-dir-file .last-run --run-config 'attack-memory="keep"'
+	$(PY) -m strategies.launch --run-dir-file .last-run --run-config 'attack-memory="keep" attack-options="label_estimator=aux"'
 	$(PY) -m analysis.report "$$(cat .last-run)" --out "$$(cat .last-run)/report"
 
 test: setup
