@@ -317,11 +317,16 @@ def probes(monkeypatch):
     return calls
 
 
-def test_auto_is_fp32_on_a_cpu_without_native_bf16_and_probes_once(probes):
-    """On this kind of machine (no avx512_bf16, no amx_bf16) auto is fp32, the GEMM probe never runs,
-    and the answer is cached: the flags are read once per process."""
+AVX2_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2\n"  # an AMD EPYC without AVX-512
+
+
+def test_auto_is_fp32_on_a_cpu_without_native_bf16_and_probes_once(probes, monkeypatch):
+    """On a CPU without avx512_bf16 or amx_bf16 auto is fp32, the GEMM probe never runs, and the
+    answer is cached: the flags are read once per process. On a machine without native bf16 this reads
+    the real /proc/cpuinfo; on one with it, the real flag parser is handed an AVX2 machine's flags."""
     if NATIVE_BF16:
-        pytest.skip("this CPU has native bf16; the unit tests below cover that branch")
+        read = precision.cpu_has_native_bf16  # the probes fixture's counted wrapper
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: read(AVX2_CPUINFO))
     assert [resolve_precision("auto", "cpu") for _ in range(3)] == ["fp32"] * 3
     assert resolve_precision("auto", torch.device("cpu")) == "fp32"
     assert probes == {"flags": 1}  # read once, and no GEMM probe without native bf16
