@@ -277,10 +277,17 @@ class AttackMemory:
 
     @classmethod
     def load(cls, path) -> AttackMemory:
-        """A memory saved by ``save``; ValueError for another format."""
-        state = torch.load(path, weights_only=False)
-        if state.get("format") != FORMAT:
-            raise ValueError(f"{path}: not an attack memory of format {FORMAT}")
+        """A memory saved by ``save``. ValueError (one line) when ``path`` is missing, cut off or not
+        an attack memory of this format. The file is the run's own (pickled candidates and updates,
+        read with weights_only=False): load only run folders you trust."""
+        try:
+            state = torch.load(path, weights_only=False)
+        except FileNotFoundError:
+            raise ValueError(f"{path} is missing") from None
+        except Exception as exc:  # cut off, or another file
+            raise ValueError(f"{path} is not an attack memory fl-attack wrote ({type(exc).__name__})") from None
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an attack memory of format {FORMAT}")
         memory = cls(state["mode"], state["rounds"])
         memory.clients = state["clients"]
         return memory

@@ -373,6 +373,25 @@ class DefenseSettings:
         }
 
 
+# Run-config keys a resumed run may change: where and how fast attacks run, and how many rounds.
+RESUMABLE_KEYS = {
+    "resume",
+    "num-server-rounds",
+    "run-name",
+    "results-dir",
+    "attack-timeout",
+    "attack-threads",
+    "attack-actors",
+    "attack-num-gpus",
+    "attack-device",
+    "attack-ray-address",
+    "client-num-cpus",
+}
+# Run-config keys added after runs were recorded, with the value such a run ran with: a run
+# recorded without one resumes as if it had been set so.
+ADDED_KEYS = {"attack-precision": "fp32"}
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Typed view of the run config. Field names are the keys with '-' replaced by '_'; the
@@ -780,20 +799,51 @@ class RunSettings:
                 f"partitions of {self.samples} samples; lower num-supernodes or samples-per-client"
             )
 
-    def check_resumable(self) -> None:
-        """With resume="RUN_DIR": ValueError (one line) when RUN_DIR has no readable config.json or
-        checkpoint.pt, before anything starts (the ServerApp checks the rest and cuts the record back)."""
+    def check_resumable(self, run_config: dict) -> tuple | None:
+        """With resume="RUN_DIR": (the run folder, its config.json, its last completed round R, R's
+        global model), after checking what a resume needs, before anything starts: a readable
+        config.json and checkpoint.pt, ``run_config`` (the whole run config of the resume) equal to
+        the interrupted run's but for RESUMABLE_KEYS, rounds left to run, and with attack-memory on,
+        a readable memory.pt (the server's memory cannot be rebuilt from the record). ValueError
+        (one line) naming what does not fit; None when resume is off. Nothing is changed on disk."""
         if not self.resume:
-            return
+            return None
+        from .memory import AttackMemory
         from .paths import resolve_in_project
         from .runs import RunFolder
 
         folder = RunFolder(resolve_in_project(self.resume))
+        refused = f"invalid run config: resume='{self.resume}' cannot be resumed"
         try:
-            folder.read_config()
-            folder.load_checkpoint()
-        except ValueError as exc:
-            raise ValueError(f"invalid run config: resume='{self.resume}' cannot be resumed: {exc}") from None
+            recorded = folder.read_config()
+            before = recorded["run_config"]
+            done, arrays = folder.load_checkpoint()
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"{refused}: {exc}") from None
+        differing = sorted(
+            k
+            for k in set(before) | set(run_config)
+            if k not in RESUMABLE_KEYS and before.get(k, ADDED_KEYS.get(k)) != run_config.get(k, ADDED_KEYS.get(k))
+        )
+        if differing:
+            raise ValueError(
+                f"invalid run config: resume: the run config differs from the interrupted run's in "
+                f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
+            )
+        if done >= self.num_server_rounds:
+            raise ValueError(
+                f"invalid run config: resume: {folder.path} has finished all {done} rounds; raise "
+                "num-server-rounds to go on"
+            )
+        if self.attack_memory != "none":
+            try:
+                AttackMemory.load(folder.memory_file)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{refused}: {exc}; the server's memory (attack-memory='{self.attack_memory}') cannot be "
+                    "rebuilt from the record: restore the file, or start a new run"
+                ) from None
+        return folder, recorded, done, arrays
 
     # Parsing --------------------------------------------------------------------------------
     @classmethod

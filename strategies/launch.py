@@ -122,7 +122,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
         )
     settings = RunSettings.from_run_config({**defaults, **pairs})
     settings.check_device()
-    settings.check_resumable()
+    settings.check_resumable({**defaults, **pairs})
     if federation is None:
         return
     nodes = re.search(r"num-supernodes=(\d+)", federation)

@@ -38,25 +38,6 @@ log = logging.getLogger(__name__)
 app = ServerApp()
 
 
-# Run-config keys a resumed run may change: where and how fast attacks run, and how many rounds.
-RESUMABLE_KEYS = {
-    "resume",
-    "num-server-rounds",
-    "run-name",
-    "results-dir",
-    "attack-timeout",
-    "attack-threads",
-    "attack-actors",
-    "attack-num-gpus",
-    "attack-device",
-    "attack-ray-address",
-    "client-num-cpus",
-}
-# Run-config keys added after runs were recorded, with the value such a run ran with: a run
-# recorded without one resumes as if it had been set so.
-ADDED_KEYS = {"attack-precision": "fp32"}
-
-
 def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | None:
     """The run's DP accounting (fl_attack.privacy): None without local-dp or central-dp."""
     return PrivacyLedger.for_defense(settings.defense, check_defense(settings, num_nodes), num_nodes)
@@ -105,31 +86,12 @@ def run_folder(settings: RunSettings) -> RunFolder:
 def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, int, dict]:
     """(the run folder, its last completed round R, R's global model) for resume="RUN_DIR".
 
-    Checks that the run config equals the interrupted run's (but for RESUMABLE_KEYS), then cuts
+    Checks what ``RunSettings.check_resumable`` checks, and the node count; then cuts
     rounds.csv, attacks.csv and updates/index.csv back to rounds <= R (``RunFolder.cut_back``), so
     the resumed rounds never duplicate a row. Raises ValueError naming what does not fit, before
     any round.
     """
-    folder = RunFolder(resolve_in_project(settings.resume))
-    try:
-        recorded = folder.read_config()
-        before = recorded["run_config"]
-        done, arrays = folder.load_checkpoint()
-    except (ValueError, KeyError) as exc:
-        raise ValueError(
-            f"invalid run config: resume='{settings.resume}' is not a resumable run folder "
-            f"(needs config.json and {folder.checkpoint_file.name}): {exc}"
-        ) from None
-    differing = sorted(
-        k
-        for k in set(before) | set(run_config)
-        if k not in RESUMABLE_KEYS and before.get(k, ADDED_KEYS.get(k)) != run_config.get(k, ADDED_KEYS.get(k))
-    )
-    if differing:
-        raise ValueError(
-            f"invalid run config: resume: the run config differs from the interrupted run's in "
-            f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
-        )
+    folder, recorded, done, arrays = settings.check_resumable(run_config)
     nodes = recorded.get("num_nodes")
     if (
         settings.partitioner != "paper"
@@ -140,10 +102,6 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
             f"invalid run config: resume: the interrupted run had {nodes} nodes, this federation has "
             f"{settings.num_partitions}; partitioner={settings.partitioner} cuts the data by the node count, "
             "so every client's data would change"
-        )
-    if done >= settings.num_server_rounds:
-        raise ValueError(
-            f"invalid run config: resume: {folder} has finished all {done} rounds; raise num-server-rounds to go on"
         )
     try:
         folder.cut_back(done)

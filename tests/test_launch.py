@@ -217,6 +217,46 @@ def test_a_resume_without_a_readable_checkpoint_is_refused_in_one_line_before_an
     assert "weights_only" not in err
 
 
+def test_a_resume_that_does_not_fit_its_run_is_refused_in_one_line_before_anything_starts(fake_flwr, capsys, tmp_path):
+    """The resume checks the ServerApp makes (the run config equals the interrupted run's, its
+    memory.pt is readable) run in the launcher too: they used to fail after the SuperLink had
+    started, with a traceback and exit 1."""
+    import tomllib
+
+    from fl_attack.run_config import RunSettings
+    from fl_attack.runs import RunFolder
+    from strategies.server_app import write_run_config
+
+    defaults = tomllib.loads((launch.ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    recorded = {**defaults, "attack-memory": "keep", "num-server-rounds": 4}
+    settings = RunSettings.from_run_config(recorded)
+    run = RunFolder(tmp_path / "run")
+    write_run_config(run, settings, recorded, num_nodes=2)
+    run.save_checkpoint(2, settings.new_model(seed=0).state_dict())
+    settings.attack_memory_state().save(run.memory_file)
+    fake_flwr("raise SystemExit('flwr started')")  # reached only if the checks let it through
+    same = ["--run-config", f'resume="{run}" attack-memory="keep" num-server-rounds=4']
+    cases = [
+        (
+            ["--run-config", f'resume="{run}" attack-memory="joint" num-server-rounds=4'],
+            "differs from the interrupted run's in attack-memory",
+        ),
+        (["--run-config", f'resume="{run}" attack-memory="keep" num-server-rounds=2'], "has finished all 2 rounds"),
+    ]
+    for argv, message in cases:
+        assert launch.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("fl-attack: error: ") and message in err, err
+    run.memory_file.write_bytes(b"garbage")
+    assert launch.main(same) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"cannot be resumed: {run.memory_file} is not an attack memory" in err, err
+    settings.attack_memory_state().save(run.memory_file)  # restored: the checks let it through to flwr
+    assert launch.main(same) != 2
+    out, err = capsys.readouterr()
+    assert "flwr started" in out + err and "invalid run config" not in err, (out, err)
+
+
 # A flwr that "completes" a run: it names the run and its folder as flwr and the ServerApp do, and
 # leaves rounds.csv; summary.json is what the test varies.
 COMPLETES = """

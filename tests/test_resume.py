@@ -186,9 +186,34 @@ def test_resume_refuses_a_folder_without_a_readable_checkpoint(tmp_path):
     folder, values = _interrupted_run(tmp_path)
     folder.checkpoint_file.write_bytes(b"cut off")
     resume = {**values, "resume": str(folder)}
-    with pytest.raises(ValueError, match="is not a resumable run folder") as info:
+    with pytest.raises(ValueError, match="cannot be resumed: .*checkpoint.pt is not a checkpoint") as info:
         prepare_resume(RunSettings.from_run_config(resume), resume)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut off", "another file"])
+def test_a_remembering_run_without_a_readable_memory_is_refused_before_anything_is_cut(tmp_path, damage):
+    """With attack-memory on, the server's memory cannot be rebuilt from the record: a resume whose
+    memory.pt is gone or unreadable is refused in one line (it used to go on from an empty memory
+    when the file was gone, and die with a traceback after the SuperLink started when it was
+    corrupt), and no record is cut."""
+    folder, values = _interrupted_run(tmp_path, **{"attack-memory": "keep"})
+    resume = {**values, "resume": str(folder)}
+    settings = RunSettings.from_run_config(resume)
+    settings.attack_memory_state().save(folder.memory_file)
+    intact = folder.memory_file.read_bytes()
+    if damage == "missing":
+        folder.memory_file.unlink()
+    else:
+        folder.memory_file.write_bytes(intact[: len(intact) // 2] if damage == "cut off" else b"garbage")
+    with pytest.raises(
+        ValueError, match=r"cannot be resumed: .*memory.pt (is missing|is not an attack memory)"
+    ) as info:
+        prepare_resume(settings, resume)
+    assert "\n" not in str(info.value) and "attack-memory='keep'" in str(info.value)
+    assert [r["round"] for r in rows(folder.rounds_file)] == ["1", "2", "3"]  # refused: nothing cut
+    folder.memory_file.write_bytes(intact)  # restored: the same resume goes on
+    assert prepare_resume(settings, resume)[1] == 2
 
 
 def _tree(pid: int) -> list[int]:
