@@ -120,9 +120,10 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
             f"unknown run-config key '{unknown[0]}'; the keys are pyproject.toml's "
             "[tool.flwr.app.config] (README: Running federations)"
         )
-    settings = RunSettings.from_run_config({**defaults, **pairs})
+    run_config = {**defaults, **pairs}  # what the ServerApp's context.run_config will be
+    settings = RunSettings.from_run_config(run_config)
     settings.check_device()
-    settings.check_resumable({**defaults, **pairs})
+    settings.check_resumable(run_config)
     if federation is None:
         return
     nodes = re.search(r"num-supernodes=(\d+)", federation)
