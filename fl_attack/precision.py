@@ -25,8 +25,10 @@ One home for every precision decision (``AttackConfig.precision``, run-config ``
   device (``auto_precision``). On a CPU: bf16 only when /proc/cpuinfo reports native bf16
   (``avx512_bf16`` or ``amx_bf16``) AND a short GEMM probe in this process finds bf16 at least
   ``AUTO_MIN_SPEEDUP`` times faster than fp32; else fp32 (so never bf16 on a CPU without native bf16,
-  where torch emulates it). On CUDA: bf16 when ``torch.cuda.is_bf16_supported(including_emulation=
-  False)`` (compute capability >= 8), else tf32 on compute capability >= 8, else fp32.
+  where torch emulates it). On CUDA: fp32. Measured on an H200 (docs/gpu-check/): the paper CNNs'
+  step is bound by kernel launches (40-55 ms whatever its FLOPs, 1-7% of the fp32 GEMM peak), so
+  bf16 ran 0.88-0.96x and TF32 0.95-1.01x as fast as fp32; bf16 paid only for a 4x wider model at
+  k=200 (1.42x a step). Ask for bf16 by name there.
 
 Sources: torch.amp ("Automatic Mixed Precision", the autocast op lists and "backward passes under
 autocast are not recommended"); torch.backends ("TensorFloat-32 (TF32) on Ampere (and later)
@@ -47,7 +49,7 @@ PRECISIONS = ("fp32", "bf16", "tf32", "auto")
 RESOLVED = ("fp32", "bf16", "tf32")  # what ``resolve_precision`` returns
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
 AUTO_MIN_SPEEDUP = 1.2  # bf16 GEMM / fp32 GEMM throughput the CPU probe asks for before choosing bf16
-_AUTO: dict[str, str] = {}  # "cpu" / "cuda:0" -> what auto resolved to in this process
+_AUTO: dict[str, str] = {}  # "cpu" -> what auto resolved to in this process
 
 
 def check_precision(precision) -> str:
@@ -78,18 +80,13 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
 
 
 def auto_precision(device: str | torch.device) -> str:
-    """What "auto" picks on ``device`` (module docstring), probed on first use and cached for the
-    process: the same device always gets the same answer, and the GEMM probe runs once."""
-    device = torch.device(device)
-    key = "cpu" if device.type == "cpu" else f"{device.type}:{_cuda_index(device)}"
-    if key not in _AUTO:
-        if device.type == "cuda":
-            _AUTO[key] = _cuda_auto(device)
-        elif device.type == "cpu":
-            _AUTO[key] = "bf16" if cpu_has_native_bf16() and _cpu_bf16_gemm_faster() else "fp32"
-        else:
-            _AUTO[key] = "fp32"
-    return _AUTO[key]
+    """What "auto" picks on ``device`` (module docstring): fp32 on a GPU; on the CPU, probed on first
+    use and cached for the process, so the GEMM probe runs once."""
+    if torch.device(device).type != "cpu":
+        return "fp32"
+    if "cpu" not in _AUTO:
+        _AUTO["cpu"] = "bf16" if cpu_has_native_bf16() and _cpu_bf16_gemm_faster() else "fp32"
+    return _AUTO["cpu"]
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
@@ -189,20 +186,6 @@ def full_precision(x: torch.Tensor):
     if torch.is_autocast_enabled(kind):
         return torch.autocast(kind, enabled=False)
     return nullcontext()
-
-
-def _cuda_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _cuda_auto(device: torch.device) -> str:
-    """bf16 where the GPU has bf16 tensor cores, else tf32 on compute capability >= 8, else fp32."""
-    with torch.cuda.device(device):
-        if torch.cuda.is_bf16_supported(including_emulation=False):
-            return "bf16"
-    if torch.cuda.get_device_capability(device) >= (8, 0):
-        return "tf32"
-    return "fp32"
 
 
 def _cpu_bf16_gemm_faster(n: int = 1024, repeats: int = 3) -> bool:
