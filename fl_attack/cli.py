@@ -141,6 +141,12 @@ def _add_attack_choice(
     )
 
 
+def _add_flags(parser, *flags) -> None:
+    """Options that take one value, each given as (flag, type, default, metavar, help)."""
+    for flag, kind, default, metavar, text in flags:
+        parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG, description="Honest-but-curious server attacks (PI-SME, NL-SME, SME, IG) on FedAvg client updates."
@@ -157,98 +163,45 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d = AttackSettings()
-    a.add_argument(
-        "--dataset",
-        default=d.dataset,
-        metavar="{" + ",".join(sorted(DATASETS)) + "}",
-        help=f"victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer) or cifar100 "
-        f"(3x32x32, 100 classes) (default: {d.dataset})",
-    )
+    # fmt: off
+    _add_flags(a, ("--dataset", str, d.dataset, "{" + ",".join(sorted(DATASETS)) + "}",
+                   "victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer) or cifar100 "
+                   f"(3x32x32, 100 classes) (default: {d.dataset})"))
     _add_attack_choice(a, d.methods, d.labels, d.device, f"{','.join(d.methods)}", d.labels, d.device)
-    a.add_argument(
-        "--clients",
-        type=int,
-        default=d.clients,
-        metavar="N",
-        help=f"number of victim clients, partition ids 0..N-1, integer >= 1 (default: {d.clients})",
+    _add_flags(a, ("--clients", int, d.clients, "N",
+                   f"number of victim clients, partition ids 0..N-1, integer >= 1 (default: {d.clients})"))
+    a.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="the victims' protocol (k, B, E, lr) and the attack's iterations and m from a named preset "
+                   "(see below); explicit flags win (default: paper)")
+    preset_flags = [  # None: not given, the preset fills it
+        (flag, kind, None, metavar, f"{text}; a preset setting (default: {getattr(d, flag[2:].replace('-', '_'))})")
+        for flag, kind, metavar, text in _PRESET_FLAGS
+    ]
+    _add_flags(
+        a, *preset_flags,
+        ("--classes", int, None, "C", "cifar100 only: each client's samples come from C classes, 1 <= C <= 100 "
+         "(default: a uniform draw over all classes)"),
+        ("--label-refine", float, None, "F", "with recovered labels, re-estimate the label counts once on the "
+         "reconstruction after this fraction of the iterations, 0 <= F < 1 (not in the paper; helps after long "
+         "local training, docs/attack-core.md) (default: 0, labels fixed)"),
+        ("--seed", int, None, "S", "seed of the initial model w0, the victims' batch shuffling, the client draw "
+         f"and the attack's initial images (default: {d.seed})"),
+        ("--data-dir", str, None, "DIR", "dataset on disk: a LEAF FEMNIST directory (train/*.json, test/*.json), "
+         "torchvision's cifar-100-python/ root, or an .npz in the bundled format (default: the bundled real "
+         "sample)"),
+        ("--model", str, d.model, "SPEC", "the victims' model: 'paper' (the paper's CNN for the dataset) or "
+         "'package.module:factory', a callable returning an nn.Module that maps normalised NCHW images to "
+         "(N, classes) logits, importable here (README: Attacking your own model) (default: paper)"),
+        ("--trace-every", int, None, "N", "record the trace (and the evaluator's PSNR) every N iterations, "
+         f"integer >= 1 (default: {d.trace_every})"),
     )
-    a.add_argument(
-        "--preset",
-        choices=list(PRESETS),
-        default=None,
-        help="the victims' protocol (k, B, E, lr) and the attack's iterations and m from a named preset "
-        "(see below); explicit flags win (default: paper)",
-    )
-    for flag, kind, metavar, text in _PRESET_FLAGS:  # None: not given, the preset fills it
-        a.add_argument(
-            flag,
-            type=kind,
-            default=None,
-            metavar=metavar,
-            help=f"{text}; a preset setting (default: {getattr(d, flag[2:].replace('-', '_'))})",
-        )
-    a.add_argument(
-        "--classes",
-        type=int,
-        default=None,
-        metavar="C",
-        help="cifar100 only: each client's samples come from C classes, 1 <= C <= 100 "
-        "(default: a uniform draw over all classes)",
-    )
-    a.add_argument(
-        "--label-refine",
-        type=float,
-        default=None,
-        metavar="F",
-        help="with recovered labels, re-estimate the label counts once on the reconstruction "
-        "after this fraction of the iterations, 0 <= F < 1 (not in the paper; helps after long "
-        "local training, docs/attack-core.md) (default: 0, labels fixed)",
-    )
-    a.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        metavar="S",
-        help=f"seed of the initial model w0, the victims' batch shuffling, the client draw and "
-        f"the attack's initial images (default: {d.seed})",
-    )
-    a.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="dataset on disk: a LEAF FEMNIST directory (train/*.json, test/*.json), torchvision's "
-        "cifar-100-python/ root, or an .npz in the bundled format (default: the bundled real sample)",
-    )
-    a.add_argument(
-        "--model",
-        default=d.model,
-        metavar="SPEC",
-        help="the victims' model: 'paper' (the paper's CNN for the dataset) or 'package.module:factory', "
-        "a callable returning an nn.Module that maps normalised NCHW images to (N, classes) logits, "
-        "importable here (README: Attacking your own model) (default: paper)",
-    )
-    a.add_argument(
-        "--trace-every",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"record the trace (and the evaluator's PSNR) every N iterations, integer >= 1 (default: {d.trace_every})",
-    )
-    a.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
-        '"lr_control_point=1e-4,tv_reduction=sum"; repeatable. iterations, nodes, trace_every, '
-        "seed, label_refine and precision have flags of their own: give one or the other (default: none)",
-    )
-    a.add_argument(
-        "--out",
-        default="results/attack",
-        metavar="DIR",
-        help="output folder, created if missing; results.csv in it is replaced (default: results/attack)",
-    )
+    a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
+                   '"lr_control_point=1e-4,tv_reduction=sum"; repeatable. iterations, nodes, trace_every, '
+                   "seed, label_refine and precision have flags of their own: give one or the other (default: none)")
+    _add_flags(a, ("--out", str, "results/attack", "DIR",
+                   "output folder, created if missing; results.csv in it is replaced (default: results/attack)"))
+    # fmt: on
     a.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     a.set_defaults(handler=_attack)
     _add_replay_parser(sub)
@@ -380,83 +333,33 @@ def _add_replay_parser(sub) -> None:
     )
     r.add_argument("run_dir", metavar="RUN_DIR", help="a run folder with recorded updates (record-updates=true)")
     _add_attack_choice(r, None, None, "auto", "the run's", "the run's", "auto", "the run's")
-    r.add_argument(
-        "--iterations",
-        type=int,
-        default=None,
-        metavar="K",
-        help="attack optimisation steps, integer >= 1 (default: the run's)",
+    # fmt: off
+    _add_flags(
+        r,
+        ("--iterations", int, None, "K", "attack optimisation steps, integer >= 1 (default: the run's)"),
+        ("--nodes", int, None, "M", "Gauss-Legendre nodes m of PI-SME, integer >= 1 (default: the run's)"),
+        ("--options", str, "", "K=V,...",
+         'further AttackConfig settings on top of the run\'s, e.g. "tv_weight=0.02,label_refine=0.25"'),
+        ("--rounds", _rounds, None, "LIST", "only these recorded rounds, e.g. 1,5 (default: every recorded round)"),
+        ("--threads", int, 0, "N", "torch threads for each attack (per worker) (default: 0, the threads each "
+         "attack of the run recorded, which reproduces its rows exactly; for a run without them torch's own "
+         "choice, with --workers N this process's count split over the N processes, 1 per Ray actor)"),
+        ("--workers", int, 0, "N", "run the attacks on N local processes (with --ray-address: N Ray actors, at "
+         "least 1), each with --threads torch threads, at most 2N queued (default: 0, this process, one after "
+         "another)"),
+        ("--ray-address", str, "", "ADDR", "run the attacks on the running Ray cluster at ADDR: auto, HOST:PORT or "
+         "ray://HOST:PORT (from `ray start --head`) (default: none)"),
+        ("--name", str, None, "NAME", "the replay's folder under RUN_DIR/replays/ (default: built from the settings)"),
     )
-    r.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        metavar="M",
-        help="Gauss-Legendre nodes m of PI-SME, integer >= 1 (default: the run's)",
-    )
-    r.add_argument(
-        "--options",
-        default="",
-        metavar="K=V,...",
-        help='further AttackConfig settings on top of the run\'s, e.g. "tv_weight=0.02,label_refine=0.25"',
-    )
-    r.add_argument(
-        "--rounds",
-        type=_rounds,
-        default=None,
-        metavar="LIST",
-        help="only these recorded rounds, e.g. 1,5 (default: every recorded round)",
-    )
-    r.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        metavar="N",
-        help="torch threads for each attack (per worker) (default: 0, the threads each attack of the run "
-        "recorded, which reproduces its rows exactly; for a run without them torch's own choice, with "
-        "--workers N this process's count split over the N processes, 1 per Ray actor)",
-    )
-    r.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run the attacks on N local processes (with --ray-address: N Ray actors, at least 1), "
-        "each with --threads torch threads, at most 2N queued (default: 0, this process, one after another)",
-    )
-    r.add_argument(
-        "--ray-address",
-        default="",
-        metavar="ADDR",
-        help="run the attacks on the running Ray cluster at ADDR: auto, HOST:PORT or ray://HOST:PORT "
-        "(from `ray start --head`) (default: none)",
-    )
-    r.add_argument(
-        "--name",
-        default=None,
-        metavar="NAME",
-        help="the replay's folder under RUN_DIR/replays/ (default: built from the settings)",
-    )
-    r.add_argument(
-        "--memory",
-        default=None,
-        choices=("none", "labels", "keep", "joint"),
-        help="the replaying server remembers each client across its rounds (docs/attacker-memory.md): "
-        "every method also runs as METHOD+memory (default: the run's attack-memory)",
-    )
-    r.add_argument(
-        "--memory-rounds",
-        default=None,
-        metavar="CHOICE",
-        help="joint: the earlier rounds fitted with each round, 'best:N,latest:M' or 'all' "
-        "(default: the run's attack-memory-rounds)",
-    )
-    r.add_argument(
-        "--missing",
-        action="store_true",
-        help="complete the run itself: attack the recorded updates that have no row in its "
-        "attacks.csv, with its own methods and settings, and append their rows there",
-    )
+    r.add_argument("--memory", default=None, choices=("none", "labels", "keep", "joint"),
+                   help="the replaying server remembers each client across its rounds (docs/attacker-memory.md): "
+                   "every method also runs as METHOD+memory (default: the run's attack-memory)")
+    _add_flags(r, ("--memory-rounds", str, None, "CHOICE", "joint: the earlier rounds fitted with each round, "
+                   "'best:N,latest:M' or 'all' (default: the run's attack-memory-rounds)"))
+    r.add_argument("--missing", action="store_true",
+                   help="complete the run itself: attack the recorded updates that have no row in its "
+                   "attacks.csv, with its own methods and settings, and append their rows there")
+    # fmt: on
     r.set_defaults(handler=_replay)
 
 
@@ -464,24 +367,9 @@ def _replay(args) -> int:
     from .replay import ReplayError, prepare_replay, run_replay
 
     try:  # every check before any attack
-        replay = prepare_replay(
-            args.run_dir,
-            methods=args.methods,
-            labels=args.labels,
-            iterations=args.iterations,
-            nodes=args.nodes,
-            options=args.options,
-            rounds=args.rounds,
-            threads=args.threads,
-            device=args.device,
-            name=args.name,
-            missing=args.missing,
-            workers=args.workers,
-            ray_address=args.ray_address,
-            memory=args.memory,
-            memory_rounds=args.memory_rounds,
-            precision=args.precision,
-        )
+        keys = ("methods", "labels", "iterations", "nodes", "options", "rounds", "threads", "device", "name")
+        keys += ("missing", "workers", "ray_address", "memory", "memory_rounds", "precision")
+        replay = prepare_replay(args.run_dir, **{key: getattr(args, key) for key in keys})
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
     if not replay.work:
