@@ -92,86 +92,34 @@ def save_grid(truth_images: torch.Tensor, scores: dict, path: str | Path, column
 # -------------------------------------------------------------------------------------- rows
 
 
-def attack_row(
-    *,
-    method: str,
-    dataset: str,
-    local_steps: int | None,
-    nodes,
-    iterations: int,
-    labels: str,
-    partition_id: int | None,
-    round: int | None = None,
-    node_id: int | None = None,
-    client_id: str = "",
-    label_estimator: str,
-    defense: str = "none",
-    status: str = "ok",
-    error: str = "",
-    lsim_honest: float = math.nan,
-    lsim_calibrated: float = math.nan,
-    attack_seconds: float = math.nan,
-    scores: dict | None = None,
-    image: str = "",
-    lag_rounds: int | None = None,
-    worker_node: str = "",
-    worker_id: str = "",
-    device: str = "",
-    precision: str = "",
-    threads: int | None = None,
-    memory: str = "",
-    epsilon: float | None = None,
-    parameters: int | None = None,
-    unknowns: int | None = None,
-    optimizer: str = "",
-) -> dict:
-    """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv).
+# attack_row's columns that a row must be given, and the defaults of the others (None: an empty cell).
+_REQUIRED = ("method", "dataset", "local_steps", "nodes", "iterations", "labels", "partition_id", "label_estimator")
+_DEFAULTS = dict.fromkeys(("client_id", "error", "image", "worker_node", "worker_id", "device", "precision"), "")
+_DEFAULTS |= dict.fromkeys(("memory", "optimizer"), "") | {"defense": "none", "status": "ok"}
+_DEFAULTS |= dict.fromkeys(("lsim_honest", "lsim_calibrated", "attack_seconds"), math.nan)
+# The columns an AttackOutcome carries under the same name.
+_FROM_OUTCOME = ("method", "local_steps", "nodes", "iterations", "label_estimator", "lsim_honest", "lsim_calibrated")
+_FROM_OUTCOME += ("status", "error", "worker_node", "worker_id", "device", "precision", "threads", "memory")
+_FROM_OUTCOME += ("parameters", "unknowns", "optimizer")
 
-    scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the
-    metrics NaN (a failed attack). nodes: ``Attack.nodes_per_iteration``. labels: "recovered" or
-    "oracle". label_estimator: the AttackConfig's (recorded even with oracle labels, where it is unused).
-    attack_seconds: the attack's wall time. image: the grid's path relative to the run.
-    worker_node, worker_id: where the attack ran (``fl_attack.workers.where_am_i``); device: the torch
-    device it ran on (cpu, cuda), empty where unknown; precision: the arithmetic it ran with (fp32,
-    bf16, tf32; ``fl_attack.precision``), empty where unknown; threads: its torch threads. memory: the
-    attack memory of a remembering server's row (fl_attack.memory), else "". epsilon: the DP budget
-    the attacked client had spent by this update (fl_attack.privacy); None (an empty cell) without DP.
-    parameters / unknowns: the update's floating-point entries and the client's pixels k*C*H*W
-    (ObservedUpdate.num_parameters / num_unknowns); optimizer: the client's (ClientOptimizer.describe).
+
+def attack_row(*, scores: dict | None = None, **columns) -> dict:
+    """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv; each column's
+    meaning and type in ``fl_attack.runs.ATTACKS``), in their order.
+
+    columns: values by column name; method, dataset, local_steps, nodes (``Attack.nodes_per_iteration``),
+    iterations, labels ("recovered" or "oracle"), partition_id and label_estimator are required, the
+    others default to "" / "none" (defense) / "ok" (status) / NaN (lsim_*, attack_seconds) / None (an
+    empty cell: round, node_id, lag_rounds, threads, epsilon without DP, parameters, unknowns).
+    scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the metrics
+    NaN (a failed attack). Raises TypeError for a name that is not a column or a missing required one.
     """
+    unknown = sorted(columns.keys() - set(ATTACK_COLUMNS) | columns.keys() & set(_SCORES))
+    missing = [c for c in _REQUIRED if c not in columns]
+    if unknown or missing:
+        raise TypeError(f"attack_row: not a column {unknown}, missing {missing}")
     row = dict.fromkeys(ATTACK_COLUMNS)
-    row.update(
-        round=round,
-        node_id=node_id,
-        partition_id=partition_id,
-        client_id=client_id,
-        method=method,
-        dataset=dataset,
-        defense=defense,
-        local_steps=local_steps,
-        nodes=nodes,
-        iterations=iterations,
-        labels=labels,
-        lsim_honest=lsim_honest,
-        lsim_calibrated=lsim_calibrated,
-        attack_seconds=attack_seconds,
-        status=status,
-        error=error,
-        label_estimator=label_estimator,
-        lag_rounds=lag_rounds,
-        worker_node=worker_node,
-        worker_id=worker_id,
-        device=device,
-        precision=precision,
-        threads=threads,
-        memory=memory,
-        epsilon=epsilon,
-        parameters=parameters,
-        unknowns=unknowns,
-        optimizer=optimizer,
-        image=image,
-        **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES},
-    )
+    row.update(_DEFAULTS, **columns, **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES})
     return row
 
 
@@ -236,30 +184,13 @@ class Evaluator:
             node_id=target.node_id,
             partition_id=target.partition_id,
             client_id=target.client_id,
-            method=outcome.method,
             dataset=self.dataset,
             defense=self.defense,
-            local_steps=outcome.local_steps,
-            nodes=outcome.nodes,
-            iterations=outcome.iterations,
-            label_estimator=outcome.label_estimator,
             labels=outcome.label_source,
-            lsim_honest=outcome.lsim_honest,
-            lsim_calibrated=outcome.lsim_calibrated,
             attack_seconds=seconds,
-            status=outcome.status,
-            error=outcome.error,
             lag_rounds=lag_rounds,
-            worker_node=outcome.worker_node,
-            worker_id=outcome.worker_id,
-            device=outcome.device,
-            precision=outcome.precision,
-            threads=outcome.threads,
-            memory=outcome.memory,
             epsilon=epsilon,
-            parameters=outcome.parameters,
-            unknowns=outcome.unknowns,
-            optimizer=outcome.optimizer,
+            **{column: getattr(outcome, column) for column in _FROM_OUTCOME},
         )
         if outcome.status == "ok":
             try:

@@ -58,7 +58,7 @@ ATTACKS: dict[str, type] = {
     "dataset": str,
     "defense": str,
     "local_steps": int,
-    "nodes": float,
+    "nodes": float,  # gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME
     "iterations": int,
     "labels": str,
     "psnr": float,
@@ -68,14 +68,14 @@ ATTACKS: dict[str, type] = {
     "lsim_honest": float,
     "lsim_calibrated": float,
     "label_accuracy": float,
-    "attack_seconds": float,
+    "attack_seconds": float,  # the attack's wall time
     "status": str,
     "error": str,
-    "label_estimator": str,
-    "lag_rounds": int,
-    "worker_node": str,
+    "label_estimator": str,  # the AttackConfig's, recorded even with oracle labels (where it is unused)
+    "lag_rounds": int,  # how many rounds after its own the attack finished (the federation's attacker lag)
+    "worker_node": str,  # where the attack ran (fl_attack.workers.where_am_i)
     "worker_id": str,
-    "device": str,
+    "device": str,  # the torch device it ran on (cpu, cuda); empty where unknown
     "precision": str,  # the attack's arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs
     "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
     "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.memory), else empty
@@ -83,7 +83,7 @@ ATTACKS: dict[str, type] = {
     "parameters": int,  # the update's floating-point entries: the equations the attack has
     "unknowns": int,  # the client's pixels k*C*H*W: what it must recover
     "optimizer": str,  # the client's optimizer, e.g. "momentum 0.9, weight decay 0.0005"
-    "image": str,
+    "image": str,  # the grid's path relative to the run folder
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
 RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")  # any of them: the folder holds a run
