@@ -274,32 +274,19 @@ def prepare_replay(
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)
-    if missing:
-        given = [
-            flag
-            for flag, value in (
-                ("--methods", methods),
-                ("--labels", labels),
-                ("--iterations", iterations),
-                ("--nodes", nodes),
-                ("--options", options),
-                ("--name", name),
-                ("--precision", precision),
-            )
-            if value
-        ]
-        if given:
-            raise ReplayError(
-                f"--missing completes the run's own attacks with its own settings; it takes no {', '.join(given)}"
-            )
+    flags = {"methods": methods, "labels": labels, "iterations": iterations, "nodes": nodes, "options": options}
+    given = [f"--{flag}" for flag, value in (flags | {"name": name, "precision": precision}).items() if value]
+    if missing and given:
+        raise ReplayError(
+            f"--missing completes the run's own attacks with its own settings; it takes no {', '.join(given)}"
+        )
     if missing and (memory is not None or memory_rounds is not None):
         raise ReplayError("--missing completes the run's own attacks with its own memory; it takes no --memory")
     memory = run.settings.attack_memory if memory is None else memory
     memory_rounds = run.settings.attack_memory_rounds if memory_rounds is None else memory_rounds
-    if methods is None:
-        methods = _methods(run.settings.attack_method, "methods", memory)
-    else:
-        methods = _methods(",".join(methods) if isinstance(methods, (tuple, list)) else methods, "methods", memory)
+    if isinstance(methods, (tuple, list)):
+        methods = ",".join(methods)
+    methods = _methods(run.settings.attack_method if methods is None else methods, "methods", memory)
     remembers = any(m.endswith(MEMORY_SUFFIX) for m in methods)
     labels = labels or run.labels
     if labels not in LABEL_MODES:
