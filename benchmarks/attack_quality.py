@@ -91,6 +91,11 @@ def summarise(rows: list[dict]) -> dict:
     return {"means": means, "checks": checks}
 
 
+def _pairs(values: dict, digits: int) -> str:
+    """``key=value, ...``, floats to ``digits`` significant digits."""
+    return ", ".join(f"{k}={v:.{digits}g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+
+
 def markdown(summary: dict, rows: list[dict]) -> str:
     lines = [
         "| client | method | PSNR (dB) | SSIM | LPIPS | honest Lsim | calibrated Lsim | label acc. | s |",
@@ -114,12 +119,8 @@ def markdown(summary: dict, rows: list[dict]) -> str:
         )
     lines.append("")
     for name, check in summary["checks"].items():
-        lines.append(
-            f"- {name}: {'PASS' if check['passed'] else 'FAIL'} "
-            + ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in check.items() if k != "passed"
-            )
-        )
+        details = _pairs({k: v for k, v in check.items() if k != "passed"}, 4)
+        lines.append(f"- {name}: {'PASS' if check['passed'] else 'FAIL'} {details}")
     return "\n".join(lines) + "\n"
 
 
@@ -129,19 +130,24 @@ def _overrides(items: list[str]) -> dict:
     return parse_key_values(",".join(items), asdict(AttackConfig()), "--set", "attack setting")
 
 
-def run_quality(args) -> int:
-    settings = AttackSettings(
+def _settings(args, methods: tuple[str, ...], clients: int, **extra) -> AttackSettings:
+    """FEMNIST at the paper's protocol, with the options both subcommands share."""
+    return AttackSettings(
         dataset="femnist",
-        methods=tuple(args.methods.split(",")),
-        clients=args.clients,
+        methods=methods,
+        clients=clients,
         **asdict(PAPER),
         iterations=args.iterations,
         nodes=args.nodes,
         seed=args.seed,
         device=args.device,
         trace_every=args.trace_every,
-        overrides=_overrides(args.set),
+        **extra,
     )
+
+
+def run_quality(args) -> int:
+    settings = _settings(args, tuple(args.methods.split(",")), args.clients, overrides=_overrides(args.set))
     start = time.perf_counter()
     rows = run_attack_experiment(settings, args.out, progress=True)
     wall = time.perf_counter() - start
@@ -159,17 +165,7 @@ def run_quality(args) -> int:
 
 
 def run_control_point_lr(args) -> int:
-    settings = AttackSettings(
-        dataset="femnist",
-        methods=("pisme",),
-        clients=args.client + 1,
-        **asdict(PAPER),
-        iterations=args.iterations,
-        nodes=args.nodes,
-        seed=args.seed,
-        device=args.device,
-        trace_every=args.trace_every,
-    )
+    settings = _settings(args, ("pisme",), args.client + 1)
     pool = validate_settings(settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +190,7 @@ def run_control_point_lr(args) -> int:
         rows.append(row)
         write_trace(out / f"trace-{name}.csv", outcome.trace)
         pd.DataFrame(rows).to_csv(out / "sweep.csv", index=False)
-        print(", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        print(_pairs(row, 5), flush=True)
     return 0
 
 

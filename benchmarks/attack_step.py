@@ -1,37 +1,28 @@
 """``python -m benchmarks.attack_step``: the cost of one PI-SME optimisation step, ours against the literal loop.
 
-One step = the m node gradients (eq. 8), the objective (eq. 10), its backward through the gradient
-(double backward) to X_hat, P1 and d, and the Adam update. Both implementations run in the same
-process on the same real client batch, after a warm-up:
-- "fast": fl_attack.attacks.pisme (the structured path of fl_attack.attacks.gradients);
-- "reference": tests/reference.py, the literal Algorithm-1 loop (one call per node).
-The two are timed in alternation (step of one, step of the other), so a machine whose speed drifts
-biases neither. Reported per configuration: the median seconds per step, GFLOP/s (counted with
-torch.utils.flop_counter on the real step), the fraction of an fp32 GEMM peak measured in the same
-process (the best of a measurement before and after the grid), peak memory, and the largest relative
-difference of the step's gradients (dL/dX_hat, dL/dP1, dL/dd) between the two implementations, in
-float64 (where rounding cannot flip a ReLU) and in float32.
+One step = the m node gradients (eq. 8), the objective (eq. 10), its double backward to X_hat, P1 and
+d, and the Adam update, on a real client batch after a warm-up: "fast" is fl_attack.attacks.pisme
+(the structured path of fl_attack.attacks.gradients), "reference" the literal Algorithm-1 loop of
+tests/reference.py. Each benchmark alternates what it compares (a step of one, a step of the other),
+so a machine whose speed drifts biases none, and reports medians; docs/performance.md explains the
+columns (GFLOP/s from torch.utils.flop_counter, %peak against a GEMM peak measured in the same
+process before and after the grid, peak memory, the gradients' largest relative difference in
+float64 and float32).
 
-With ``--batched N`` it times instead N whole attacks on N real clients of one FedAvg round (one w0,
-partitions 0..N-1, oracle labels so label recovery does not dilute the figure): N sequential
-``fl_attack.reconstruct`` calls against one ``fl_attack.reconstruct_batch`` call, alternated, and
-reports attacks per second of both, their ratio and the largest difference of the final Lsim
-between the two (float32: rounding only).
+``--batched N``: N whole attacks on N real clients of one FedAvg round (oracle labels), N sequential
+``fl_attack.reconstruct`` calls against one ``fl_attack.reconstruct_batch`` call.
 
-With ``--precisions fp32,bf16[,tf32]`` it times instead the shipped step in each precision
-(``fl_attack.precision``; "auto" is resolved first) side by side in one process, alternated, on the
-same real client batch and state: seconds per step, GFLOP/s, the fraction of that precision's own
-GEMM peak (a 2048 x 2048 matmul in bf16, in fp32, or in fp32 with TF32 allowed, measured in the same
-process before and after the grid, the best of the two), the agreement of the step's gradients
-(dL/dX_hat, dL/dP1, dL/dd) with the fp32 step's (the smallest cosine and the largest relative norm
-error of the three), and the throughput of whole PI-SME attacks (``--iterations`` each, recovered
-labels) in each precision.
+``--precisions fp32,bf16[,tf32]``: the shipped step in each precision (``fl_attack.precision``)
+side by side, each against its own GEMM peak, its gradients against fp32's, and whole PI-SME attacks
+(``--iterations`` each, recovered labels) in each (docs/performance.md, "Mixed precision").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import itertools
 import json
 import statistics
 import sys
@@ -110,40 +101,32 @@ def _reset_peak(device):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    try:  # Linux: "5" resets the peak resident set size (VmHWM)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: resets the peak resident set size (VmHWM)
 
 
 def _peak_mb(device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _train(dataset: str, partition: int, samples: int, seed: int, width: int | None):
+    """Client ``partition``'s victim: k samples, B = min(10, k), E = 1, the paper's lr."""
+    batch_size = min(PAPER.batch_size, samples)
+    return train_victim(
+        dataset, partition, samples=samples, batch_size=batch_size, local_epochs=1, lr=PAPER.lr, seed=seed, width=width
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def _client_update(dataset: str, samples: int, seed: int, width: int | None):
-    """A real client's update (k samples, B=10, E=1) and its labels; shared by a configuration's
-    float64 check and its float32 timing."""
-    victim = train_victim(
-        dataset,
-        0,
-        samples=samples,
-        batch_size=min(PAPER.batch_size, samples),
-        local_epochs=1,
-        lr=PAPER.lr,
-        seed=seed,
-        width=width,
-    )
+    """Client 0's update and labels; shared by a configuration's float64 check and its float32 timing."""
+    victim = _train(dataset, 0, samples, seed, width)
     return victim.update, victim.labels
 
 
@@ -175,12 +158,11 @@ class _Problem:
             self.model, flatten(self.w0_state), flatten(self.wT_state), self.shapes, self.config
         )
         gen = torch.Generator().manual_seed(seed)
+        a = self.attack
         with torch.no_grad():  # a state off the initial one: P1 off the midpoint, d != 1
-            rms = self.attack.delta_w.norm() / self.attack.delta_w.numel() ** 0.5
-            self.attack.control_point.add_(
-                0.5 * rms * torch.randn(self.attack.w0.shape, generator=gen).to(self.attack.w0)
-            )
-            self.attack.calibration.copy_(0.5 + torch.rand(self.attack.w0.shape, generator=gen).to(self.attack.w0))
+            rms = a.delta_w.norm() / a.delta_w.numel() ** 0.5
+            a.control_point.add_(0.5 * rms * torch.randn(a.w0.shape, generator=gen).to(a.w0))
+            a.calibration.copy_(0.5 + torch.rand(a.w0.shape, generator=gen).to(a.w0))
         self.x = (
             torch.randn(samples, *spec.image_shape, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
         )
@@ -218,11 +200,38 @@ class _Problem:
         self.optimizer.step()
 
 
-def _grad_diff(dataset, nodes, samples, device, width, dtype) -> float:
-    """The largest relative difference of the step's gradients between the two implementations."""
-    problem = _Problem(dataset, nodes, samples, device, width=width, dtype=dtype)
+def _max_rel_diff(problem: _Problem) -> float:
+    """The largest difference of the step's gradients between the two implementations, relative to
+    the largest reference value."""
     fast, ref = problem.grads("fast"), problem.grads("reference")
     return max(float((f - r).abs().max() / r.abs().max().clamp_min(1e-30)) for f, r in zip(fast, ref))
+
+
+def _alternate(device: torch.device, repeats: int, runs: dict) -> tuple[dict, dict, dict]:
+    """Call each of ``runs`` (name: function) in turn, ``repeats`` rounds, so that drift biases none;
+    per name: the median seconds, the peak memory (MB) and the last call's result."""
+    times, memory, results = {name: [] for name in runs}, dict.fromkeys(runs, 0.0), {}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            _reset_peak(device)
+            _sync(device)
+            t = time.perf_counter()
+            results[name] = run()
+            _sync(device)
+            times[name].append(time.perf_counter() - t)
+            memory[name] = max(memory[name], _peak_mb(device))
+    return {name: statistics.median(t) for name, t in times.items()}, memory, results
+
+
+def _time_steps(device: torch.device, repeats: int, steps: dict) -> dict:
+    """Per name of ``steps`` (name: step function), each warmed up and its FLOPs counted, then
+    alternated: (median seconds per step, GFLOP per step, GFLOP/s, peak memory in MB)."""
+    flops = {}
+    for name, step in steps.items():
+        step()  # warm-up
+        flops[name] = count_flops(step)
+    seconds, memory, _ = _alternate(device, repeats, steps)
+    return {n: (seconds[n], flops[n] / 1e9, flops[n] / seconds[n] / 1e9, memory[n]) for n in steps}
 
 
 IMPLS = ("fast", "reference")
@@ -231,51 +240,53 @@ IMPLS = ("fast", "reference")
 def bench_one(
     dataset: str, nodes: int, samples: int, device: torch.device, repeats: int, peak: float, width: int | None = None
 ) -> list[BenchRow]:
-    """Both implementations at one configuration; their steps alternate so drift biases neither."""
-    diff64 = _grad_diff(dataset, nodes, samples, device, width, torch.float64)
+    """Both implementations at one configuration, their steps alternated."""
+    diff64 = _max_rel_diff(_Problem(dataset, nodes, samples, device, width=width, dtype=torch.float64))
     problem = _Problem(dataset, nodes, samples, device, width=width)
-    diff32 = max(
-        float((f - r).abs().max() / r.abs().max().clamp_min(1e-30))
-        for f, r in zip(problem.grads("fast"), problem.grads("reference"))
-    )
-    flops, times, memory = {}, {impl: [] for impl in IMPLS}, {impl: 0.0 for impl in IMPLS}
-    for impl in IMPLS:
-        problem.step(impl)  # warm-up
-        flops[impl] = count_flops(lambda impl=impl: problem.step(impl))
-    for _ in range(repeats):
-        for impl in IMPLS:
-            _reset_peak(device)
-            _sync(device)
-            t = time.perf_counter()
-            problem.step(impl)
-            _sync(device)
-            times[impl].append(time.perf_counter() - t)
-            memory[impl] = max(memory[impl], _peak_mb(device))
+    diff32 = _max_rel_diff(problem)
+    timed = _time_steps(device, repeats, {impl: functools.partial(problem.step, impl) for impl in IMPLS})
+    return [
+        BenchRow(dataset, nodes, samples, impl, sec, gflop, rate, rate / peak, mb, diff64, diff32, problem.width)
+        for impl, (sec, gflop, rate, mb) in timed.items()
+    ]
+
+
+def _as_tuple(samples) -> tuple:
+    return (samples,) if isinstance(samples, int) else tuple(samples)
+
+
+def _device(device, threads: int | None) -> torch.device:
+    device = resolve_device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    return device
+
+
+def _grid(bench, header: str, fmt, datasets, widths, samples, nodes, progress) -> list:
+    """``bench(dataset, m, k, width)`` (a list of rows) at every point of the grid; ``progress``
+    gets the header, then each row as it comes."""
     rows = []
-    for impl in IMPLS:
-        sec = statistics.median(times[impl])
-        rows.append(
-            BenchRow(
-                dataset,
-                nodes,
-                samples,
-                impl,
-                sec,
-                flops[impl] / 1e9,
-                flops[impl] / sec / 1e9,
-                flops[impl] / sec / 1e9 / peak,
-                memory[impl],
-                diff64,
-                diff32,
-                problem.width,
-            )
-        )
+    progress(header)
+    for dataset, width, k, m in itertools.product(datasets, widths, _as_tuple(samples), nodes):
+        for row in bench(dataset, int(m), int(k), width):
+            rows.append(row)
+            progress(fmt(row))
     return rows
+
+
+def _result(device: torch.device, rows: list, **extra) -> dict:
+    return {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        **extra,
+        "rows": [asdict(r) for r in rows],
+    }
 
 
 def validate_bench(datasets, nodes, samples, repeats, threads, widths) -> None:
     """Every check of run_bench's arguments, before any timing; raises ValueError naming the bad one."""
-    samples = (samples,) if isinstance(samples, int) else tuple(samples)
+    samples = _as_tuple(samples)
     if not datasets or not nodes or not samples or not widths:
         raise ValueError("datasets, nodes, samples and widths must be non-empty")
     if repeats < 1 or (threads is not None and threads < 1):
@@ -304,32 +315,16 @@ def run_bench(
     the best of one measurement before and one after the grid. Raises ValueError on bad arguments.
     """
     validate_bench(datasets, nodes, samples, repeats, threads, widths)
-    samples = (samples,) if isinstance(samples, int) else tuple(samples)
-    device = resolve_device(device)
-    if threads:
-        torch.set_num_threads(threads)
+    device = _device(device, threads)
     peak = gemm_peak_gflops(device)
-    rows = []
-    progress(HEADER)
-    for dataset in datasets:
-        for width in widths:
-            for k in samples:
-                for m in nodes:
-                    for row in bench_one(dataset, int(m), int(k), device, repeats, peak, width):
-                        rows.append(row)
-                        progress(format_row(row))
+    bench = lambda dataset, m, k, width: bench_one(dataset, m, k, device, repeats, peak, width)
+    rows = _grid(bench, HEADER, format_row, datasets, widths, samples, nodes, progress)
     peak_after = gemm_peak_gflops(device)
     if peak_after > peak:  # express every row against the better of the two peak measurements
         for row in rows:
             row.peak_fraction *= peak / peak_after
         peak = peak_after
-    return {
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "gemm_peak_gflops": peak,
-        "torch": torch.__version__,
-        "rows": [asdict(r) for r in rows],
-    }
+    return _result(device, rows, gemm_peak_gflops=peak)
 
 
 HEADER = (
@@ -405,62 +400,28 @@ def bench_batched(
     method: str = "pisme",
 ) -> BatchRow:
     """N attacks of ``iterations`` steps on N real clients, sequential against batched, alternated."""
-    victims = [
-        train_victim(
-            dataset,
-            i,
-            samples=samples,
-            batch_size=min(PAPER.batch_size, samples),
-            local_epochs=1,
-            lr=PAPER.lr,
-            seed=0,
-            width=width,
-        )
-        for i in range(clients)
-    ]
+    victims = [_train(dataset, i, samples, 0, width) for i in range(clients)]
     model = build_model(dataset, width=width)
     settings = dict(nodes=nodes, iterations=iterations, device=device, model=model)
+    updates, labels = [v.update for v in victims], [v.labels for v in victims]
 
-    def sequential(steps: int):
+    def sequential(steps: int = iterations):
         return [reconstruct(v.update, method, labels=v.labels, **{**settings, "iterations": steps}) for v in victims]
 
-    def batched(steps: int):
-        updates, labels = [v.update for v in victims], [v.labels for v in victims]
+    def batched(steps: int = iterations):
         return reconstruct_batch(updates, method, labels=labels, **{**settings, "iterations": steps})
 
     sequential(1), batched(1)  # warm-up
-    times, memory, results = {"sequential": [], "batched": []}, {"sequential": 0.0, "batched": 0.0}, {}
-    for _ in range(repeats):
-        for name, run in (("sequential", sequential), ("batched", batched)):
-            _reset_peak(device)
-            _sync(device)
-            t = time.perf_counter()
-            results[name] = run(iterations)
-            _sync(device)
-            times[name].append(time.perf_counter() - t)
-            memory[name] = max(memory[name], _peak_mb(device))
+    seconds, memory, results = _alternate(device, repeats, {"sequential": sequential, "batched": batched})
     diff = max(
         max(abs(a.lsim_honest - b.lsim_honest), abs(a.lsim_calibrated - b.lsim_calibrated))
         for a, b in zip(results["sequential"], results["batched"])
     )
-    seq, bat = statistics.median(times["sequential"]), statistics.median(times["batched"])
-    return BatchRow(
-        dataset,
-        method,
-        nodes,
-        samples,
-        clients,
-        iterations,
-        seq,
-        bat,
-        clients / seq,
-        clients / bat,
-        seq / bat,
-        memory["sequential"],
-        memory["batched"],
-        diff,
-        model.conv1.out_channels,
-    )
+    seq, bat = seconds["sequential"], seconds["batched"]
+    rates = (clients / seq, clients / bat, seq / bat)  # attacks per second of each, and their ratio
+    peak_mb = (memory["sequential"], memory["batched"])
+    width = model.conv1.out_channels
+    return BatchRow(dataset, method, nodes, samples, clients, iterations, seq, bat, *rates, *peak_mb, diff, width)
 
 
 BATCH_HEADER = (
@@ -496,28 +457,16 @@ def run_batched(
     validate_bench(datasets, nodes, samples, repeats, threads, widths)
     if clients < 1 or iterations < 1:
         raise ValueError(f"--batched N and --iterations must be >= 1, got {clients} and {iterations}")
-    samples = (samples,) if isinstance(samples, int) else tuple(samples)
-    for dataset in datasets:
-        for k in samples:
-            client_partition(load_pool(dataset), clients - 1, k)  # N clients of k samples exist
-    device = resolve_device(device)
-    if threads:
-        torch.set_num_threads(threads)
-    rows = []
-    progress(BATCH_HEADER)
-    for dataset in datasets:
-        for width in widths:
-            for k in samples:
-                for m in nodes:
-                    row = bench_batched(dataset, int(m), int(k), clients, iterations, device, repeats, width)
-                    rows.append(row)
-                    progress(format_batch_row(row))
-    return {
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "rows": [asdict(r) for r in rows],
-    }
+    validate_clients(datasets, samples, clients)
+    device = _device(device, threads)
+    bench = lambda dataset, m, k, width: [bench_batched(dataset, m, k, clients, iterations, device, repeats, width)]
+    return _result(device, _grid(bench, BATCH_HEADER, format_batch_row, datasets, widths, samples, nodes, progress))
+
+
+def validate_clients(datasets, samples, clients: int) -> None:
+    """N clients of k samples exist in every dataset; ValueError otherwise."""
+    for dataset, k in itertools.product(datasets, _as_tuple(samples)):
+        client_partition(load_pool(dataset), clients - 1, k)
 
 
 def summarize_batched(result: dict) -> str:
@@ -581,52 +530,19 @@ def bench_precisions(
     problem = _Problem(dataset, nodes, samples, device, width=width)
     reference = problem.grads("fast", "fp32")
     agreement = {p: _agreement(problem.grads("fast", p), reference) for p in precisions}
-    flops, times, memory = {}, {p: [] for p in precisions}, dict.fromkeys(precisions, 0.0)
-    for precision in precisions:
-        problem.step("fast", precision)  # warm-up
-        flops[precision] = count_flops(lambda precision=precision: problem.step("fast", precision))
-    for _ in range(repeats):
-        for precision in precisions:
-            _reset_peak(device)
-            _sync(device)
-            t = time.perf_counter()
-            problem.step("fast", precision)
-            _sync(device)
-            times[precision].append(time.perf_counter() - t)
-            memory[precision] = max(memory[precision], _peak_mb(device))
+    timed = _time_steps(device, repeats, {p: functools.partial(problem.step, "fast", p) for p in precisions})
     update, _ = _client_update(dataset, samples, 0, width)
     model = build_model(dataset, width=width)
-    attack_seconds = {}
-    for precision in precisions:  # whole attacks with recovered labels, as a user runs them
-        _sync(device)
-        t = time.perf_counter()
-        reconstruct(
-            update, "pisme", nodes=nodes, iterations=iterations, device=device, model=model, precision=precision
-        )
-        _sync(device)
-        attack_seconds[precision] = time.perf_counter() - t
+    # whole attacks with recovered labels, as a user runs them
+    attack = functools.partial(reconstruct, update, "pisme", nodes=nodes, iterations=iterations, device=device)
+    attacks = {p: functools.partial(attack, model=model, precision=p) for p in precisions}
+    attack_seconds = _alternate(device, 1, attacks)[0]
     rows = []
-    for precision in precisions:
-        sec = statistics.median(times[precision])
-        rate = flops[precision] / sec / 1e9
+    for p, (sec, gflop, rate, mb) in timed.items():
+        peak = (peaks[p], rate / peaks[p])  # its own GEMM peak, and the fraction of it reached
+        whole = (iterations, attack_seconds[p], 1 / attack_seconds[p])  # iterations, seconds, attacks per second
         rows.append(
-            PrecisionRow(
-                dataset,
-                nodes,
-                samples,
-                precision,
-                sec,
-                flops[precision] / 1e9,
-                rate,
-                peaks[precision],
-                rate / peaks[precision],
-                memory[precision],
-                *agreement[precision],
-                iterations,
-                attack_seconds[precision],
-                1 / attack_seconds[precision],
-                problem.width,
-            )
+            PrecisionRow(dataset, nodes, samples, p, sec, gflop, rate, *peak, mb, *agreement[p], *whole, problem.width)
         )
     return rows
 
@@ -660,24 +576,14 @@ def run_precisions(
     validate_bench(datasets, nodes, samples, repeats, threads, widths)
     if iterations < 1 or peak_size < 1:
         raise ValueError(f"--iterations and --peak-size must be >= 1, got {iterations} and {peak_size}")
-    samples = (samples,) if isinstance(samples, int) else tuple(samples)
     precisions = resolve_precisions(precisions, device)
-    device = resolve_device(device)
-    if threads:
-        torch.set_num_threads(threads)
+    device = _device(device, threads)
     peak = functools.partial(gemm_peak_gflops, device, peak_size, max_seconds=PEAK_SECONDS)
     peaks = {p: peak(precision=p) for p in precisions}
-    rows = []
-    progress(PRECISION_HEADER)
-    for dataset in datasets:
-        for width in widths:
-            for k in samples:
-                for m in nodes:
-                    for row in bench_precisions(
-                        dataset, int(m), int(k), device, repeats, peaks, precisions, iterations, width
-                    ):
-                        rows.append(row)
-                        progress(format_precision_row(row))
+    bench = lambda dataset, m, k, width: bench_precisions(
+        dataset, m, k, device, repeats, peaks, precisions, iterations, width
+    )
+    rows = _grid(bench, PRECISION_HEADER, format_precision_row, datasets, widths, samples, nodes, progress)
     for precision in precisions:
         after = peak(precision=precision)
         if after > peaks[precision]:  # every row against the better of the two measurements
@@ -686,14 +592,7 @@ def run_precisions(
                     row.peak_fraction *= peaks[precision] / after
                     row.gemm_peak_gflops = after
             peaks[precision] = after
-    return {
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "gemm_peak_gflops": peaks,
-        "gemm_size": peak_size,
-        "rows": [asdict(r) for r in rows],
-    }
+    return _result(device, rows, gemm_peak_gflops=peaks, gemm_size=peak_size)
 
 
 PEAK_SECONDS = 10.0  # each GEMM peak measurement's bound (an emulated bf16 2048^2 matmul takes ~15 s)
@@ -797,55 +696,30 @@ def main(argv=None) -> int:
         if args.batched and args.precisions:
             raise ValueError("--batched and --precisions are two benchmarks; give one")
         precisions = resolve_precisions(tuple(args.precisions.split(",")), args.device) if args.precisions else ()
+        if args.batched:
+            validate_clients(datasets, samples, args.batched)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     if precisions:
-        result = run_precisions(
-            datasets,
-            nodes,
-            samples,
-            args.device,
-            args.repeats,
-            args.threads or None,
-            widths,
-            precisions,
-            args.iterations,
-            progress=(lambda s: None) if args.json else print,
-            peak_size=args.peak_size,
-        )
-        print(json.dumps(result, indent=2) if args.json else summarize_precisions(result))
-        return 0
-    if args.batched:
-        try:
-            result = run_batched(
-                datasets,
-                nodes,
-                samples,
-                args.batched,
-                args.iterations,
-                args.device,
-                args.repeats,
-                args.threads or None,
-                widths,
-                progress=(lambda s: None) if args.json else print,
-            )
-        except ValueError as exc:
-            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps(result, indent=2) if args.json else summarize_batched(result))
-        return 0
-    result = run_bench(
+        run, summary = run_precisions, summarize_precisions
+        extra = dict(precisions=precisions, iterations=args.iterations, peak_size=args.peak_size)
+    elif args.batched:
+        run, summary, extra = run_batched, summarize_batched, dict(clients=args.batched, iterations=args.iterations)
+    else:
+        run, summary, extra = run_bench, summarize, {}
+    result = run(
         datasets,
         nodes,
         samples,
-        args.device,
-        args.repeats,
-        args.threads or None,
-        widths,
+        device=args.device,
+        repeats=args.repeats,
+        threads=args.threads or None,
+        widths=widths,
         progress=(lambda s: None) if args.json else print,
+        **extra,
     )
-    print(json.dumps(result, indent=2) if args.json else summarize(result))
+    print(json.dumps(result, indent=2) if args.json else summary(result))
     return 0
 
 

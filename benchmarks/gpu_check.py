@@ -1,36 +1,13 @@
 """``python -m benchmarks.gpu_check``: the GPU check, one command (``make gpu-check``; docs/gpu-check.md).
 
-Six stages, each a subprocess with its own time limit, run in order; a failing stage does not stop
-the next ones:
-
-1. ``environment``: nvidia-smi, Python, torch, CUDA, cuDNN, the GPU, the versions of flwr, ray,
-   lpips and piq (``env.txt``);
-2. ``cuda-tests``: the test functions of tests/ and benchmarks/ that mention CUDA (``pytest -k cuda`` over the files
-   that do): on a GPU the CUDA tests run, on a CPU they are skipped and the CPU-side checks run;
-3. ``bench``: ``python -m benchmarks.attack_step`` (one PI-SME step, ours against the literal loop);
-4. ``batched``: ``python -m benchmarks.attack_step --batched N`` for several N: the throughput of
-   N batched attacks against N sequential ones;
-5. ``precision``: ``python -m benchmarks.attack_step --precisions fp32,bf16,tf32`` (fp32,bf16 on a
-   CPU): the shipped step and whole attacks in each precision side by side, each against its own
-   GEMM peak, and the bf16 and TF32 gradients against fp32's (docs/performance.md, "Mixed precision");
-6. ``federation``: a short paper-size federation (``python -m strategies.launch``: CIFAR-100,
-   k = 50, B = 10, E = 20, lr 0.004, PI-SME m = 7) whose attacks run in attacker actors on the
-   device; it checks that every attack succeeded and that attacks.csv's ``device`` says so.
-
-Everything goes under ``--out`` (default docs/gpu-check): README.md (the stage table, the tables,
-the figures, the commands and wall times), status.json, env.txt, logs/STAGE.log (the raw output of
-each stage), the benchmark JSON, the figures (PNG) and the federation's records. README.md and
-status.json are rewritten atomically after every stage, and ``--archive`` is refreshed then too, so
-a run killed at any point leaves what had finished.
-
+Six stages (STAGES: environment, cuda-tests, bench, batched, precision, federation), each a
+subprocess with its own time limit, run in order; a failing stage does not stop the next ones.
+Everything goes under ``--out``; README.md and status.json are rewritten atomically after every
+stage (and ``--archive`` refreshed), so a run killed at any point leaves what had finished.
 ``--budget-seconds`` bounds the whole check: each stage's limit is its own maximum, cut so that the
-later stages keep their minimum; a stage whose minimum no longer fits is skipped and says so.
-
-The GPU machine has no package index and its own python3 and torch. When flwr, ray, lpips or piq
-cannot be imported there, ``--deps`` (default .gpu-deps/site.tar.xz, built here by
-``make gpu-deps``) is unpacked into a temporary folder placed first on the stages' PYTHONPATH and
-PATH. Only the standard library is imported at start, so a machine without torch still gets
-env.txt and a README that says what was missing.
+later stages keep their minimum. Missing flwr, ray, lpips or piq come from ``--deps`` (unpacked
+first on the stages' PYTHONPATH and PATH). Only the standard library is imported at start, so a
+machine without torch still gets env.txt and a README that says what was missing.
 """
 
 from __future__ import annotations
@@ -38,6 +15,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import csv
+import itertools
 import json
 import os
 import re
@@ -63,6 +41,15 @@ NEEDED = ("torch", "flwr", "ray", "lpips", "piq")  # what the stages import beyo
 PINNED = {"flwr": "1.42.0", "ray": "2.55.1"}  # pyproject.toml's, and those of benchmarks/gpu_deps.sh
 
 
+def _flags(**options) -> list[str]:
+    """``--name value`` for each option, in order (``peak_size`` -> ``--peak-size``)."""
+    return [arg for name, value in options.items() for arg in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def _precisions(device: str) -> str:
+    return "fp32,bf16,tf32" if device == "cuda" else "fp32,bf16"
+
+
 @dataclass
 class Sizes:
     """The settings of the stages that compute: ``full`` for a GPU, ``quick`` for a CPU dry run."""
@@ -78,13 +65,11 @@ class Sizes:
     @classmethod
     def full(cls, device: str) -> Sizes:
         return cls(
-            bench=["--datasets", "cifar100,femnist", "--nodes", "1,3,7,12", "--samples", "50", "--repeats", "7"],
-            precision=["--precisions", "fp32,bf16,tf32" if device == "cuda" else "fp32,bf16"]
-            + ["--datasets", "cifar100,femnist", "--nodes", "7", "--samples", "50", "--repeats", "5"]
-            + ["--iterations", "20"],
+            bench=_flags(datasets="cifar100,femnist", nodes="1,3,7,12", samples=50, repeats=7),
+            precision=_flags(precisions=_precisions(device), datasets="cifar100,femnist", nodes=7, samples=50)
+            + _flags(repeats=5, iterations=20),
             batched_clients=(1, 4, 16),
-            batched=["--datasets", "cifar100", "--nodes", "7", "--samples", "50", "--iterations", "10"]
-            + ["--repeats", "3"],
+            batched=_flags(datasets="cifar100", nodes=7, samples=50, iterations=10, repeats=3),
             run_config={  # strategies/run_configs/paper.toml's protocol, 2 rounds, 300 iterations
                 "dataset": "cifar100",
                 "num-server-rounds": 2,
@@ -102,9 +87,7 @@ class Sizes:
                 "server-test-samples": 500,
                 "record-updates": False,
             },
-            # Clients train on the CPU; Ray is told of one GPU, which the clients leave whole to the
-            # two attacker actors (0.5 each: Flower's clients must leave GPU headroom). On a CPU the
-            # same resources are declared, so the dry run schedules the actors as on a GPU.
+            # clients train on the CPU; Ray's one GPU is left to the two attacker actors, on a CPU too
             federation=FEDERATION.format(nodes=4, cpus=2),
             expected_attacks=4,
         )
@@ -112,12 +95,11 @@ class Sizes:
     @classmethod
     def quick(cls, device: str) -> Sizes:
         return cls(
-            bench=["--datasets", "femnist", "--nodes", "1", "--samples", "4", "--repeats", "1"],
-            precision=["--precisions", "fp32,bf16,tf32" if device == "cuda" else "fp32,bf16"]
-            + ["--datasets", "femnist", "--nodes", "1", "--samples", "4", "--repeats", "1", "--iterations", "1"]
-            + ["--peak-size", "256"],
+            bench=_flags(datasets="femnist", nodes=1, samples=4, repeats=1),
+            precision=_flags(precisions=_precisions(device), datasets="femnist", nodes=1, samples=4, repeats=1)
+            + _flags(iterations=1, peak_size=256),
             batched_clients=(1, 2),
-            batched=["--datasets", "femnist", "--nodes", "1", "--samples", "4", "--iterations", "1", "--repeats", "1"],
+            batched=_flags(datasets="femnist", nodes=1, samples=4, iterations=1, repeats=1),
             run_config={
                 "dataset": "femnist",
                 "num-server-rounds": 1,
@@ -206,13 +188,9 @@ class Check:
         with open(log, "a") as f:
             f.write(f"$ {stage.commands[-1]}\n")
             f.flush()
+            stderr = f if stdout else subprocess.STDOUT
             proc = subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env=env or self.env,
-                stdout=stdout or f,
-                stderr=f if stdout else subprocess.STDOUT,
-                start_new_session=True,
+                cmd, cwd=ROOT, env=env or self.env, stdout=stdout or f, stderr=stderr, start_new_session=True
             )
             self.current = proc
             try:
@@ -375,21 +353,28 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _env_value(path: Path, key: str) -> str:
+def _lines(path: Path) -> list[str]:
     try:
-        for line in path.read_text().splitlines():
-            if line.startswith(key + ":"):
-                return line.split(":", 1)[1].strip()
+        return path.read_text(errors="replace").splitlines()
     except OSError:
-        pass
-    return ""
+        return []
+
+
+def _env_value(path: Path, key: str) -> str:
+    return next((line.split(":", 1)[1].strip() for line in _lines(path) if line.startswith(key + ":")), "")
 
 
 def _tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
+    return "\n".join(_lines(path)[-n:])
+
+
+def _code(text: str) -> str:
+    """``text`` as a markdown code block."""
+    return "```\n" + text + "\n```"
+
+
+def _run_text(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 # --- the stages -----------------------------------------------------------------------------
@@ -425,7 +410,7 @@ def stage_environment(check: Check, stage: Stage, timeout: float) -> None:
         f"commit: {_git_commit()}",
         f"deps: {check.deps_note}",
     ]
-    rc, version = check.probe("import sys; print(sys.version.replace(chr(10), ' '))")
+    version = check.probe("import sys; print(sys.version.replace(chr(10), ' '))")[1]
     lines.append(f"python.version: {version}")
     for name, info in check.imports.items():
         lines.append(f"{name}: {info.get('version') or info.get('error')}")
@@ -435,14 +420,9 @@ def stage_environment(check: Check, stage: Stage, timeout: float) -> None:
     smi_text = ""
     if smi:
         try:
-            smi_text = subprocess.run([smi], capture_output=True, text=True, timeout=60).stdout
-            query = subprocess.run(
-                [smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            ).stdout.strip()
-            lines.append(f"nvidia-smi.gpu: {query}")
+            smi_text = _run_text([smi], 60).stdout
+            query = [smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"]
+            lines.append(f"nvidia-smi.gpu: {_run_text(query, 60).stdout.strip()}")
         except (OSError, subprocess.TimeoutExpired) as exc:
             lines.append(f"nvidia-smi: failed: {exc}")
     else:
@@ -476,19 +456,13 @@ def stage_environment(check: Check, stage: Stage, timeout: float) -> None:
     if cuda:
         found += f", CUDA {info.get('torch.version.cuda')}, cuDNN {info.get('torch.backends.cudnn.version')}"
     stage.note = "; ".join(problems + [found])
-    stage.body = "```\n" + "\n".join(lines) + "\n```"
+    stage.body = _code("\n".join(lines))
 
 
 def _git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        out = _run_text(["git", "rev-parse", "HEAD"], 10)
+        dirty = _run_text(["git", "status", "--porcelain", "--untracked-files=no"], 10)
         if out.returncode == 0:
             return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
@@ -525,7 +499,7 @@ def stage_cuda_tests(check: Check, stage: Stage, timeout: float) -> None:
         if cuda_skips:
             summary += f" (the {cuda_skips} CUDA test(s) skipped: no CUDA device)"
     stage.note = summary or f"exit status {rc}"
-    stage.body = "```\n" + _tail(log, 25) + "\n```"
+    stage.body = _code(_tail(log, 25))
 
 
 def _attack_step_json(check: Check, stage: Stage, timeout: float, name: str, args: list[str]) -> dict | None:
@@ -540,7 +514,7 @@ def _attack_step_json(check: Check, stage: Stage, timeout: float, name: str, arg
         tmp.unlink(missing_ok=True)
         stage.status = "timeout" if timed_out else "fail"
         stage.note = f"exit status {rc}" + (", timed out" if timed_out else "")
-        stage.body = "```\n" + _tail(log) + "\n```"
+        stage.body = _code(_tail(log))
         return None
     try:
         result = json.loads(tmp.read_text())
@@ -558,20 +532,21 @@ def stage_bench(check: Check, stage: Stage, timeout: float) -> None:
         return
     from benchmarks.attack_step import summarize
 
-    table = summarize(result)
-    _write_atomic(check.out / "bench.txt", table + "\n")
-    stage.files.append("bench.txt")
     rows = result["rows"]
-    speedups = {}
-    for r in rows:
-        speedups.setdefault((r["dataset"], r["nodes"]), {})[r["impl"]] = r["seconds_per_step"]
-    best = [f"{d} m={m}: fast {t['fast'] * 1e3:.1f} ms/step" for (d, m), t in sorted(speedups.items()) if "fast" in t]
+    fast = {(r["dataset"], r["nodes"]): r["seconds_per_step"] for r in rows if r["impl"] == "fast"}
+    best = [f"{d} m={m}: fast {t * 1e3:.1f} ms/step" for (d, m), t in sorted(fast.items())]
     stage.status = "pass" if all(r["max_grad_diff"] < 1e-9 for r in rows) else "fail"
-    stage.note = (
-        f"{result['device']}; " + ", ".join(best[:4]) + ("" if stage.status == "pass" else "; float64 gradients differ")
-    )
-    figure = _figure(check, "bench.png", _plot_bench, rows)
-    stage.body = "```\n" + table + "\n```" + (f"\n\n![step benchmark]({figure})" if figure else "")
+    differ = "" if stage.status == "pass" else "; float64 gradients differ"
+    stage.note = f"{result['device']}; " + ", ".join(best[:4]) + differ
+    _table(check, stage, "bench", summarize(result), _plot_bench, rows, "step benchmark")
+
+
+def _table(check: Check, stage: Stage, name: str, table: str, plot, rows: list, alt: str) -> None:
+    """NAME.txt (``table``), NAME.png (``plot`` of ``rows``) and the stage's body showing both."""
+    _write_atomic(check.out / f"{name}.txt", table + "\n")
+    stage.files.append(f"{name}.txt")
+    figure = _figure(check, f"{name}.png", plot, rows)
+    stage.body = _code(table) + (f"\n\n![{alt}]({figure})" if figure else "")
 
 
 def stage_batched(check: Check, stage: Stage, timeout: float) -> None:
@@ -605,23 +580,15 @@ def stage_batched(check: Check, stage: Stage, timeout: float) -> None:
     if not rows:
         stage.status = "timeout" if any("timed out" in p for p in problems) else "fail"
         stage.note = "; ".join(problems)
-        stage.body = "```\n" + _tail(log) + "\n```"
+        stage.body = _code(_tail(log))
         return
     from benchmarks.attack_step import summarize_batched
 
-    table = summarize_batched(merged)
-    _write_atomic(check.out / "batched.txt", table + "\n")
-    stage.files += ["batched.json", "batched.txt"]
+    stage.files.append("batched.json")
     stage.status = "fail" if problems else "pass"
-    stage.note = "; ".join(
-        problems
-        + [
-            f"{device}; batched/sequential throughput "
-            + ", ".join(f"N={r['clients']}: x{r['throughput_ratio']:.2f}" for r in rows)
-        ]
-    )
-    figure = _figure(check, "batched.png", _plot_batched, rows)
-    stage.body = "```\n" + table + "\n```" + (f"\n\n![batched throughput]({figure})" if figure else "")
+    ratios = ", ".join(f"N={r['clients']}: x{r['throughput_ratio']:.2f}" for r in rows)
+    stage.note = "; ".join([*problems, f"{device}; batched/sequential throughput {ratios}"])
+    _table(check, stage, "batched", summarize_batched(merged), _plot_batched, rows, "batched throughput")
 
 
 def stage_precision(check: Check, stage: Stage, timeout: float) -> None:
@@ -630,9 +597,6 @@ def stage_precision(check: Check, stage: Stage, timeout: float) -> None:
         return
     from benchmarks.attack_step import summarize_precisions
 
-    table = summarize_precisions(result)
-    _write_atomic(check.out / "precision.txt", table + "\n")
-    stage.files.append("precision.txt")
     rows = result["rows"]
     fp32 = {(r["dataset"], r["nodes"]): r["seconds_per_step"] for r in rows if r["precision"] == "fp32"}
     ratios = [
@@ -644,42 +608,22 @@ def stage_precision(check: Check, stage: Stage, timeout: float) -> None:
     # tests/test_precision.py's loosest bound (dL/dP1's, 0.95)
     agree = all(r["grad_cosine"] > 0.95 for r in rows)
     stage.status = "pass" if agree else "fail"
-    stage.note = (
-        f"{result['device']}; step speed-up over fp32: "
-        + ", ".join(ratios)
-        + ("" if agree else "; a lowered step's gradients are off fp32's (cosine <= 0.95)")
-    )
-    figure = _figure(check, "precision.png", _plot_precision, rows)
-    stage.body = "```\n" + table + "\n```" + (f"\n\n![precision]({figure})" if figure else "")
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
+    off = "" if agree else "; a lowered step's gradients are off fp32's (cosine <= 0.95)"
+    stage.note = f"{result['device']}; step speed-up over fp32: " + ", ".join(ratios) + off
+    _table(check, stage, "precision", summarize_precisions(result), _plot_precision, rows, "precision")
 
 
 def stage_federation(check: Check, stage: Stage, timeout: float) -> None:
+    from strategies.launch import toml_value  # the standard library only
+
     log = check.out / "logs" / "federation.log"
     stage.files.append("logs/federation.log")
     work = Path(tempfile.mkdtemp(prefix="fl-attack-gpu-fed-"))
     run_config = {**check.sizes.run_config, "results-dir": str(work / "results"), "run-name": "gpu-check"}
-    overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())
-    cmd = [
-        check.python,
-        "-m",
-        "strategies.launch",
-        "--run-config",
-        overrides,
-        "--federation-config",
-        check.sizes.federation,
-        "--timeout",
-        str(max(int(timeout) - 30, 30)),  # the launcher stops its SuperLink itself before the stage's limit
-        "--silence-timeout",
-        str(max(min(int(timeout) - 30, 300), 30)),
-    ]
+    overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
+    launch = max(int(timeout) - 30, 30)  # the launcher stops its SuperLink itself before the stage's limit
+    cmd = [check.python, "-m", "strategies.launch", "--run-config", overrides]
+    cmd += _flags(federation_config=check.sizes.federation, timeout=launch, silence_timeout=min(launch, 300))
     env = {**check.env, "FLWR_HOME": str(work / "flwr-home")}
     started = time.monotonic()
     rc, timed_out = check.run(stage, cmd, timeout, log, env=env)
@@ -711,22 +655,15 @@ def stage_federation(check: Check, stage: Stage, timeout: float) -> None:
     if image is not None:
         shutil.copy(image, check.out / "federation-reconstruction.png")
     stage.status = "timeout" if timed_out else ("fail" if problems else "pass")
-    stage.note = "; ".join(
-        problems
-        + [f"wall {wall:.0f} s (launch to exit)"]
-        + (
-            [f"per attack {min(seconds):.1f}/{statistics.median(seconds):.1f}/{max(seconds):.1f} s (min/median/max)"]
-            if seconds
-            else []
+    notes = [*problems, f"wall {wall:.0f} s (launch to exit)"]
+    if seconds:
+        notes.append(
+            f"per attack {min(seconds):.1f}/{statistics.median(seconds):.1f}/{max(seconds):.1f} s (min/median/max)"
         )
-        + ([f"device {', '.join(devices)}"] if rows else [])
-    )
-    body = [
-        f"Run config: `{overrides}`",
-        "",
-        f"Federation config: `{check.sizes.federation}`",
-        "",
-    ]
+    if rows:
+        notes.append(f"device {', '.join(devices)}")
+    stage.note = "; ".join(notes)
+    body = [f"Run config: `{overrides}`", "", f"Federation config: `{check.sizes.federation}`", ""]
     if rows:
         body += [
             "| round | partition | method | m | iterations | device | worker | attack s | PSNR dB | status |",
@@ -760,15 +697,10 @@ def stage_federation(check: Check, stage: Stage, timeout: float) -> None:
 
 def _timings_block(log: Path) -> str:
     """The launcher's 'where the time went' table from the stage's log."""
-    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    lines = _lines(log)
     for i, line in enumerate(lines):
         if "where the time went" in line:
-            block = [line]
-            for nxt in lines[i + 1 :]:
-                if not nxt.startswith("  "):
-                    break
-                block.append(nxt)
-            return "\n".join(block)
+            return "\n".join([line, *itertools.takewhile(lambda nxt: nxt.startswith("  "), lines[i + 1 :])])
     return ""
 
 
@@ -878,31 +810,26 @@ def main(argv: list[str] | None = None) -> int:
         "paper-size federation with attacker actors on the device; writes README.md, figures and logs "
         "under --out (docs/gpu-check.md).",
     )
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default: docs/gpu-check)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="(default: cuda)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--out", default=str(DEFAULT_OUT), help="output folder (default: docs/gpu-check)")
+    add("--device", choices=("cuda", "cpu"), default="cuda", help="(default: cuda)")
+    add(
         "--budget-seconds",
         type=float,
         default=480,
         help="the whole check's time; stages that no longer fit are skipped (default: 480)",
     )
-    parser.add_argument(
-        "--stages", default=",".join(STAGE_FUNCTIONS), help="comma-separated subset (default: all, in order)"
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a dry run of the machinery (the test)")
-    parser.add_argument(
+    add("--stages", default=",".join(STAGE_FUNCTIONS), help="comma-separated subset (default: all, in order)")
+    add("--quick", action="store_true", help="tiny sizes: a dry run of the machinery (the test)")
+    add(
         "--deps",
         default=str(DEFAULT_DEPS),
         help="archive of the packages to unpack when flwr, ray, lpips or piq is missing ('none': never; "
         "default: .gpu-deps/site.tar.xz, from make gpu-deps)",
     )
-    parser.add_argument(
-        "--deps-always", action="store_true", help="unpack --deps even when nothing is missing (to test the archive)"
-    )
-    parser.add_argument(
-        "--archive", default="", help="also keep a .tar.gz of the output folder here, refreshed after every stage"
-    )
-    parser.add_argument("--python", default=sys.executable, help="the Python that runs the stages (default: this one)")
+    add("--deps-always", action="store_true", help="unpack --deps even when nothing is missing (to test the archive)")
+    add("--archive", default="", help="also keep a .tar.gz of the output folder here, refreshed after every stage")
+    add("--python", default=sys.executable, help="the Python that runs the stages (default: this one)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.stages.split(",") if n.strip()]
     unknown = [n for n in names if n not in STAGE_FUNCTIONS]
@@ -931,10 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         check.interrupted = check.interrupted or "KeyboardInterrupt"
         for stage in check.stages:
-            if stage.status == "running":
-                stage.status, stage.note = "fail", f"interrupted ({check.interrupted})"
-            elif stage.status == "pending":
-                stage.status, stage.note = "skipped", f"interrupted ({check.interrupted})"
+            if stage.status in ("running", "pending"):
+                stage.status = "fail" if stage.status == "running" else "skipped"
+                stage.note = f"interrupted ({check.interrupted})"
         check.write()
         print(f"gpu-check: interrupted; what finished is in {out}", flush=True)
         return 130
@@ -966,9 +892,7 @@ def _run_stages(check: Check, selected: list[Stage], args) -> int:
             t = time.monotonic()
             try:
                 STAGE_FUNCTIONS[stage.name](check, stage, limit)
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # a broken stage must not stop the others
+            except Exception as exc:  # a broken stage must not stop the others (KeyboardInterrupt does)
                 stage.status, stage.note = "fail", f"{type(exc).__name__}: {exc}"
             stage.seconds = time.monotonic() - t
         print(f"gpu-check: {stage.name}: {stage.status} ({stage.seconds:.0f} s) {stage.note}", flush=True)
