@@ -42,6 +42,8 @@ BASE = {
     "seed": 0,
 }
 MOMENTUM = {"client-optimizer": "momentum", "client-momentum": 0.9, "lr": 0.01}
+# A user model with BatchNorm2d and max pooling (eval mode unless client-train-mode).
+BATCH_NORM = {**BASE, **MOMENTUM, "partitioner": "iid", "model": "tests.user_models:batch_norm_net"}
 RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
     ("paper", {**BASE, "lr": 0.004}, 10),
     ("quickstart-iid", {**BASE, **MOMENTUM, "partitioner": "iid"}, 10),
@@ -63,35 +65,10 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
         },
         10,
     ),
-    (  # batch norm in train mode: a user model with BatchNorm2d and max pooling
-        "batchnorm-train",
-        {
-            **BASE,
-            **MOMENTUM,
-            "partitioner": "iid",
-            "model": "tests.user_models:batch_norm_net",
-            "client-train-mode": True,
-        },
-        10,
-    ),
-    (  # a second configuration of it: another seed (w0, data, batches), E=2 (T=4)
-        "batchnorm-train-seed1",
-        {
-            **BASE,
-            **MOMENTUM,
-            "partitioner": "iid",
-            "model": "tests.user_models:batch_norm_net",
-            "client-train-mode": True,
-            "seed": 1,
-            "local-epochs": 2,
-        },
-        10,
-    ),
-    (  # the same model in eval mode: what train mode itself changes
-        "batchnorm-eval",
-        {**BASE, **MOMENTUM, "partitioner": "iid", "model": "tests.user_models:batch_norm_net"},
-        10,
-    ),
+    ("batchnorm-train", {**BATCH_NORM, "client-train-mode": True}, 10),  # batch norm in train mode
+    # a second configuration of it: another seed (w0, data, batches), E=2 (T=4)
+    ("batchnorm-train-seed1", {**BATCH_NORM, "client-train-mode": True, "seed": 1, "local-epochs": 2}, 10),
+    ("batchnorm-eval", {**BATCH_NORM}, 10),  # the same model in eval mode: what train mode itself changes
     (  # the README recipe (Flower's quickstart CNN on CIFAR-100, Dirichlet 0.5), made small
         "flower-app-cifar100",
         {

@@ -169,22 +169,14 @@ def plot_training(runs: Run | Sequence[Run]) -> Figure:
         if rounds.empty:
             continue
         color = f"C{i % 10}"
-        for column, style, what in (("train_loss", "-", "train"), ("eval_loss", "--", "eval")):
+        for ax, column, style, what in (
+            (loss_ax, "train_loss", "-", "train"),
+            (loss_ax, "eval_loss", "--", "eval"),
+            (accuracy_ax, "eval_accuracy", "-", "eval"),
+            (accuracy_ax, "global_accuracy", "--", "global"),
+        ):
             if rounds[column].notna().any():
-                loss_ax.plot(
-                    rounds["round"],
-                    rounds[column],
-                    ls=style,
-                    marker="o",
-                    ms=3,
-                    color=color,
-                    label=f"{what} · {label}" if len(runs) > 1 else what,
-                )
-                drawn = True
-        for column, style in (("eval_accuracy", "-"), ("global_accuracy", "--")):
-            what = column.split("_")[0]
-            if rounds[column].notna().any():
-                accuracy_ax.plot(
+                ax.plot(
                     rounds["round"],
                     rounds[column],
                     ls=style,

@@ -61,10 +61,8 @@ def run_experiment(
     threads: int = 1,
     precision: str = "fp32",
 ) -> Path:
-    """Run one experiment; returns the output folder. ValueError for bad options, before any work.
-
-    precision: the attacks' arithmetic (``fl_attack.precision``: fp32, bf16, tf32 on CUDA, auto);
-    the precision experiment sets its own arms.
+    """Run one experiment; returns the output folder. ValueError for bad options, before any work
+    (``common.make_context``; the precision experiment sets its own arms' precision).
 
     command: the command line to quote in NAME.md (default: the equivalent of the arguments).
     grid: {axis: "v1,v2"} to sweep other values than the experiment's defaults (its ``GRID``).

@@ -20,18 +20,20 @@ from fl_attack.quadrature import midpoint
 from fl_attack.update import flatten, layout
 
 from .common import (
+    ATTACK_ROW_COLUMNS,
     Context,
     CsvTable,
     attack_and_score,
-    check_clients,
+    check_datasets,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
-    mean_var,
+    mean,
     pm,
     save_figure,
-    train_victim,
+    trained_victims,
     write_markdown,
 )
 
@@ -39,30 +41,9 @@ DATASET = "femnist"
 FIXED = (7, 2)
 TOLERANCES = (0.1, 0.03)
 ESTIMATE_ORDERS = (1, 2, 3, 4, 5, 6, 7)
-COLUMNS = [
-    "dataset",
-    "paper_T",
-    "local_steps",
-    "client",
-    "seed",
-    "method",
-    "variant",
-    "node_tolerance",
-    "nodes",
-    "nodes_schedule",
-    "node_error",
-    "iterations",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "seconds",
-    "seconds_per_iteration",
-    "gradient_evaluations",
-]
+# The victim, the adaptive rule's columns, then the scores and costs of ATTACK_ROW_COLUMNS.
+COLUMNS = ["dataset", "paper_T", "local_steps", "client", "seed", "method", "variant", "node_tolerance", "nodes"]
+COLUMNS += ["nodes_schedule", "node_error", "iterations", *ATTACK_ROW_COLUMNS[ATTACK_ROW_COLUMNS.index("psnr") :]]
 
 
 def true_batch_errors(victim, orders=ESTIMATE_ORDERS) -> dict:
@@ -80,26 +61,22 @@ def true_batch_errors(victim, orders=ESTIMATE_ORDERS) -> dict:
 
 
 def run(ctx: Context) -> None:
-    sc = ctx.scale
-    check_clients(ctx, DATASET, sc.clients_for(DATASET), sc.samples)
+    check_datasets(ctx, (DATASET,))
     recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS)
     estimates = []
-    for paper_T, epochs in sc.epochs:
-        for client in range(sc.clients_for(DATASET)):
-            for seed in range(sc.seeds):
-                victim = train_victim(ctx, DATASET, client, seed, epochs)
-                errors = true_batch_errors(victim)
-                estimates.append((victim.local_steps, errors))
-                ctx.log(
-                    f"T={victim.local_steps} client {client}: error estimate on the true batch "
-                    + ", ".join(f"m={m}: {e:.4f}" for m, e in errors.items())
-                )
-                for m in FIXED:
-                    row = attack_and_score(ctx, victim, "pisme", nodes=m)
-                    recorder.add({**row, "variant": f"fixed m={m}", "paper_T": paper_T})
-                for tol in TOLERANCES:
-                    row = attack_and_score(ctx, victim, "pisme-adaptive", nodes=max(FIXED), node_tolerance=tol)
-                    recorder.add({**row, "variant": f"adaptive tol={tol:g}", "paper_T": paper_T})
+    for paper_T, victim in trained_victims(ctx, (DATASET,)):
+        errors = true_batch_errors(victim)
+        estimates.append((victim.local_steps, errors))
+        ctx.log(
+            f"T={victim.local_steps} client {victim.partition}: error estimate on the true batch "
+            + ", ".join(f"m={m}: {e:.4f}" for m, e in errors.items())
+        )
+        for m in FIXED:
+            row = attack_and_score(ctx, victim, "pisme", nodes=m)
+            recorder.add({**row, "variant": f"fixed m={m}", "paper_T": paper_T})
+        for tol in TOLERANCES:
+            row = attack_and_score(ctx, victim, "pisme-adaptive", nodes=max(FIXED), node_tolerance=tol)
+            recorder.add({**row, "variant": f"adaptive tol={tol:g}", "paper_T": paper_T})
     _report(ctx, recorder.rows, estimates)
 
 
@@ -123,13 +100,13 @@ def _report(ctx: Context, rows: list[dict], estimates) -> None:
             [
                 T,
                 variant,
-                fmt(mean_var(column(cell, "nodes"))[0], 2),
+                fmt(mean(cell, "nodes"), 2),
                 "; ".join(str(r.get("nodes_schedule") or "-") for r in cell),
-                fmt(mean_var(column(cell, "gradient_evaluations"))[0], 0),
-                fmt(mean_var(column(cell, "seconds"))[0], 0),
+                fmt(mean(cell, "gradient_evaluations"), 0),
+                fmt(mean(cell, "seconds"), 0),
                 pm(column(cell, "psnr")),
-                fmt(mean_var(column(cell, "ssim"))[0], 3),
-                fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
+                fmt(mean(cell, "ssim"), 3),
+                fmt(mean(cell, "lsim_honest"), 4),
                 len(cell),
             ]
         )
@@ -153,9 +130,7 @@ def _report(ctx: Context, rows: list[dict], estimates) -> None:
     ]
     write_markdown(ctx, "Adaptive number of nodes", caption, body, notes)
 
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    fig = figure(9, 3.6)
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for T, e in estimates:
         ax2.semilogy(list(e), list(e.values()), "o-", label=f"T={T}")
@@ -166,8 +141,8 @@ def _report(ctx: Context, rows: list[dict], estimates) -> None:
     for (T,), cell in group(rows, "local_steps").items():
         for (variant,), c in group(cell, "variant").items():
             ax.scatter(
-                mean_var(column(c, "gradient_evaluations"))[0],
-                mean_var(column(c, "psnr"))[0],
+                mean(c, "gradient_evaluations"),
+                mean(c, "psnr"),
                 label=f"T={T} {variant}",
                 marker="o" if variant.startswith("fixed") else "^",
             )

@@ -14,14 +14,15 @@ from functools import partial
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    CsvTable,
     Lazy,
     Task,
     check_clients,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
+    mean,
     mean_var,
     paired_differences,
     pm,
@@ -56,7 +57,6 @@ def run(ctx: Context) -> None:
     Cs, label_sources = ctx.axis("classes", CLASSES), ctx.axis("labels", ("recovered",))
     for C in Cs:
         check_clients(ctx, DATASET, clients, sc.samples, classes_used(C, sc.samples))
-    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
     # Client-major order: a stopped run has whole clients done at every C, not all clients at one C.
     for client in range(clients):
@@ -69,8 +69,7 @@ def run(ctx: Context) -> None:
                     for method in METHODS:
                         key = dict(paper_classes=C, client=client, seed=seed, labels=labels, method=method)
                         tasks.append(Task(key, victim, method, labels, extra=extra))
-    run_tasks(ctx, recorder, tasks)
-    _report(ctx, recorder.rows)
+    _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 
 
 def _columns(paper_classes: int, used: int, victim) -> dict:
@@ -107,12 +106,12 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                 labels,
                 C,
                 cell[0]["classes"],
-                fmt(mean_var(column(cell, "distinct_labels"))[0], 1),
+                fmt(mean(cell, "distinct_labels"), 1),
                 *[pm(by.get(m, [])) for m in METHODS],
                 fmt(margins[(labels, C)]),
                 spread(paired),
                 fmt(PAPER_MARGIN[C]) if C in PAPER_MARGIN else "-",
-                fmt(mean_var(column([r for r in cell if r["method"] == "pisme"], "lsim_honest"))[0], 4),
+                fmt(mean([r for r in cell if r["method"] == "pisme"], "lsim_honest"), 4),
                 len(paired),
             ]
         )
@@ -141,9 +140,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         rows=rows,
     )
 
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    fig = figure(9, 3.6)
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     Cs = sorted({r["paper_classes"] for r in rows})
     for (labels,), by_labels in group(rows, "labels").items():
@@ -151,9 +148,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         for (method,), cell in group(by_labels, "method").items():
             by = group(cell, "paper_classes")
             xs = [C for C in Cs if (C,) in by]
-            ax.plot(
-                xs, [mean_var(column(by[(C,)], "psnr"))[0] for C in xs], style, label=f"{LABELS[method]} ({labels})"
-            )
+            ax.plot(xs, [mean(by[(C,)], "psnr") for C in xs], style, label=f"{LABELS[method]} ({labels})")
         xs = [C for C in Cs if (labels, C) in margins]
         ax2.plot(xs, [margins[(labels, C)] for C in xs], style, color="tab:purple", label=f"ours ({labels})")
     ax.set_xscale("log")

@@ -136,7 +136,8 @@ def make_context(
     if scale not in PRESETS:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(PRESETS)}")
     sc = PRESETS[scale]
-    for label, value in (("seeds", seeds), ("clients", clients), ("iterations", iterations)):
+    given = {"seeds": seeds, "clients": clients, "iterations": iterations}
+    for label, value in given.items():
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"--{label} must be an integer >= 1, got {value}")
     sc = replace(
@@ -148,9 +149,7 @@ def make_context(
     )
     if data_dir is not None and not Path(data_dir).expanduser().exists():
         raise FileNotFoundError(f"data directory not found: {data_dir}")
-    explicit = frozenset(
-        k for k, v in (("seeds", seeds), ("clients", clients), ("iterations", iterations)) if v is not None
-    )
+    explicit = frozenset(k for k, v in given.items() if v is not None)
     parsed = {axis: parse_axis(axis, text, axes, sc) for axis, text in (grid or {}).items()}
     make_workers(workers, address=ray_address, threads=max(1, threads))  # ValueError for bad counts; starts nothing
     dev = resolve_device(device)
@@ -231,9 +230,12 @@ def train_victim(
     batch_size: int | None = None,
     classes: int | None = None,
     record_states: bool = False,
+    lr: float | None = None,
+    optimizer=None,
 ) -> Victim:
     """Train client ``partition`` (data seed DATA_SEED) for E local epochs from w0 =
-    build_model(dataset, seed), on the CPU, with the scale's k, B and lr unless given."""
+    build_model(dataset, seed), on the CPU, with the scale's k, B and lr unless given, by plain SGD
+    or ``optimizer`` (a fl_attack.config.ClientOptimizer)."""
     sc = ctx.scale
     return victims_module.train_victim(
         dataset,
@@ -241,12 +243,13 @@ def train_victim(
         samples=samples or sc.samples,
         batch_size=batch_size or sc.batch_size,
         local_epochs=local_epochs,
-        lr=sc.lr,
+        lr=lr or sc.lr,
         seed=seed,
         data_seed=DATA_SEED,
         classes=classes,
         data_dir=ctx.data_dir,
         record_states=record_states,
+        optimizer=optimizer,
     )
 
 
@@ -321,10 +324,18 @@ class Task:
     extra: object = field(default_factory=dict)
 
 
+def check_datasets(ctx: Context, datasets: tuple) -> None:
+    """``check_clients`` for the scale's clients and k on each dataset."""
+    for dataset in datasets:
+        check_clients(ctx, dataset, ctx.scale.clients_for(dataset), ctx.scale.samples)
+
+
 def victims(ctx: Context, datasets: tuple, steps: tuple):
     """(client, seed, dataset, paper_T, Lazy victim) for every cell of a dataset x paper_T grid, in
-    client-major order: a stopped run has whole clients done in every cell."""
+    client-major order: a stopped run has whole clients done in every cell. ValueError before the
+    first when the data lacks clients (``check_datasets``)."""
     sc = ctx.scale
+    check_datasets(ctx, datasets)
     for client in range(max(sc.clients_for(d) for d in datasets)):
         for seed in range(sc.seeds):
             for dataset in datasets:
@@ -335,15 +346,28 @@ def victims(ctx: Context, datasets: tuple, steps: tuple):
                     yield client, seed, dataset, paper_T, victim
 
 
-def run_tasks(ctx: Context, recorder: CsvTable, tasks: list[Task]) -> None:
-    """Run the tasks not yet recorded on the context's workers (``--workers``, ``--ray-address``:
-    this process, local processes or a Ray cluster) and record each row as it is scored.
+def trained_victims(ctx: Context, datasets: tuple):
+    """(paper_T, victim) for each dataset, paper T of the scale, client and seed, in that order, each
+    victim trained when reached; the caller checks the data first (``check_datasets``)."""
+    sc = ctx.scale
+    for dataset in datasets:
+        for paper_T, epochs in sc.epochs:
+            for client in range(sc.clients_for(dataset)):
+                for seed in range(sc.seeds):
+                    yield paper_T, train_victim(ctx, dataset, client, seed, epochs)
+
+
+def run_tasks(ctx: Context, columns: list[str], key: tuple, tasks: list[Task]) -> list[dict]:
+    """Run the tasks not yet recorded in NAME.csv (a ``CsvTable`` with ``columns``, ``key`` and the
+    context's identity) on the context's workers (``--workers``, ``--ray-address``: this process,
+    local processes or a Ray cluster) and record each row as it is scored; returns all its rows.
 
     Victims are trained here, at most 2 x workers jobs ahead of the workers; the workers get only
     the update, and the rows are scored here against the victims' private images. A failed
     attack is not recorded (a rerun retries it); RuntimeError names them after the others finish.
     Each row carries ``ctx.stamp()``, so a run resumed over several invocations knows its wall time.
     """
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", columns, key=key, identity=ctx.identity())
     todo = [t for t in tasks if not recorder.done(**t.key)]
     if len(todo) < len(tasks):
         ctx.log(f"{len(tasks) - len(todo)} of {len(tasks)} attacks already recorded in {recorder.path.name}")
@@ -367,6 +391,7 @@ def run_tasks(ctx: Context, recorder: CsvTable, tasks: list[Task]) -> None:
         pipeline.shutdown()
     if failed:
         raise RuntimeError(f"{len(failed)} attack(s) failed and were not recorded (rerun to retry): {failed[0]}")
+    return recorder.rows
 
 
 def _nodes_schedule(trace) -> str:
@@ -403,6 +428,13 @@ class Lazy:
         return self._value
 
 
+def figure(width: float, height: float):
+    """A matplotlib Figure of width x height inches with constrained layout (no pyplot, no GUI backend)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
 def save_figure(fig, path: Path) -> None:
     """The experiments' figures: PNG at 110 dpi, written atomically (analysis.plots.save_figure)."""
     from analysis.plots import save_figure as save_png
@@ -427,20 +459,26 @@ def mean_var(values) -> tuple[float, float, int]:
     return float(v.mean()), float(v.var(ddof=1)) if v.size > 1 else math.nan, int(v.size)
 
 
+def mean(rows: list[dict], key: str) -> float:
+    """The mean of the rows' finite ``key`` values; NaN for none."""
+    return mean_var(column(rows, key))[0]
+
+
 def pm(values, digits: int = 2) -> str:
     """'mean ± variance' of a cell ('mean' alone for one value)."""
-    mean, var, n = mean_var(values)
+    average, var, n = mean_var(values)
     if n == 0:
         return "-"
-    return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(var, digits)}"
+    return fmt(average, digits) if n < 2 else f"{fmt(average, digits)} ± {fmt(var, digits)}"
 
 
-def paired_differences(rows: list[dict], a: str, b: str, metric: str, by=("client", "seed")) -> list[float]:
-    """``metric`` of method ``a`` minus that of method ``b`` on the same victim (same ``by`` values),
-    one difference per victim that has both; a margin whose spread is over victims, not methods."""
+def paired_differences(rows: list[dict], a, b, metric: str, by=("client", "seed"), key: str = "method") -> list[float]:
+    """``metric`` of the row whose ``key`` (default: the method) is ``a`` minus that of the row whose
+    ``key`` is ``b`` on the same victim (same ``by`` values), one difference per victim that has both;
+    a margin whose spread is over victims, not methods."""
     values: dict = {}
     for row in rows:
-        values.setdefault(tuple(row.get(k) for k in by), {})[row["method"]] = row.get(metric)
+        values.setdefault(tuple(row.get(k) for k in by), {})[row[key]] = row.get(metric)
     return [float(v[a]) - float(v[b]) for v in values.values() if v.get(a) is not None and v.get(b) is not None]
 
 

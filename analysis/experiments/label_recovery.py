@@ -98,14 +98,15 @@ def _aux_pool(pool, federation: int, samples: int, seed: int = 0) -> AuxiliaryDa
     return AuxiliaryData(images, torch.from_numpy(pool.labels[idx].astype(np.int64)))
 
 
-def _true_pbar(model, result, images) -> torch.Tensor:
-    """(C,) the victim's softmax on its real batches at the weights before each step, averaged."""
+def _trajectory_softmax(model, result, images) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per local step: the victim's softmax (B, C) on its real batch at the weights before that step,
+    and the batch's indices (B,)."""
     x = get_spec(DATASET).normalize(images)
     with torch.no_grad():
-        probs = [
-            torch.softmax(functional_call(model, w, (x[b],)), dim=1) for w, b in zip(result.states[:-1], result.batches)
+        return [
+            (torch.softmax(functional_call(model, w, (x[b],)), dim=1), b)
+            for w, b in zip(result.states[:-1], result.batches)
         ]
-    return torch.cat(probs).double().mean(0)
 
 
 def _accuracy(counts, truth) -> float:
@@ -195,7 +196,8 @@ def _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, ite
     if not todo:
         return
     model = build_model(DATASET)
-    p_true = _true_pbar(model, result, split.train.images)
+    steps = _trajectory_softmax(model, result, split.train.images)
+    p_true = torch.cat([probs for probs, _ in steps]).double().mean(0)  # (C,) along the real trajectory
     residual = output_bias_residual(update)
     n_true = np.bincount(truth.numpy(), minlength=len(residual)).astype(np.float64)
     p_dummy = (estimate_class_counts(update, model) - residual) / k
@@ -204,12 +206,7 @@ def _score_client(ctx, recorder, done, rnd, p, result, split, aux, test_acc, ite
         pbar_tv_dummy=0.5 * float(np.abs(p_dummy - p_true.numpy()).sum()),
         pbar_tv_aux=0.5 * float(np.abs(p_aux - p_true.numpy()).sum()),
     )
-    x = get_spec(DATASET).normalize(split.train.images)
-    with torch.no_grad():
-        own = [
-            torch.softmax(functional_call(model, w, (x[b],)), 1)[torch.arange(len(b)), truth[b]]
-            for w, b in zip(result.states[:-1], result.batches)
-        ]
+    own = [probs[torch.arange(len(b)), truth[b]] for probs, b in steps]
     diag["self_confidence"] = float(torch.cat(own).mean())
     for estimator in todo:
         start = time.perf_counter()
@@ -255,16 +252,7 @@ def _report(ctx, rows, proto, tracked, iterations) -> None:
                 tv("self_confidence"),
             ]
         )
-    table.append(
-        [
-            "mean 1-15" if rounds == 15 else f"mean 1-{rounds}",
-            "",
-            *[fmt(float(np.nanmean(curves[e]))) for e in names],
-            "",
-            "",
-            "",
-        ]
-    )
+    table.append([f"mean 1-{rounds}", "", *[fmt(float(np.nanmean(curves[e]))) for e in names], "", "", ""])
     header = [
         "round",
         "test acc.",

@@ -13,13 +13,13 @@ from __future__ import annotations
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    CsvTable,
     Task,
-    check_clients,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
+    mean,
     mean_var,
     paired_differences,
     pm,
@@ -47,9 +47,6 @@ def run(ctx: Context) -> None:
     sc = ctx.scale
     datasets = ctx.axis("dataset", (dataset_for(sc.name),))
     steps, label_sources = ctx.axis("paper_T", (PAPER_T,)), ctx.axis("labels", ("recovered",))
-    for dataset in datasets:
-        check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
-    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     plan = [("pisme", 1)] + [("nlsme", k) for k in MULTIPLES]
     tasks = []
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
@@ -60,8 +57,7 @@ def run(ctx: Context) -> None:
                 key.update(method=method, iterations=iterations)
                 extra = {"multiple": k, "paper_T": paper_T}
                 tasks.append(Task(key, victim, method, labels, {"iterations": iterations}, extra))
-    run_tasks(ctx, recorder, tasks)
-    _report(ctx, recorder.rows)
+    _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 
 
 def _report(ctx: Context, rows: list[dict]) -> None:
@@ -87,7 +83,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     for (dataset, T, labels), block in group(rows, "dataset", "local_steps", "labels").items():
         pisme = [r for r in block if r["method"] == "pisme"]
         for (method, iterations), cell in group(block, "method", "iterations").items():
-            honest, calibrated = mean_var(column(cell, "lsim_honest"))[0], mean_var(column(cell, "lsim_calibrated"))[0]
+            honest, calibrated = mean(cell, "lsim_honest"), mean(cell, "lsim_calibrated")
             paired = [] if method == "pisme" else paired_differences(pisme + cell, "pisme", method, "psnr")
             lines.append(
                 [
@@ -96,15 +92,15 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                     labels,
                     LABELS[method] + (f" (m={cell[0]['nodes']})" if method == "pisme" else ""),
                     iterations,
-                    fmt(mean_var(column(cell, "gradient_evaluations"))[0], 0),
+                    fmt(mean(cell, "gradient_evaluations"), 0),
                     pm(column(cell, "psnr")),
                     fmt(mean_var(paired)[0]) if paired else "-",
                     spread(paired),
-                    fmt(mean_var(column(cell, "ssim"))[0], 3),
+                    fmt(mean(cell, "ssim"), 3),
                     fmt(honest, 4),
                     fmt(calibrated, 4),
                     fmt(honest - calibrated, 4),
-                    fmt(mean_var(column(cell, "seconds"))[0], 0),
+                    fmt(mean(cell, "seconds"), 0),
                     len(cell),
                 ]
             )
@@ -133,27 +129,17 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         rows=rows,
     )
 
-    from matplotlib.figure import Figure
-
     blocks = group(rows, "dataset", "local_steps", "labels")
-    fig = Figure(figsize=(9, 3.2 * max(1, len(blocks))), layout="constrained")
+    fig = figure(9, 3.2 * max(1, len(blocks)))
     for i, ((dataset, T, labels), block) in enumerate(blocks.items()):
         ax, ax2 = fig.add_subplot(len(blocks), 2, 2 * i + 1), fig.add_subplot(len(blocks), 2, 2 * i + 2)
         for (method,), cell in group(block, "method").items():
             cells = group(cell, "gradient_evaluations")
             x = [g for (g,) in cells]
-            ax.plot(x, [mean_var(column(c, "psnr"))[0] for c in cells.values()], "o-", label=LABELS[method])
+            ax.plot(x, [mean(c, "psnr") for c in cells.values()], "o-", label=LABELS[method])
+            ax2.plot(x, [mean(c, "lsim_honest") for c in cells.values()], "o-", label=f"{LABELS[method]} honest")
             ax2.plot(
-                x,
-                [mean_var(column(c, "lsim_honest"))[0] for c in cells.values()],
-                "o-",
-                label=f"{LABELS[method]} honest",
-            )
-            ax2.plot(
-                x,
-                [mean_var(column(c, "lsim_calibrated"))[0] for c in cells.values()],
-                "x--",
-                label=f"{LABELS[method]} calibrated",
+                x, [mean(c, "lsim_calibrated") for c in cells.values()], "x--", label=f"{LABELS[method]} calibrated"
             )
         ax.set_title(f"{dataset}, T={T}, {labels} labels", fontsize=9)
         ax.set_xlabel("node-gradient evaluations")

@@ -10,13 +10,13 @@ from __future__ import annotations
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    CsvTable,
     Task,
-    check_clients,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
+    mean,
     mean_var,
     paired_differences,
     pm,
@@ -38,20 +38,15 @@ KEY = ("dataset", "paper_T", "client", "seed", "labels", "nodes")  # what a reru
 
 
 def run(ctx: Context) -> None:
-    sc = ctx.scale
     datasets, steps = ctx.axis("dataset", (DATASET,)), ctx.axis("paper_T", (PAPER_T,))
     nodes, label_sources = ctx.axis("nodes", NODES), ctx.axis("labels", ("recovered",))
-    for dataset in datasets:
-        check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
-    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
         for labels in label_sources:
             for m in nodes:
                 key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels, nodes=m)
                 tasks.append(Task(key, victim, "pisme", labels, {"nodes": m}, {"paper_T": paper_T}))
-    run_tasks(ctx, recorder, tasks)
-    _report(ctx, recorder.rows)
+    _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 
 
 def _report(ctx: Context, rows: list[dict]) -> None:
@@ -83,18 +78,9 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         cells = group(block, "nodes")
         psnrs = []
         for (m,), cell in cells.items():
-            spi = mean_var(column(cell, "seconds_per_iteration"))[0]
-            psnrs.append(mean_var(column(cell, "psnr"))[0])
-            paired = (
-                []
-                if m == 7
-                else paired_differences(
-                    [{**r, "method": "m"} for r in cell] + [{**r, "method": "m7"} for r in block if r["nodes"] == 7],
-                    "m",
-                    "m7",
-                    "psnr",
-                )
-            )
+            spi = mean(cell, "seconds_per_iteration")
+            psnrs.append(mean(cell, "psnr"))
+            paired = [] if m == 7 else paired_differences(block, m, 7, "psnr", key="nodes")
             lines.append(
                 [
                     dataset,
@@ -104,10 +90,10 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                     pm(column(cell, "psnr")),
                     fmt(mean_var(paired)[0]) if paired else "-",
                     spread(paired),
-                    fmt(mean_var(column(cell, "ssim"))[0], 3),
-                    fmt(mean_var(column(cell, "lpips"))[0], 3),
-                    fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
-                    fmt(mean_var(column(cell, "lsim_calibrated"))[0], 4),
+                    fmt(mean(cell, "ssim"), 3),
+                    fmt(mean(cell, "lpips"), 3),
+                    fmt(mean(cell, "lsim_honest"), 4),
+                    fmt(mean(cell, "lsim_calibrated"), 4),
                     fmt(spi, 3),
                     fmt(spi / m, 3),
                     len(cell),
@@ -138,17 +124,15 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         rows=rows,
     )
 
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    fig = figure(6, 3.6)
     ax = fig.add_subplot()
     ax2 = ax.twinx()
     for (dataset, T, labels), block in blocks.items():
         cells = group(block, "nodes")
         xs = [m for (m,) in cells]
         label = f"{dataset} T={T} {labels}"
-        ax.plot(xs, [mean_var(column(c, "psnr"))[0] for c in cells.values()], "o-", label=label)
-        ax2.plot(xs, [mean_var(column(c, "seconds_per_iteration"))[0] for c in cells.values()], "s:", alpha=0.5)
+        ax.plot(xs, [mean(c, "psnr") for c in cells.values()], "o-", label=label)
+        ax2.plot(xs, [mean(c, "seconds_per_iteration") for c in cells.values()], "s:", alpha=0.5)
     ax.set_xlabel("Gauss-Legendre nodes m")
     ax.set_ylabel("PSNR (dB), solid")
     ax2.set_ylabel("seconds / iteration, dotted")

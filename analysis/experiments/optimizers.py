@@ -15,26 +15,27 @@ from __future__ import annotations
 
 from functools import partial
 
-from fl_attack import victims as victims_module
 from fl_attack.config import ClientOptimizer
 
 from .common import (
     ATTACK_ROW_COLUMNS,
-    DATA_SEED,
     Context,
-    CsvTable,
     Lazy,
     Task,
     check_clients,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
+    mean,
     mean_var,
+    paired_differences,
     pm,
     run_tasks,
     save_figure,
     spread,
+    train_victim,
     write_markdown,
 )
 
@@ -62,45 +63,26 @@ def run(ctx: Context) -> None:
             raise ValueError(f"local_steps {T} is not a multiple of ceil(k/B) = {per_epoch} at this scale")
     clients = sc.clients_for("femnist")
     check_clients(ctx, "femnist", clients, sc.samples)
-    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
     for client in range(clients):  # client-major: a stopped run has whole clients done
         for seed in range(sc.seeds):
             for T in steps:
                 for regime in regimes:
                     optimizer, lr = REGIMES[regime]
-                    victim = Lazy(partial(_train, ctx, client, seed, T // per_epoch, optimizer, lr or sc.lr))
+                    victim = Lazy(
+                        partial(train_victim, ctx, "femnist", client, seed, T // per_epoch, lr=lr, optimizer=optimizer)
+                    )
                     for aware in (True,) if optimizer.plain else (True, False):
                         key = dict(regime=regime, local_steps=T, client=client, seed=seed, method="pisme")
                         key["optimizer_aware"] = aware
                         extra = {"regime": regime, "optimizer": optimizer.describe(), "client_lr": lr or sc.lr}
                         extra["optimizer_aware"] = aware
                         tasks.append(Task(key, victim, "pisme", "recovered", {"optimizer_aware": aware}, extra))
-    run_tasks(ctx, recorder, tasks)
-    _report(ctx, recorder.rows)
-
-
-def _train(ctx: Context, client: int, seed: int, local_epochs: int, optimizer: ClientOptimizer, lr: float):
-    sc = ctx.scale
-    return victims_module.train_victim(
-        "femnist",
-        client,
-        samples=sc.samples,
-        batch_size=sc.batch_size,
-        local_epochs=local_epochs,
-        lr=lr,
-        seed=seed,
-        data_seed=DATA_SEED,
-        data_dir=ctx.data_dir,
-        optimizer=optimizer,
-    )
+    _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 
 
 def _aware_minus_naive(cell: list[dict], metric: str) -> list[float]:
-    by_victim: dict = {}
-    for r in cell:
-        by_victim.setdefault((r["client"], r["seed"]), {})[_is_aware(r)] = r
-    return [float(v[True][metric]) - float(v[False][metric]) for v in by_victim.values() if True in v and False in v]
+    return paired_differences([{**r, "aware": _is_aware(r)} for r in cell], True, False, metric, key="aware")
 
 
 def _is_aware(row: dict) -> bool:
@@ -130,8 +112,8 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         wins = f"{sum(d > 0 for d in diff)}/{len(diff)}" if diff else "-"
 
         def both(metric, digits, aware=aware, naive=naive):
-            a = fmt(mean_var(column(aware, metric))[0], digits)
-            return f"{a} / {fmt(mean_var(column(naive, metric))[0], digits)}" if naive else a
+            a = fmt(mean(aware, metric), digits)
+            return f"{a} / {fmt(mean(naive, metric), digits)}" if naive else a
 
         lines.append(
             [
@@ -175,9 +157,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         rows=rows,
     )
 
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 3.4), layout="constrained")
+    fig = figure(8, 3.4)
     ax = fig.add_subplot(1, 1, 1)
     cells = [(k, c) for k, c in group(rows, "regime", "local_steps").items() if _aware_minus_naive(c, "psnr")]
     for i, (_, cell) in enumerate(cells):

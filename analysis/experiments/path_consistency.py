@@ -44,7 +44,7 @@ from fl_attack.models import build_model
 from fl_attack.quadrature import bezier_coefficients, gauss_legendre
 from fl_attack.update import flatten, layout
 
-from .common import Context, CsvTable, fmt, markdown_table, save_figure, train_victim, write_markdown
+from .common import Context, CsvTable, figure, fmt, markdown_table, save_figure, train_victim, write_markdown
 
 DATASET = "cifar100"
 NODES = (2, 3, 5)
@@ -203,7 +203,6 @@ def run(ctx: Context) -> None:
     proto = PROTOCOL[ctx.scale.name]
     clients = ctx.scale.clients if "clients" in ctx.explicit else 1
     seeds = ctx.scale.seeds if "seeds" in ctx.explicit else 1
-    spec = get_spec(DATASET)
     recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS)
     curves: dict = {}
     for paper_T, epochs in proto["epochs"]:
@@ -219,128 +218,67 @@ def run(ctx: Context) -> None:
                     batch_size=proto["batch_size"],
                     record_states=True,
                 )
-                T = victim.local_steps
-                ctx.log(f"victim client {client} seed {seed}: T={T} trained in {victim.seconds:.1f} s")
-                states = [flatten(s) for s in victim.states]
-                probe = PathProbe(
-                    DATASET,
-                    states[0],
-                    states[-1],
-                    layout(victim.states[0]),
-                    spec.normalize(victim.images),
-                    victim.labels,
-                    ctx.device,
-                )
-                base = dict(dataset=DATASET, client=client, seed=seed, paper_T=paper_T, local_steps=T)
-                ref = PAPER[paper_T]
-
-                start = time.perf_counter()
-                exact = sum(probe.gradient(states[tau], idx) for tau, idx in enumerate(victim.batches))
-                recorder.add(
-                    {
-                        **base,
-                        "quantity": "minibatch-exact",
-                        "lsim": lsim64(exact, probe.delta_w),
-                        "seconds": time.perf_counter() - start,
-                    }
-                )
-
-                start = time.perf_counter()
-                grads_lsim, mean_grad = [], torch.zeros_like(probe.w0)
-                for tau, w in enumerate(states):
-                    g = probe.gradient(w)
-                    if tau < T:
-                        mean_grad += g
-                    grads_lsim.append(lsim64(g, probe.delta_w))
-                    recorder.add(
-                        {
-                            **base,
-                            "quantity": "single-curve",
-                            "tau": tau,
-                            "tau_fraction": tau / T,
-                            "lsim": grads_lsim[-1],
-                        }
-                    )
-                best = int(np.argmin(grads_lsim))
-                recorder.add(
-                    {
-                        **base,
-                        "quantity": "single",
-                        "tau": best,
-                        "tau_fraction": best / T,
-                        "lsim": grads_lsim[best],
-                        "seconds": time.perf_counter() - start,
-                        "paper_lsim": ref["single"],
-                    }
-                )
-                recorder.add({**base, "quantity": "true-path-mean", "lsim": lsim64(mean_grad, probe.delta_w)})
-                recorder.add({**base, "quantity": "ig-w0", "tau": 0, "tau_fraction": 0.0, "lsim": grads_lsim[0]})
-                curves[(paper_T, client, seed)] = (T, grads_lsim)
-                ctx.log(f"T={T}: delta_single {grads_lsim[best]:.4f} at tau/T={best / T:.2f}")
-
-                alphas = np.linspace(0, 1, proto["sme_alphas"])
-                sme = [lsim64(probe.gradient(states[0] + a * (states[-1] - states[0])), probe.delta_w) for a in alphas]
-                recorder.add(
-                    {
-                        **base,
-                        "quantity": "sme-best-alpha",
-                        "tau_fraction": float(alphas[int(np.argmin(sme))]),
-                        "lsim": float(min(sme)),
-                    }
-                )
-
-                midpoint = (probe.w0 + probe.wT) / 2
-                true_p1 = true_path_control_point(states).to(probe.device)
-                shift_true = float((true_p1 - midpoint).norm() / probe.delta_w.norm())
-                for m in NODES:
-                    recorder.add(
-                        {**base, "quantity": "quad-midpoint", "nodes": m, "lsim": probe.quad_lsim(midpoint, m)}
-                    )
-                    recorder.add(
-                        {
-                            **base,
-                            "quantity": "quad-true-path-p1",
-                            "nodes": m,
-                            "lsim": probe.quad_lsim(true_p1, m),
-                            "control_point_shift": shift_true,
-                        }
-                    )
-                    start = time.perf_counter()
-                    p1, history = fit_control_point(probe, m, proto["fit_steps"])
-                    recorder.add(
-                        {
-                            **base,
-                            "quantity": "quad-fit",
-                            "nodes": m,
-                            "lsim": history[-1],
-                            "optimizer": f"normalized-backtracking(s0={INITIAL_STEP})",
-                            "steps": len(history) - 1,
-                            "seconds": time.perf_counter() - start,
-                            "control_point_shift": float((p1 - midpoint).norm() / probe.delta_w.norm()),
-                            "paper_lsim": ref[m],
-                        }
-                    )
-                    ctx.log(
-                        f"T={T} m={m}: delta_quad midpoint {history[0]:.4f} -> fitted {history[-1]:.4f} "
-                        f"({len(history) - 1} steps, {time.perf_counter() - start:.0f} s)"
-                    )
-                for lr in (1e-3, 1e-5):  # the paper's Adam setting and a small one, m = 2 only
-                    start = time.perf_counter()
-                    p1, history = fit_control_point(probe, 2, proto["adam_steps"], "adam", lr)
-                    recorder.add(
-                        {
-                            **base,
-                            "quantity": f"quad-fit-adam-{lr:g}",
-                            "nodes": 2,
-                            "lsim": history[-1],
-                            "optimizer": f"adam(lr={lr:g})",
-                            "steps": len(history) - 1,
-                            "seconds": time.perf_counter() - start,
-                            "control_point_shift": float((p1 - midpoint).norm() / probe.delta_w.norm()),
-                        }
-                    )
-                    ctx.log(f"T={T} m=2 adam lr {lr:g}: {history[0]:.4f} -> {history[-1]:.4f} (max {max(history):.4f})")
+                ctx.log(f"victim client {client} seed {seed}: T={victim.local_steps} trained in {victim.seconds:.1f} s")
+                curves[(paper_T, client, seed)] = _measure(ctx, recorder, proto, victim, paper_T)
     _report(ctx, recorder.rows, curves, proto, clients, seeds)
+
+
+def _measure(ctx: Context, recorder: CsvTable, proto: dict, victim, paper_T: int) -> tuple[int, list[float]]:
+    """Record every quantity of the module doc on one victim; returns (T, the honest Lsim at w0..wT)."""
+    T, ref = victim.local_steps, PAPER[paper_T]
+    states = [flatten(s) for s in victim.states]
+    x = get_spec(DATASET).normalize(victim.images)
+    probe = PathProbe(DATASET, states[0], states[-1], layout(victim.states[0]), x, victim.labels, ctx.device)
+    base = dict(dataset=DATASET, client=victim.partition, seed=victim.seed, paper_T=paper_T, local_steps=T)
+
+    def add(quantity: str, start: float | None = None, **values) -> None:
+        if start is not None:  # the row's seconds: since ``start`` (time.perf_counter)
+            values["seconds"] = time.perf_counter() - start
+        recorder.add({**base, "quantity": quantity, **values})
+
+    start = time.perf_counter()
+    exact = sum(probe.gradient(states[tau], idx) for tau, idx in enumerate(victim.batches))
+    add("minibatch-exact", start, lsim=lsim64(exact, probe.delta_w))
+
+    start = time.perf_counter()
+    grads_lsim, mean_grad = [], torch.zeros_like(probe.w0)
+    for tau, w in enumerate(states):
+        g = probe.gradient(w)
+        if tau < T:
+            mean_grad += g
+        grads_lsim.append(lsim64(g, probe.delta_w))
+        add("single-curve", tau=tau, tau_fraction=tau / T, lsim=grads_lsim[-1])
+    best = int(np.argmin(grads_lsim))
+    add("single", start, tau=best, tau_fraction=best / T, lsim=grads_lsim[best], paper_lsim=ref["single"])
+    add("true-path-mean", lsim=lsim64(mean_grad, probe.delta_w))
+    add("ig-w0", tau=0, tau_fraction=0.0, lsim=grads_lsim[0])
+    ctx.log(f"T={T}: delta_single {grads_lsim[best]:.4f} at tau/T={best / T:.2f}")
+
+    alphas = np.linspace(0, 1, proto["sme_alphas"])
+    sme = [lsim64(probe.gradient(states[0] + a * (states[-1] - states[0])), probe.delta_w) for a in alphas]
+    add("sme-best-alpha", tau_fraction=float(alphas[int(np.argmin(sme))]), lsim=float(min(sme)))
+
+    midpoint = (probe.w0 + probe.wT) / 2
+    shift = lambda p1: float((p1 - midpoint).norm() / probe.delta_w.norm())  # P1's distance from the midpoint
+    true_p1 = true_path_control_point(states).to(probe.device)
+    for m in NODES:
+        add("quad-midpoint", nodes=m, lsim=probe.quad_lsim(midpoint, m))
+        add("quad-true-path-p1", nodes=m, lsim=probe.quad_lsim(true_p1, m), control_point_shift=shift(true_p1))
+        start = time.perf_counter()
+        p1, history = fit_control_point(probe, m, proto["fit_steps"])
+        fit = dict(nodes=m, lsim=history[-1], steps=len(history) - 1, control_point_shift=shift(p1))
+        add("quad-fit", start, optimizer=f"normalized-backtracking(s0={INITIAL_STEP})", paper_lsim=ref[m], **fit)
+        ctx.log(
+            f"T={T} m={m}: delta_quad midpoint {history[0]:.4f} -> fitted {history[-1]:.4f} "
+            f"({len(history) - 1} steps, {time.perf_counter() - start:.0f} s)"
+        )
+    for lr in (1e-3, 1e-5):  # the paper's Adam setting and a small one, m = 2 only
+        start = time.perf_counter()
+        p1, history = fit_control_point(probe, 2, proto["adam_steps"], "adam", lr)
+        fit = dict(nodes=2, lsim=history[-1], steps=len(history) - 1, control_point_shift=shift(p1))
+        add(f"quad-fit-adam-{lr:g}", start, optimizer=f"adam(lr={lr:g})", **fit)
+        ctx.log(f"T={T} m=2 adam lr {lr:g}: {history[0]:.4f} -> {history[-1]:.4f} (max {max(history):.4f})")
+    return T, grads_lsim
 
 
 def _cell(rows, paper_T, quantity, nodes=None, key="lsim"):
@@ -417,9 +355,7 @@ def _report(ctx: Context, rows, curves, proto, clients, seeds) -> None:
 
 
 def _plot(ctx: Context, rows, curves, Ts) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    fig = figure(10, 4)
     for i, t in enumerate(Ts):
         ax = fig.add_subplot(1, len(Ts), i + 1)
         for (pt, client, seed), (T, values) in curves.items():

@@ -21,26 +21,26 @@ from fl_attack.precision import resolve_precision
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
-    CsvTable,
     Task,
-    check_clients,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
+    mean,
     mean_var,
     paired_differences,
     pm,
+    recorded_clients,
     run_tasks,
     save_figure,
     spread,
     victims,
     write_markdown,
 )
+from .table1 import LABELS, METHODS
 
 DATASETS = ("femnist", "cifar100")
-METHODS = ("ig", "sme", "nlsme", "pisme")
-LABELS = {"ig": "IG", "sme": "SME", "nlsme": "NL-SME", "pisme": "PI-SME"}
 LOWERED = ("bf16",)  # the arms compared with fp32 by default (tf32 needs CUDA: --grid precision=bf16,tf32)
 PAPER_T = 100
 COLUMNS = ["dataset", "paper_T", "precision", *ATTACK_ROW_COLUMNS]
@@ -49,13 +49,9 @@ KEY = ("dataset", "client", "seed", "method", "precision")
 
 
 def run(ctx: Context) -> None:
-    sc = ctx.scale
     datasets, lowered = ctx.axis("dataset", DATASETS), ctx.axis("precision", LOWERED)
     for arm in lowered:
         resolve_precision(arm, ctx.device)  # tf32 off CUDA: ValueError before any work
-    for dataset in datasets:
-        check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
-    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS, key=KEY, identity=ctx.identity())
     tasks = []
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, (PAPER_T,)):
         for method in METHODS:
@@ -63,8 +59,7 @@ def run(ctx: Context) -> None:
                 key = dict(dataset=dataset, client=client, seed=seed, method=method, precision=arm)
                 extra = {"dataset": dataset, "paper_T": paper_T, "precision": arm}
                 tasks.append(Task(key, victim, method, "recovered", {"precision": arm}, extra))
-    run_tasks(ctx, recorder, tasks)
-    _report(ctx, recorder.rows)
+    _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 
 
 def _report(ctx: Context, rows: list[dict]) -> None:
@@ -90,7 +85,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
             mine = [r for r in cell if r["precision"] == arm]
             if not mine:
                 continue
-            diff = _paired(cell, arm, "psnr") if arm != "fp32" else []
+            diff = paired_differences(cell, arm, "fp32", "psnr", key="precision") if arm != "fp32" else []
             lines.append(
                 [
                     dataset,
@@ -100,14 +95,14 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                     pm(column(mine, "psnr")),
                     fmt(mean_var(diff)[0]) if diff else "-",
                     spread(diff) if diff else "-",
-                    fmt(mean_var(column(mine, "ssim"))[0], 3),
-                    fmt(mean_var(column(mine, "lpips"))[0], 3),
-                    fmt(mean_var(column(mine, "lsim_honest"))[0], 4),
-                    fmt(mean_var(column(mine, "seconds_per_iteration"))[0], 3),
+                    fmt(mean(mine, "ssim"), 3),
+                    fmt(mean(mine, "lpips"), 3),
+                    fmt(mean(mine, "lsim_honest"), 4),
+                    fmt(mean(mine, "seconds_per_iteration"), 3),
                     len(mine),
                 ]
             )
-    clients = ", ".join(f"{len({r['client'] for r in c})} {d} client(s)" for (d,), c in group(rows, "dataset").items())
+    clients = recorded_clients(rows)
     caption = "Mixed precision: each lowered precision against fp32 on the same updates. " + sc.caption(
         "FEMNIST and CIFAR-100 (bundled real samples)",
         clients=clients,
@@ -126,27 +121,21 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     _plot(ctx, rows, arms)
 
 
-def _paired(cell: list[dict], arm: str, metric: str) -> list[float]:
-    """``metric`` of ``arm`` minus fp32's, per victim of one (dataset, T, method) cell."""
-    pairs = [{**r, "method": r["precision"]} for r in cell if r["precision"] in (arm, "fp32")]
-    return paired_differences(pairs, arm, "fp32", metric)
-
-
 def _plot(ctx: Context, rows: list[dict], arms: list[str]) -> None:
-    from matplotlib.figure import Figure
-
     cells = group(rows, "dataset")
-    fig = Figure(figsize=(4.2 * max(1, len(cells)), 3.4), layout="constrained")
+    fig = figure(4.2 * max(1, len(cells)), 3.4)
     for i, ((dataset,), cell) in enumerate(cells.items()):
         ax = fig.add_subplot(1, len(cells), i + 1)
         methods = [m for m in METHODS if any(r["method"] == m for r in cell)]
         width = 0.8 / max(1, len(arms))
         for j, arm in enumerate(arms):
             for k, method in enumerate(methods):
-                diff = _paired([r for r in cell if r["method"] == method], arm, "psnr")
+                diff = paired_differences(
+                    [r for r in cell if r["method"] == method], arm, "fp32", "psnr", key="precision"
+                )
                 x = k + (j - (len(arms) - 1) / 2) * width
-                mean = mean_var(diff)[0] if diff else 0
-                ax.bar(x, mean, width, color=f"C{j}", alpha=0.35, label=arm if k == 0 else None)
+                height = mean_var(diff)[0] if diff else 0
+                ax.bar(x, height, width, color=f"C{j}", alpha=0.35, label=arm if k == 0 else None)
                 ax.scatter([x] * len(diff), diff, color=f"C{j}", s=12)
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(methods)), [LABELS[m] for m in methods], fontsize=8)

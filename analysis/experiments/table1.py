@@ -17,15 +17,17 @@ from .common import (
     Context,
     CsvTable,
     attack_and_score,
-    check_clients,
+    check_datasets,
     column,
+    figure,
     fmt,
     group,
     markdown_table,
+    mean,
     mean_var,
     pm,
     save_figure,
-    train_victim,
+    trained_victims,
     write_markdown,
 )
 
@@ -43,18 +45,12 @@ COLUMNS = ["dataset", "paper_T", *ATTACK_ROW_COLUMNS, "paper_psnr"]
 
 
 def run(ctx: Context) -> None:
-    sc = ctx.scale
-    for dataset in DATASETS:
-        check_clients(ctx, dataset, sc.clients_for(dataset), sc.samples)
+    check_datasets(ctx, DATASETS)
     recorder = CsvTable(ctx.out / f"{ctx.name}.csv", COLUMNS)
-    for dataset in DATASETS:
-        for paper_T, epochs in sc.epochs:
-            for client in range(sc.clients_for(dataset)):
-                for seed in range(sc.seeds):
-                    victim = train_victim(ctx, dataset, client, seed, epochs)
-                    for method in METHODS:
-                        row = attack_and_score(ctx, victim, method)
-                        recorder.add({**row, "paper_T": paper_T, "paper_psnr": PAPER_PSNR[(dataset, paper_T)][method]})
+    for paper_T, victim in trained_victims(ctx, DATASETS):
+        for method in METHODS:
+            row = attack_and_score(ctx, victim, method)
+            recorder.add({**row, "paper_T": paper_T, "paper_psnr": PAPER_PSNR[(victim.dataset, paper_T)][method]})
     _report(ctx, recorder.rows)
 
 
@@ -77,8 +73,8 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     lines, margins = [], []
     for (dataset, paper_T, T, method), cell in group(rows, "dataset", "paper_T", "local_steps", "method").items():
         other = PAPER_OTHER.get((dataset, paper_T, method), {})
-        ssim = fmt(mean_var(column(cell, "ssim"))[0], 3) + (f" (paper {other['ssim']})" if "ssim" in other else "")
-        lpips = fmt(mean_var(column(cell, "lpips"))[0], 3) + (f" (paper {other['lpips']})" if "lpips" in other else "")
+        ssim = fmt(mean(cell, "ssim"), 3) + (f" (paper {other['ssim']})" if "ssim" in other else "")
+        lpips = fmt(mean(cell, "lpips"), 3) + (f" (paper {other['lpips']})" if "lpips" in other else "")
         lines.append(
             [
                 dataset,
@@ -87,16 +83,16 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                 pm(column(cell, "psnr")),
                 fmt(PAPER_PSNR[(dataset, paper_T)][method]),
                 ssim,
-                fmt(mean_var(column(cell, "fsim"))[0], 3),
+                fmt(mean(cell, "fsim"), 3),
                 lpips,
-                fmt(mean_var(column(cell, "lsim_honest"))[0], 4),
-                fmt(mean_var(column(cell, "label_accuracy"))[0], 2),
+                fmt(mean(cell, "lsim_honest"), 4),
+                fmt(mean(cell, "label_accuracy"), 2),
                 len(cell),
-                fmt(mean_var(column(cell, "seconds_per_iteration"))[0], 3),
+                fmt(mean(cell, "seconds_per_iteration"), 3),
             ]
         )
     for (dataset, paper_T, T), cell in group(rows, "dataset", "paper_T", "local_steps").items():
-        by = {m: mean_var(column(r, "psnr"))[0] for (m,), r in group(cell, "method").items()}
+        by = {m: mean(r, "psnr") for (m,), r in group(cell, "method").items()}
         paper = PAPER_PSNR[(dataset, paper_T)]
         if {"pisme", "nlsme", "ig"} <= set(by):
             ours = sorted(by, key=lambda m: -by[m])
@@ -120,16 +116,14 @@ def _report(ctx: Context, rows: list[dict]) -> None:
 
 
 def _plot(ctx: Context, rows: list[dict]) -> None:
-    from matplotlib.figure import Figure
-
     cells = group(rows, "dataset", "paper_T", "local_steps")
-    fig = Figure(figsize=(3.2 * max(1, len(cells)), 3.6), layout="constrained")
+    fig = figure(3.2 * max(1, len(cells)), 3.6)
     for i, ((dataset, paper_T, T), cell) in enumerate(cells.items()):
         ax = fig.add_subplot(1, len(cells), i + 1)
         by = group(cell, "method")
         methods = [m for m in METHODS if (m,) in by]
         x = np.arange(len(methods))
-        means = [mean_var(column(by[(m,)], "psnr"))[0] for m in methods]
+        means = [mean(by[(m,)], "psnr") for m in methods]
         spread = [math.sqrt(v) if math.isfinite(v := mean_var(column(by[(m,)], "psnr"))[1]) else 0 for m in methods]
         ax.bar(x, means, yerr=spread, color="tab:blue", alpha=0.7, label="ours")
         ax.scatter(
