@@ -48,10 +48,9 @@ def node_partition(context: Context) -> int:
 
 def node_settings(context: Context) -> RunSettings:
     """The run config's settings, with the federation's partition count from the node config's
-    ``num-partitions`` (the simulation sets it to num-supernodes; on the deployment engine each
-    SuperNode is started with it): the Flower Datasets partitioners cut the data into that many
-    partitions, as the server does with its node count. ValueError for a num-partitions that is not
-    a whole number >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
+    ``num-partitions``: the Flower Datasets partitioners cut the data into that many partitions, as
+    the server does with its node count. ValueError for a num-partitions that is not a whole number
+    >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
     settings = RunSettings.from_run_config(context.run_config)
     found = context.node_config.get("num-partitions")
     try:
@@ -68,10 +67,13 @@ def _load_split(settings: RunSettings, partition_id: int):
     return load_client_split(settings.data, partition_id)
 
 
-def _model(settings: RunSettings, state: dict) -> torch.nn.Module:
+def _prepare(settings: RunSettings, partition_id: int, state: dict):
+    """(the node's data, the run's model holding ``state``), on the run's torch threads."""
+    torch.set_num_threads(settings.threads)
+    split = _load_split(settings, partition_id)
     model = settings.new_model()
     model.load_state_dict(state)
-    return model
+    return split, model
 
 
 def local_training(settings: RunSettings, partition_id: int, server_round: int, w0: dict):
@@ -81,9 +83,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     ``train-started`` (epoch seconds), for the run's time breakdown (fl_attack/timings.py).
     """
     started, clock = time.time(), time.perf_counter()
-    torch.set_num_threads(settings.threads)
-    split = _load_split(settings, partition_id)
-    model = _model(settings, w0)
+    split, model = _prepare(settings, partition_id, w0)
     result = train_local(
         model,
         split.train.images,
@@ -97,20 +97,14 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
         train_mode=settings.client_train_mode,
     )
     meta = result.update.metadata
-    metrics = {
-        **meta.to_metrics(),
-        "train-loss": result.train_loss,
-        "train-seconds": time.perf_counter() - clock,
-    }
+    metrics = {**meta.to_metrics(), "train-loss": result.train_loss, "train-seconds": time.perf_counter() - clock}
     simulation = {"partition-id": partition_id, "client-id": split.train.client_id, "train-started": started}
     return model.state_dict(), metrics, simulation
 
 
 def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) -> dict:
     """Loss and accuracy of ``weights`` on the client's held-out samples (its train set if it has none)."""
-    torch.set_num_threads(settings.threads)
-    split = _load_split(settings, partition_id)
-    model = _model(settings, weights)
+    split, model = _prepare(settings, partition_id, weights)
     test = split.test if len(split.test.labels) else split.train
     loss, accuracy = evaluate_model(model, test.images, test.labels, settings.dataset)
     return {"num-examples": len(test.labels), "eval-loss": loss, "eval-accuracy": accuracy}
@@ -118,7 +112,6 @@ def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) ->
 
 @app.train(mods=TRAIN_MODS)
 def train(msg: Message, context: Context) -> Message:
-    """One round of local training; replies with wT and public metrics."""
     settings = node_settings(context)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
@@ -135,7 +128,6 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Loss and accuracy of the global model on the client's held-out samples."""
     settings = node_settings(context)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
@@ -173,8 +165,4 @@ class SecAggClient(NumPyClient):
         return float(metrics["eval-loss"]), int(metrics["num-examples"]), metrics
 
 
-def _secagg_client(context: Context):
-    return SecAggClient(context).to_client()
-
-
-LEGACY_APP = LegacyClientApp(client_fn=_secagg_client)
+LEGACY_APP = LegacyClientApp(client_fn=lambda context: SecAggClient(context).to_client())

@@ -30,6 +30,8 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,18 +54,37 @@ def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # the leader or children that ignored SIGTERM
-    except ProcessLookupError:
-        pass
-    try:
+    with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
+
+
+def signal_until_gone(alive: Callable[[], list[int]], waits: tuple[float, float]) -> list[int]:
+    """SIGTERM every pid ``alive()`` lists, then SIGKILL those left, each signal followed by up to
+    its ``waits`` seconds for them to go; returns the pids still alive after both."""
+    for sig, wait in zip((signal.SIGTERM, signal.SIGKILL), waits):
+        for pid in alive():
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return alive()
+
+
+def flwr_json(args: list[str], env: dict, cwd: Path) -> dict:
+    """What ``flwr ARGS --format json`` prints, as a dict ({} when it prints no JSON object)."""
+    out = subprocess.run(
+        ["flwr", *args, "--format", "json"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+    try:
+        found = json.loads(out.stdout[out.stdout.find("{") :])
+    except json.JSONDecodeError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def write_connection(cli_home: Path, address: str, name: str = CONNECTION) -> None:
@@ -113,18 +134,7 @@ class LocalDeployment:
 
     def online_nodes(self) -> int:
         """How many SuperNodes the SuperLink lists as online (``flwr supernode list``)."""
-        out = subprocess.run(
-            ["flwr", "supernode", "list", self.connection, "--format", "json"],
-            env=self.cli_env,
-            cwd=self.folder,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        try:
-            nodes = json.loads(out.stdout[out.stdout.find("{") :]).get("nodes", [])
-        except (json.JSONDecodeError, AttributeError):
-            return 0
+        nodes = flwr_json(["supernode", "list", self.connection], self.cli_env, self.folder).get("nodes", [])
         return sum(n.get("status") == "online" for n in nodes)
 
     def stop(self, grace: float = 5.0) -> None:
@@ -133,7 +143,7 @@ class LocalDeployment:
         strays = [d for proc in self.processes for d in _descendants(proc.pid)]
         for proc in reversed(self.processes):
             kill_group(proc, grace)
-        _end(strays, grace)
+        signal_until_gone(lambda: [pid for pid, started in strays if _alive(pid, started)], (grace, grace))
 
 
 def _stat(pid: int) -> tuple[int, str, str] | None:
@@ -159,27 +169,10 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-def _end(processes: list[tuple[int, str]], grace: float) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds, each (pid, start time) still alive as itself."""
-
-    def alive() -> list[int]:
-        out = []
-        for pid, started in processes:
-            stat = _stat(pid)
-            if stat is not None and stat[2] == started and stat[1] not in ("Z", "X"):
-                out.append(pid)
-        return out
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = alive()
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while pids and alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
+def _alive(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` (``_stat``'s start time) still runs."""
+    stat = _stat(pid)
+    return stat is not None and stat[2] == started and stat[1] not in ("Z", "X")
 
 
 def start_local(num_nodes: int, env: dict, folder: Path, timeout: float = 120.0) -> LocalDeployment:
@@ -199,19 +192,9 @@ def start_local(num_nodes: int, env: dict, folder: Path, timeout: float = 120.0)
     env = {**env, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     deployment = LocalDeployment(folder, address, {**env, "FLWR_HOME": str(cli_home)})
     try:
-        deployment._spawn(
-            "superlink",
-            [
-                "flower-superlink",
-                "--insecure",
-                "--disable-runtime-dependency-installation",  # offline: no `uv sync` per run
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env,
-        )
+        # --disable-runtime-dependency-installation: offline, no `uv sync` per run
+        superlink = ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation"]
+        deployment._spawn("superlink", [*superlink, "--host", "127.0.0.1", "--port", str(port)], env)
         deadline = time.monotonic() + timeout
         while not _healthy(port):
             deployment._check_alive()
@@ -219,22 +202,10 @@ def start_local(num_nodes: int, env: dict, folder: Path, timeout: float = 120.0)
                 raise DeploymentError(f"the SuperLink on {address} did not answer within {timeout:g} s")
             time.sleep(0.5)
         for i in range(num_nodes):
-            deployment._spawn(
-                f"supernode-{i}",
-                [
-                    "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    address,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(free_port()),  # the SuperNode's own Runtime API (its ClientApps connect to it)
-                    "--node-config",
-                    f"partition-id={i} num-partitions={num_nodes}",
-                ],
-                env,
-            )
+            # each SuperNode has a Runtime API port of its own (its ClientApps connect to it)
+            node = ["flower-supernode", "--insecure", "--superlink", address, "--host", "127.0.0.1"]
+            config = f"partition-id={i} num-partitions={num_nodes}"
+            deployment._spawn(f"supernode-{i}", [*node, "--port", str(free_port()), "--node-config", config], env)
         while (online := deployment.online_nodes()) < num_nodes:
             deployment._check_alive()
             if time.monotonic() > deadline:

@@ -48,7 +48,16 @@ import threading
 import time
 from pathlib import Path
 
-from .deploy import CONNECTION, DeploymentError, free_port, kill_group, start_local, write_connection
+from .deploy import (
+    CONNECTION,
+    DeploymentError,
+    flwr_json,
+    free_port,
+    kill_group,
+    signal_until_gone,
+    start_local,
+    write_connection,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FEDERATION = "num-supernodes=6 client-resources-num-cpus=1 client-resources-num-gpus=0.0"
@@ -85,13 +94,12 @@ def _parse_overrides(overrides: list[str]) -> dict:
     (a key without a value, a stray word) and turning its parse errors into ValueError."""
     from flwr.common.config import parse_config_args
 
-    for text in overrides:
-        if text.endswith(".toml"):
-            continue
+    pairs = [text for text in overrides if not text.endswith(".toml")]
+    for text in pairs:
         stray = _PAIR.sub(" ", text).split()
         if stray:
             raise ValueError(f"expected key=value pairs, got '{stray[0]}' in '{text}'")
-    keys = [key for text in overrides if not text.endswith(".toml") for key, _ in _PAIR.findall(text)]
+    keys = [key for text in pairs for key, _ in _PAIR.findall(text)]
     twice = next((key for key in keys if keys.count(key) > 1), None)
     if twice:  # Flower says only "invalid format" in one argument, and keeps the last across two
         raise ValueError(f"run-config key '{twice}' is given more than once; give it once")
@@ -143,11 +151,11 @@ def _check_federation(federation: str) -> None:
 
 
 def _run_config(overrides: list[str], federation: str | None, folder: Path) -> tuple[Path, str]:
-    """The user's ``--run-config`` values (key=value strings or one TOML file, dotted keys included),
-    parsed by Flower's own parser and checked (``_check_run_config``), plus the federation's client
-    CPUs as client-num-cpus when the user did not set it. Written to a new TOML file in ``folder``,
-    the one file handed to ``flwr run`` (the caller deletes it). Returns (that file, the run-name or "").
-    Raises ValueError for a malformed or invalid run config, before anything starts."""
+    """The ``--run-config`` values (``_parse_overrides``), checked (``_check_run_config``), plus the
+    federation's client CPUs as client-num-cpus when the user did not set it, written to a new TOML
+    file in ``folder``: the one file handed to ``flwr run`` (the caller deletes it). Returns (that
+    file, the run-name or ""). Raises ValueError for a malformed or invalid run config, before
+    anything starts."""
     pairs = _parse_overrides(overrides)
     cpus = re.search(r"client-resources-num-cpus=(\d+)(?![.\d])", federation or "")
     if cpus and "client-num-cpus" not in pairs:
@@ -189,26 +197,13 @@ def _stop_superlink(control_port: str, grace: float = 10.0) -> None:
     after its launcher had exited. SIGTERM to the session, SIGKILL to what is left after ``grace``
     seconds; never this launcher's own session."""
     ours = [pid for pid, cmd in _processes() if "flower-superlink" in cmd and f":{control_port}" in cmd]
-    sessions = {_session_of(pid) for pid in ours}
-    sessions -= {None, os.getsid(0)}
+    sessions = {_session_of(pid) for pid in ours} - {None, os.getsid(0)}
     if not sessions:
         return
-
-    def members() -> list[int]:
-        return [pid for pid, _ in _processes() if pid != os.getpid() and _session_of(pid) in sessions]
-
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in members():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while members() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not members():
-            return
-    print(f"fl-attack: warning: processes of the SuperLink's session outlived SIGKILL: {members()}", file=sys.stderr)
+    members = lambda: [pid for pid, _ in _processes() if pid != os.getpid() and _session_of(pid) in sessions]
+    left = signal_until_gone(members, (grace, 5.0))
+    if left:
+        print(f"fl-attack: warning: processes of the SuperLink's session outlived SIGKILL: {left}", file=sys.stderr)
 
 
 def _flwr_command(config_file: Path, federation: str | None, superlink: str | None = None) -> list[str]:
@@ -270,18 +265,10 @@ def stream(cmd: list[str], env: dict, timeout: float, silence_timeout: float, on
 
 
 def _final_status(run_id: str, env: dict, superlink: str | None = None) -> str:
-    out = subprocess.run(
-        ["flwr", "ls", *([superlink] if superlink else []), "--run-id", run_id, "--format", "json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
     try:
-        runs = json.loads(out.stdout[out.stdout.find("{") :]).get("runs", [])
+        runs = flwr_json(["ls", *([superlink] if superlink else []), "--run-id", run_id], env, ROOT).get("runs", [])
         return str(runs[0].get("status", "unknown")) if runs else "unknown"
-    except (json.JSONDecodeError, AttributeError):
+    except AttributeError:
         return "unknown"
 
 
@@ -339,25 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("timeout", "silence_timeout"):
         value = getattr(args, name)
-        if value is None:
-            continue
-        if not (value > 0 and value != float("inf")):
-            print(
-                f"fl-attack: error: --{name.replace('_', '-')} must be a finite number of seconds > 0, got {value}",
-                file=sys.stderr,
-            )
-            return 2
+        if value is not None and not (value > 0 and value != float("inf")):
+            return _error(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, got {value}")
     simulation = args.deployment is None and args.superlink is None
     if not simulation and args.federation_config is not None:
-        print(
-            "fl-attack: error: --federation-config sets simulation options; on the deployment engine each "
-            "SuperNode's partition comes from its --node-config",
-            file=sys.stderr,
+        return _error(
+            "--federation-config sets simulation options; on the deployment engine each "
+            "SuperNode's partition comes from its --node-config"
         )
-        return 2
     if args.deployment is not None and args.deployment < 1:
-        print(f"fl-attack: error: --deployment needs at least 1 SuperNode, got {args.deployment}", file=sys.stderr)
-        return 2
+        return _error(f"--deployment needs at least 1 SuperNode, got {args.deployment}")
     if simulation:
         federation = args.federation_config or DEFAULT_FEDERATION
     else:  # the deployment engine has no simulation options; its node count is known only for --deployment
@@ -366,16 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_federation(args.federation_config)
     except ValueError as exc:
-        print(f"fl-attack: error: --federation-config: {exc}", file=sys.stderr)
-        return 2
+        return _error(f"--federation-config: {exc}")
     env = _environment()
     if args.ray_address:
         env["RAY_ADDRESS"] = args.ray_address  # Flower's ray.init() joins this cluster
     try:
         config_file, _ = _run_config(args.run_config, federation, Path(env["FLWR_HOME"]) / "launch")
     except (ValueError, OSError) as exc:
-        print(f"fl-attack: error: --run-config: {exc}", file=sys.stderr)
-        return 2
+        return _error(f"--run-config: {exc}")
     found = {"run_id": None, "run_dir": None}
     started = time.time()
 
@@ -399,20 +375,16 @@ def main(argv: list[str] | None = None) -> int:
             cli_home = Path(tempfile.mkdtemp(prefix="cli-", dir=_mkdir(Path(env["FLWR_HOME"]) / "superlinks")))
             write_connection(cli_home, args.superlink)
             connection, env = CONNECTION, {**env, "FLWR_HOME": str(cli_home)}
-        cmd = (
-            _flwr_command(config_file, federation, superlink=connection)
-            if connection
-            else _flwr_command(config_file, federation)
-        )
+        cmd = _flwr_command(config_file, federation, superlink=connection)
         print("fl-attack:", " ".join(shlex.quote(c) for c in cmd), flush=True)
         abandoned = stream(cmd, env, args.timeout or math.inf, args.silence_timeout, on_line)
         flwr_exited = time.time()
         run_id, run_dir = found["run_id"], found["run_dir"]
         if abandoned:
-            print(f"fl-attack: error: run abandoned: {abandoned}; the flwr process group was killed", file=sys.stderr)
+            _error(f"run abandoned: {abandoned}; the flwr process group was killed")
         status = _final_status(run_id, env, connection) if run_id else "not started"
     except DeploymentError as exc:
-        print(f"fl-attack: error: the local deployment did not start: {exc}", file=sys.stderr)
+        _error(f"the local deployment did not start: {exc}")
         print(f"fl-attack: SuperLink and SuperNode logs in {deploy_dir}", file=sys.stderr)
         return 1
     finally:
@@ -434,32 +406,35 @@ def main(argv: list[str] | None = None) -> int:
     ok = status.endswith("completed") and run_dir is not None and (run_dir / "rounds.csv").exists()
     print(f"fl-attack: run {run_id} {status} in {seconds:.0f} s", flush=True)
     if not ok:
-        print(
-            f"fl-attack: error: the federation did not complete (status: {status}); see the log above"
+        return _error(
+            f"the federation did not complete (status: {status}); see the log above"
             + (f" and {run_dir}" if run_dir is not None and run_dir.exists() else "")
             + (f"; SuperLink and SuperNode logs in {deploy_dir}" if deploy_dir is not None else ""),
-            file=sys.stderr,
+            code=1,
         )
-        return 1
     if deploy_dir is not None:  # the logs of a deployment that worked are not needed
         shutil.rmtree(deploy_dir, ignore_errors=True)
     print(f"fl-attack: leakage record: {run_dir}/attacks.csv", flush=True)
     summary = _report_timings(run_dir, started, flwr_exited)
     if summary is None:  # the ServerApp writes it last: without it the end of the record is unknown
-        print(
-            f"fl-attack: error: {run_dir}/summary.json is missing or unreadable (the disk may have refused it); "
+        return _error(
+            f"{run_dir}/summary.json is missing or unreadable (the disk may have refused it); "
             "the record may be incomplete: see events.log",
-            file=sys.stderr,
+            code=1,
         )
-        return 1
     if summary.get("writes_refused") or summary.get("attacks_unwritten"):
         from .server_app import incomplete
 
-        print(f"fl-attack: error: the disk refused part of the record: {incomplete(summary)}", file=sys.stderr)
-        return 1
+        return _error(f"the disk refused part of the record: {incomplete(summary)}", code=1)
     if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)
         Path(args.run_dir_file).write_text(f"{run_dir}\n")
     return 0
+
+
+def _error(message: str, code: int = 2) -> int:
+    """Print ``message`` as the launcher's error on stderr; returns ``code``, the exit status."""
+    print(f"fl-attack: error: {message}", file=sys.stderr)
+    return code
 
 
 def _mkdir(folder: Path) -> Path:

@@ -30,7 +30,6 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.run_config import RunSettings
 from fl_attack.update import AttackTarget
-from fl_attack.workers import Workers
 
 from .strategy import LeakageTracking
 
@@ -44,6 +43,11 @@ def _weighted_mean(key: str):
         return {key: sum(n * v for n, v in pairs) / total} if total else {}
 
     return aggregate
+
+
+def _state(keys: list[str], arrays) -> OrderedDict:
+    """A state dict of the numpy ``arrays``, named by ``keys`` in order (copies, so writable)."""
+    return OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(keys, arrays, strict=True))
 
 
 def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, client: dict) -> ObservedUpdate:
@@ -62,58 +66,45 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, cli
     steps = round(sum(int(r.num_examples) * int(m["local-steps"]) for r, m in zip(results, metrics)) / total)
     meta = TrainingMetadata.from_metrics(dataset, {**metrics[0], "num-examples": total, "local-steps": steps})
     w0_state = w0.to_torch_state_dict()
-    aggregate = parameters_to_ndarrays(results[0].parameters)
-    wT = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(w0_state, aggregate, strict=True))
+    wT = _state(list(w0_state), parameters_to_ndarrays(results[0].parameters))
     return ObservedUpdate(w0_state, wT, meta, client)
 
 
 class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
     """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the attacker."""
 
-    def __init__(
-        self,
-        settings: RunSettings,
-        run_dir,
-        initial_state: dict,
-        workers: Workers | None = None,
-        clients_per_round: int | None = None,
-        test_set=None,
-        privacy=None,
-        **fedavg_kwargs,
-    ):
+    def __init__(self, settings: RunSettings, run_dir, initial_state: dict, **kwargs):
+        """``kwargs``: LeakageTracking's arguments and the legacy FedAvg's."""
         self.keys = list(initial_state)
         super().__init__(
+            settings,
+            run_dir,
             initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
             on_fit_config_fn=lambda server_round: {"server-round": server_round},
             evaluate_fn=self.evaluate_global,
             fit_metrics_aggregation_fn=_weighted_mean("train-loss"),
             evaluate_metrics_aggregation_fn=_weighted_mean("eval-accuracy"),
-            **fedavg_kwargs,
+            **kwargs,
         )
-        self._init_tracking(settings, run_dir, workers, clients_per_round, test_set=test_set, privacy=privacy)
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
-        arrays = OrderedDict(
-            (k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters_to_ndarrays(parameters), strict=True)
-        )
-        self._round_started(server_round, ArrayRecord(arrays))
+        self._round_started(server_round, ArrayRecord(_state(self.keys, parameters_to_ndarrays(parameters))))
         instructions = super().configure_fit(server_round, parameters, client_manager)
         if server_round > 1:  # round 1's configure belongs to the start-up span
             self.timings.add("strategy", time.perf_counter() - start)
         return instructions
 
     def aggregate_fit(self, server_round, results, failures):
-        self._participated(
-            server_round, [int(r.metrics["partition-id"]) for _, r in results if "partition-id" in r.metrics]
-        )
+        fits = [fit_res for _, fit_res in results]
         self._training_received(
             server_round,
-            [r.metrics.get("train-seconds") for _, r in results],
-            [r.metrics.get("train-started") for _, r in results],
+            [int(r.metrics["partition-id"]) for r in fits if "partition-id" in r.metrics],
+            [r.metrics.get("train-seconds") for r in fits],
+            [r.metrics.get("train-started") for r in fits],
         )
         with self.timings.measure("strategy"):
-            self._dispatch(server_round, [fit_res for _, fit_res in results])
+            self._dispatch(server_round, fits)
             parameters, metrics = super().aggregate_fit(server_round, results, failures)
         self._round_trained(server_round, len(results), metrics.get("train-loss"))
         return parameters, metrics
@@ -128,8 +119,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
 
     def evaluate_global(self, server_round: int, parameters, config):
         """The legacy ``evaluate_fn``: the server's evaluation of the global model (round 0: the initial one)."""
-        state = OrderedDict((k, torch.from_numpy(a.copy())) for k, a in zip(self.keys, parameters, strict=True))
-        metrics = self.global_evaluation(server_round, state)
+        metrics = self.global_evaluation(server_round, _state(self.keys, parameters))
         return None if metrics is None else (metrics["global-loss"], metrics)
 
     def _dispatch(self, server_round: int, results: list[FitRes]) -> None:

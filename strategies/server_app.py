@@ -110,17 +110,13 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
     return folder, done, arrays
 
 
-def sampled_clients(num_nodes: int, fraction: float, minimum: int) -> int:
-    """How many clients Flower's FedAvg (either API) samples per round: max(int(n * fraction), minimum)."""
-    return max(int(num_nodes * fraction), minimum)
-
-
 def check_defense(settings: RunSettings, num_nodes: int) -> int:
     """Fail before round 1 when the federation cannot run the defense; returns the clients sampled
     per round (at most ``num_nodes``)."""
     defense = settings.defense
     minimum = defense.secagg_min_clients if defense.secagg else 1
-    sampled = min(num_nodes, sampled_clients(num_nodes, settings.fraction_train, minimum))
+    # what Flower's FedAvg (either API) samples per round: max(int(n * fraction), minimum)
+    sampled = min(num_nodes, max(int(num_nodes * settings.fraction_train), minimum))
     defense.check_clients(sampled)
     return sampled
 
@@ -134,14 +130,13 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
     clients_per_round = check_defense(settings, num_nodes)
     privacy = privacy_ledger(settings, num_nodes)
+    tracking = {"clients_per_round": clients_per_round, "test_set": test_set, "privacy": privacy}
     if defense.secagg:
         strategy = SecAggLeakageFedAvg(
             settings,
             run_dir,
             initial_state,
-            clients_per_round=clients_per_round,
-            test_set=test_set,
-            privacy=privacy,
+            **tracking,
             fraction_fit=settings.fraction_train,
             fraction_evaluate=settings.fraction_evaluate,
             min_fit_clients=defense.secagg_min_clients,
@@ -152,10 +147,8 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
     strategy = LeakageFedAvg(
         settings,
         run_dir,
-        clients_per_round=clients_per_round,
         round_offset=round_offset,
-        test_set=test_set,
-        privacy=privacy,
+        **tracking,
         fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate,
         min_train_nodes=1,

@@ -6,9 +6,9 @@ attacker-facing ObservedUpdate of each chosen client from public information onl
 dispatches the attacks without waiting for them, then aggregates the rest with the unchanged FedAvg
 code, in partition order so that one seed gives one global model; integer arrays (batch norm's
 num_batches_tracked) are counters, not weights, and take the clients' maximum in their dtype instead
-(``integer_arrays_as_max``). The server's centralised
-evaluation ends each round: it writes the round's row and checkpoints the global model. Finished
-attacks go to the evaluator whenever the strategy next runs.
+(``integer_arrays_as_max``). The server's centralised evaluation ends each round: it writes the
+round's row and checkpoints the global model. Finished attacks go to the evaluator whenever the
+strategy next runs.
 """
 
 from __future__ import annotations
@@ -72,8 +72,7 @@ def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict)
     record (partition id, for the evaluator) is not part of it.
     """
     meta = TrainingMetadata.from_metrics(dataset, reply.content["metrics"])
-    wT = reply.content["arrays"]
-    return ObservedUpdate(w0.to_torch_state_dict(), wT.to_torch_state_dict(), meta, client)
+    return ObservedUpdate(w0.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict(), meta, client)
 
 
 def partition_of(reply: Message) -> int | None:
@@ -85,12 +84,7 @@ def partition_of(reply: Message) -> int | None:
 def in_partition_order(replies: Iterable[Message]) -> list[Message]:
     """Replies sorted by partition id, then node id: the order they arrive in varies from run to
     run, and floating-point sums depend on the order."""
-
-    def key(reply):
-        partition = partition_of(reply)
-        return (partition is None, partition if partition is not None else 0, int(reply.metadata.src_node_id))
-
-    return sorted(replies, key=key)
+    return sorted(replies, key=lambda r: (partition_of(r) is None, partition_of(r) or 0, int(r.metadata.src_node_id)))
 
 
 def integer_arrays_as_max(aggregate: ArrayRecord, records: list[ArrayRecord]) -> ArrayRecord:
@@ -115,7 +109,6 @@ def integer_arrays_as_max(aggregate: ArrayRecord, records: list[ArrayRecord]) ->
 
 
 def is_finite(arrays: ArrayRecord) -> bool:
-    """True when every array of the record is free of NaN and inf."""
     return all(np.isfinite(array.numpy()).all() for array in arrays.values())
 
 
@@ -140,10 +133,10 @@ def federation_workers(settings: RunSettings, threads: int) -> Workers:
 class LeakageTracking:
     """What both honest-but-curious strategies share: the attacker, the evaluator and the records.
 
-    A strategy mixes this in, calls ``_init_tracking`` from its ``__init__`` and reports each
-    round's start (w0), the attacks to run, the end of training, the clients' evaluation and the
-    server's; this class writes events.log, rounds.csv, checkpoint.pt, updates/ and, through the
-    evaluator, attacks.csv.
+    A strategy mixes this in before its Flower strategy class (``__init__`` takes the arguments
+    below and hands the others to that class) and reports each round's start (w0), the attacks to
+    run, the end of training, the clients' evaluation and the server's; this class writes
+    events.log, rounds.csv, checkpoint.pt, updates/ and, through the evaluator, attacks.csv.
 
     Which attacks run is the run config's: attack-rounds (which rounds), attack-clients (which
     clients), attack-budget (at most so many per round) and attack-max-backlog (skip a round while
@@ -160,16 +153,18 @@ class LeakageTracking:
     config's rule (RunSettings.attack_thread_count).
     """
 
-    def _init_tracking(
+    def __init__(
         self,
         settings: RunSettings,
         run_dir,
-        workers: Workers | None,
+        workers: Workers | None = None,
         clients_per_round: int | None = None,
         round_offset: int = 0,
         test_set=None,
         privacy: PrivacyLedger | None = None,
+        **strategy_kwargs,
     ) -> None:
+        super().__init__(**strategy_kwargs)
         self.settings = settings
         self.folder = RunFolder(run_dir)  # every file of the run's record
         self.round_offset = round_offset
@@ -210,7 +205,6 @@ class LeakageTracking:
         self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
         self.refused: dict[str, list[int]] = {"rounds": [], "checkpoints": [], "updates": [], "memory": []}
-        self._round_start: dict[int, float] = {}
         self._jobs = 0
         self.folder.event(
             f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
@@ -224,17 +218,12 @@ class LeakageTracking:
 
     def _round_started(self, server_round: int, arrays: ArrayRecord) -> None:
         self.current_round = server_round
-        self._round_start[server_round] = time.time()
-        self.round_times[server_round] = {"configured": self._round_start[server_round]}
+        self.round_times[server_round] = {"configured": time.time()}
         self.global_arrays = {server_round: arrays}  # w0 of this round (older rounds are not needed)
-        self.folder.event(
-            f"round {server_round}: training starts with {self.pipeline.in_flight} attack(s) in flight"
-            + (
-                f", the oldest from round {self.pipeline.rounds_in_flight()[0]} ({self.lag_rounds()} round(s) behind)"
-                if self.pipeline.in_flight
-                else ""
-            )
-        )
+        in_flight = self.pipeline.in_flight
+        oldest = f", the oldest from round {self.pipeline.rounds_in_flight()[0]}" if in_flight else ""
+        behind = f" ({self.lag_rounds()} round(s) behind)" if in_flight else ""
+        self.folder.event(f"round {server_round}: training starts with {in_flight} attack(s) in flight{oldest}{behind}")
 
     def truth(self, target: AttackTarget) -> tuple[torch.Tensor, torch.Tensor]:
         """The private images and labels an attack is scored against (the evaluator's, never the
@@ -343,8 +332,16 @@ class LeakageTracking:
         self._memory_busy.add(key)
         self.pipeline.submit(job)
 
-    def _training_received(self, server_round: int, train_seconds: list, train_started: list) -> None:
-        """The replies are in (called first thing when aggregating): the clients' reported times."""
+    def _training_received(
+        self, server_round: int, partitions: Iterable[int], train_seconds: list, train_started: list
+    ) -> None:
+        """The replies are in (called first thing when aggregating): the partitions whose updates the
+        round received (each spent its DP budget), recorded before any attack of the round is, so that
+        its rows carry the ε spent by then; then the clients' reported times."""
+        partitions = sorted(int(p) for p in partitions)
+        self._round[server_round]["participants"] = partitions
+        if self.privacy is not None:
+            self.privacy.round_done(server_round, partitions)
         times = self.round_times.setdefault(server_round, {})
         times["trained"] = time.time()
         for seconds in train_seconds:
@@ -353,14 +350,6 @@ class LeakageTracking:
         started = [float(t) for t in train_started if t is not None]
         if started:
             times["fit_started"] = min(started)
-
-    def _participated(self, server_round: int, partitions: Iterable[int]) -> None:
-        """The partitions whose updates the round received (each spent its DP budget), recorded
-        before any attack of the round is: its rows carry the ε spent by then."""
-        partitions = sorted(int(p) for p in partitions)
-        self._round[server_round]["participants"] = partitions
-        if self.privacy is not None:
-            self.privacy.round_done(server_round, partitions)
 
     def epsilon(self, server_round: int, partitions: Iterable[int] | None = None) -> float | None:
         """The DP budget spent by ``server_round`` (fl_attack.privacy.PrivacyLedger.epsilon); None without DP."""
@@ -381,9 +370,10 @@ class LeakageTracking:
         self.collect()
         self.round_times.setdefault(server_round, {})["aggregated"] = time.time()
 
-    def _clients_evaluated(self, server_round: int, eval_loss: float | None, eval_accuracy: float | None) -> None:
-        """The clients' federated evaluation of the round's global model."""
-        self._round[server_round].update(eval_loss=eval_loss, eval_accuracy=eval_accuracy)
+    def _clients_evaluated(self, server_round: int, eval_loss, eval_accuracy) -> None:
+        """The clients' federated evaluation of the round's global model (None: not reported)."""
+        as_float = lambda value: None if value is None else float(value)
+        self._round[server_round].update(eval_loss=as_float(eval_loss), eval_accuracy=as_float(eval_accuracy))
         self.collect()
 
     def global_evaluation(self, server_round: int, state: dict) -> dict | None:
@@ -414,7 +404,7 @@ class LeakageTracking:
             "clients": record.get("clients", 0),
             "train_loss": record.get("train_loss"),
             "attacks_in_flight": self.pipeline.in_flight,
-            "seconds": round(time.time() - self._round_start.get(server_round, time.time()), 2),
+            "seconds": round(time.time() - self.round_times.get(server_round, {}).get("configured", time.time()), 2),
             "eval_loss": record.get("eval_loss"),
             "eval_accuracy": record.get("eval_accuracy"),
             "global_loss": record.get("global_loss"),
@@ -603,20 +593,6 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
     ``evaluate_global`` as ``evaluate_fn`` to ``start``: it ends each round.
     """
 
-    def __init__(
-        self,
-        settings: RunSettings,
-        run_dir,
-        workers: Workers | None = None,
-        clients_per_round: int | None = None,
-        round_offset: int = 0,
-        test_set=None,
-        privacy: PrivacyLedger | None = None,
-        **fedavg_kwargs,
-    ):
-        super().__init__(**fedavg_kwargs)
-        self._init_tracking(settings, run_dir, workers, clients_per_round, round_offset, test_set, privacy)
-
     # -- rounds ---------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         start = time.perf_counter()
@@ -631,9 +607,9 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         server_round = self._run_round(server_round)
         replies = in_partition_order(replies)
         ok = [r for r in replies if not r.has_error()]
-        self._participated(server_round, [partition_of(r) for r in ok if partition_of(r) is not None])
         self._training_received(
             server_round,
+            [partition_of(r) for r in ok if partition_of(r) is not None],
             [(r.content.get("metrics") or {}).get("train-seconds") for r in ok],
             [(r.content.get("simulation") or {}).get("train-started") for r in ok],
         )
@@ -643,8 +619,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
             arrays, metrics = super().aggregate_train(server_round, valid) if valid else (None, None)
             if arrays is not None:
                 arrays = integer_arrays_as_max(arrays, [r.content["arrays"] for r in valid])
-        train_loss = metrics["train-loss"] if metrics is not None and "train-loss" in metrics else None
-        self._round_trained(server_round, len(valid), train_loss)
+        self._round_trained(server_round, len(valid), (metrics or {}).get("train-loss"))
         return arrays, metrics
 
     def _exclude_non_finite(self, server_round: int, replies: list[Message]) -> list[Message]:
@@ -668,12 +643,7 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         self._evaluation_received(server_round)
         with self.timings.measure("strategy"):
             metrics = super().aggregate_evaluate(server_round, in_partition_order(replies))
-        found = metrics if metrics is not None else {}
-        self._clients_evaluated(
-            server_round,
-            float(found["eval-loss"]) if "eval-loss" in found else None,
-            float(found["eval-accuracy"]) if "eval-accuracy" in found else None,
-        )
+        self._clients_evaluated(server_round, (metrics or {}).get("eval-loss"), (metrics or {}).get("eval-accuracy"))
         return metrics
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -702,17 +672,12 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         by_partition = {p: rs[0] for p, rs in nodes.items() if len(rs) == 1}
         for partition_id in self._plan(server_round, list(by_partition)):
             reply = by_partition[partition_id]
-            target = AttackTarget(
-                server_round,
-                (partition_id,),
-                int(reply.metadata.src_node_id),
-                str(reply.content["simulation"].get("client-id", "")),
-            )
+            client_id = str(reply.content["simulation"].get("client-id", ""))
+            target = AttackTarget(server_round, (partition_id,), int(reply.metadata.src_node_id), client_id)
+            client = {"round": server_round, "node_id": target.node_id}
             self._submit(
                 target,
-                lambda reply=reply, target=target: self._observe(
-                    w0, reply, {"round": server_round, "node_id": target.node_id}
-                ),
+                lambda reply=reply, client=client: self._observe(w0, reply, client),
                 lambda partition_id=partition_id: private_samples(self.settings.data, partition_id).labels,
             )
         self.folder.event(
