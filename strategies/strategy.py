@@ -372,8 +372,8 @@ class LeakageTracking:
 
     def _clients_evaluated(self, server_round: int, eval_loss, eval_accuracy) -> None:
         """The clients' federated evaluation of the round's global model (None: not reported)."""
-        as_float = lambda value: None if value is None else float(value)
-        self._round[server_round].update(eval_loss=as_float(eval_loss), eval_accuracy=as_float(eval_accuracy))
+        values = {"eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
+        self._round[server_round].update({key: None if v is None else float(v) for key, v in values.items()})
         self.collect()
 
     def global_evaluation(self, server_round: int, state: dict) -> dict | None:
