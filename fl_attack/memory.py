@@ -33,7 +33,8 @@ import torch
 
 from .api import Reconstruction, reconstruct
 from .attacks import AttackConfig, parse_methods
-from .update import ObservedUpdate, save_torch_atomic
+from .config import ClientOptimizer
+from .update import ObservedUpdate, TrainingMetadata, save_torch_atomic
 
 MEMORY_MODES = ("none", "labels", "keep", "joint")
 MEMORY_SUFFIX = "+memory"  # the method name of the rows of the remembering server's estimate
@@ -278,10 +279,12 @@ class AttackMemory:
     @classmethod
     def load(cls, path) -> AttackMemory:
         """A memory saved by ``save``. ValueError (one line) when ``path`` is missing, cut off or not
-        an attack memory of this format. The file is the run's own (pickled candidates and updates,
-        read with weights_only=False): load only run folders you trust."""
+        an attack memory of this format. Read with torch's weights-only unpickler, which builds only
+        tensors, containers and the memory's own dataclasses (``_SAVED_TYPES``): a file that names
+        anything else is refused, so a foreign memory.pt cannot run code."""
         try:
-            state = torch.load(path, weights_only=False)
+            with torch.serialization.safe_globals(_SAVED_TYPES):
+                state = torch.load(path, weights_only=True)
         except FileNotFoundError:
             raise ValueError(f"{path} is missing") from None
         except Exception as exc:  # cut off, or another file
@@ -291,3 +294,7 @@ class AttackMemory:
         memory = cls(state["mode"], state["rounds"])
         memory.clients = state["clients"]
         return memory
+
+
+# What a saved memory pickles besides tensors and containers (joint mode keeps ObservedUpdates).
+_SAVED_TYPES = [Candidate, ClientMemory, ObservedUpdate, TrainingMetadata, ClientOptimizer]

@@ -129,6 +129,28 @@ def test_the_memory_is_saved_and_cut_back(watched, tmp_path):
     assert all(max(c.rounds) <= 1 for c in loaded.clients["c"].history)
 
 
+class _Planted:
+    """A pickle that, when unpickled, creates the file it names: what a foreign memory.pt could do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_memory_file_that_names_anything_else_is_refused_and_runs_nothing(tmp_path):
+    """The weights-only reader: a memory.pt whose pickle names a callable outside the memory's own
+    types (here open(), creating a file) is refused in one line, and the callable never runs. Red
+    with torch.load(weights_only=False): the marker file appears."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "memory.pt"
+    torch.save({"format": 1, "mode": "keep", "rounds": "best:2,latest:1", "clients": {"c": _Planted(marker)}}, path)
+    with pytest.raises(ValueError, match="is not an attack memory fl-attack wrote"):
+        AttackMemory.load(path)
+    assert not marker.exists()
+
+
 # --- a real federation (in process) and its replay --------------------------------------------------
 
 RUN = dict(
