@@ -112,6 +112,7 @@ def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) ->
 
 @app.train(mods=TRAIN_MODS)
 def train(msg: Message, context: Context) -> Message:
+    """One round of local training; replies with wT and public metrics."""
     settings = node_settings(context)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)
@@ -128,6 +129,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    """Loss and accuracy of the global model on the client's held-out samples."""
     settings = node_settings(context)
     if settings.defense.secagg:
         return LEGACY_APP(msg, context)

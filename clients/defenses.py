@@ -47,12 +47,14 @@ def client_seed(context: Context, msg: Message) -> int:
 
 
 def secagg_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's secaggplus_mod when the defense includes secagg."""
     if not _defense(context).secagg:
         return call_next(msg, context)
     return secaggplus_mod(msg, context, call_next)
 
 
 def update_transform_mod(msg: Message, context: Context, call_next) -> Message:
+    """Replace the returned weights by the defense's transformed update (topk, low-rank, quantize)."""
     defense = _defense(context)
     if not defense.transforms_update:
         return call_next(msg, context)
@@ -90,6 +92,7 @@ def local_dp_mod(msg: Message, context: Context, call_next) -> Message:
 
 
 def central_clipping_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's fixedclipping_mod when the defense is central-dp with client-side clipping."""
     defense = _defense(context)
     if not (defense.central_dp and defense.clipping == "client"):
         return call_next(msg, context)

@@ -200,7 +200,10 @@ def _stop_superlink(control_port: str, grace: float = 10.0) -> None:
     sessions = {_session_of(pid) for pid in ours} - {None, os.getsid(0)}
     if not sessions:
         return
-    members = lambda: [pid for pid, _ in _processes() if pid != os.getpid() and _session_of(pid) in sessions]
+
+    def members() -> list[int]:
+        return [pid for pid, _ in _processes() if pid != os.getpid() and _session_of(pid) in sessions]
+
     left = signal_until_gone(members, (grace, 5.0))
     if left:
         print(f"fl-attack: warning: processes of the SuperLink's session outlived SIGKILL: {left}", file=sys.stderr)

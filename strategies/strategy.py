@@ -109,6 +109,7 @@ def integer_arrays_as_max(aggregate: ArrayRecord, records: list[ArrayRecord]) ->
 
 
 def is_finite(arrays: ArrayRecord) -> bool:
+    """True when every array of the record is free of NaN and inf."""
     return all(np.isfinite(array.numpy()).all() for array in arrays.values())
 
 
