@@ -245,7 +245,7 @@ class Check:
         if archive is None or not archive.is_file():
             self.deps_note = (
                 f"missing: {', '.join(missing)}; no dependency archive "
-                f"({archive or '--deps none'}; build one with `make gpu-deps`)"
+                f"({_shown(archive) if archive else '--deps none'}; build one with `make gpu-deps`)"
             )
             return
         target = Path(tempfile.mkdtemp(prefix="fl-attack-gpu-deps-"))
@@ -254,14 +254,14 @@ class Check:
             with tarfile.open(archive) as tar:
                 _extract(tar, target)
         except (OSError, tarfile.TarError) as exc:
-            self.deps_note = f"missing: {', '.join(missing)}; unpacking {archive} failed: {exc}"
+            self.deps_note = f"missing: {', '.join(missing)}; unpacking {_shown(archive)} failed: {exc}"
             return
         self.env["PYTHONPATH"] = os.pathsep.join([str(target), self.env["PYTHONPATH"]])
         self.env["PATH"] = os.pathsep.join([str(target / "bin"), self.env.get("PATH", "")])
         self.imports = self.import_versions()
         still = [n for n, v in self.imports.items() if "error" in v]
         self.deps_note = (
-            f"needed beyond the machine's Python: {', '.join(missing)}; unpacked {archive} into {target}"
+            f"needed beyond the machine's Python: {', '.join(missing)}; unpacked {_shown(archive)} into {target}"
             + (f"; still missing: {', '.join(still)}" if still else "")
         )
 
@@ -360,6 +360,12 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
+def _shown(path: Path) -> Path:
+    """``path`` relative to the repository when it is inside it: the record names no machine's folders."""
+    path = path.resolve()
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def _env_value(path: Path, key: str) -> str:
     return next((line.split(":", 1)[1].strip() for line in _lines(path) if line.startswith(key + ":")), "")
 
@@ -406,7 +412,6 @@ def stage_environment(check: Check, stage: Stage, timeout: float) -> None:
         f"python: {check.python}",
         f"uname: {' '.join(os.uname())}",
         f"cpus: {os.cpu_count()}",
-        f"repository: {ROOT}",
         f"commit: {_git_commit()}",
         f"deps: {check.deps_note}",
     ]
