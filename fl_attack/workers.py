@@ -596,15 +596,22 @@ class RayWorkers:
         its restarts).
 
         An actor runs its jobs in submission order, so of the jobs that failed with it the oldest was
-        running and counts the death; the ones queued behind it are resubmitted without counting.
-        Returns the outcomes settled here (finished jobs, and jobs past ``RESUBMITS``).
+        running and counts the death; the ones queued behind it are resubmitted without counting. A
+        job not yet settled within the wait is older than any settled one only if it was the one
+        running: it keeps the death, counted when it settles (on a loaded machine the queued jobs'
+        failures can arrive first). Returns the outcomes settled here (finished jobs, and jobs past
+        ``RESUBMITS``).
         """
         from ray.exceptions import RayActorError
 
         refs = sorted((r for r, entry in self._pending.items() if entry[1] == i), key=lambda r: self._pending[r][3])
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)  # the jobs of a dead actor fail together
+        ready = set(ready)
         out, again, counted = [], [], False
-        for ref in (r for r in refs if r in set(ready)):
+        for ref in refs:
+            if ref not in ready:  # still unsettled: if it is the oldest, the death is its own
+                counted = True
+                continue
             job, _, deaths, _ = self._pending.pop(ref)
             self._load[i] -= 1
             try:
