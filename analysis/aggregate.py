@@ -17,11 +17,16 @@ import pandas as pd
 
 from .load import Run
 
-METRICS = ("psnr", "ssim", "fsim", "lpips", "lsim_honest", "label_accuracy")
+# The verdict first (fl_attack.verdict: recovered / k, the fraction singled out, PSNR over the guess).
+METRICS = ("recovered_fraction", "reidentified", "psnr_margin", "psnr", "ssim", "fsim", "lpips", "lsim_honest")
+METRICS += ("label_accuracy",)
 STATS = ("mean", "median", "ci95_low", "ci95_high")
 # The range each metric can take (fl_attack/metrics.py; lsim is a cosine dissimilarity, attacks/base.py).
 # Intervals are clipped to it.
 METRIC_RANGES = {
+    "recovered_fraction": (0.0, 1.0),
+    "reidentified": (0.0, 1.0),
+    "psnr_margin": (-100.0, 100.0),
     "psnr": (0.0, 100.0),
     "ssim": (-1.0, 1.0),
     "fsim": (0.0, 1.0),
@@ -209,6 +214,10 @@ PER_CLIENT_COLUMNS = [
     "n_failed",
     "first_round",
     "last_round",
+    "k",
+    "recovered_first",
+    "recovered_last",
+    "recovered_max",
     "psnr_mean",
     "psnr_min",
     "psnr_max",
@@ -221,7 +230,8 @@ def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
     """Per (partition_id, method) leakage over the run.
 
     Output columns PER_CLIENT_COLUMNS: rounds_attacked (distinct rounds with an attack row, failed
-    included), n_ok, n_failed, first_round/last_round attacked, psnr mean/min/max over ok rows,
+    included), n_ok, n_failed, first_round/last_round attacked, k and the images recovered in the
+    first/last attacked round and at most (fl_attack.verdict), psnr mean/min/max over ok rows,
     psnr_first/psnr_last: mean ok psnr in the first/last attacked round (NaN when that attack failed).
     """
     rows = []
@@ -239,6 +249,10 @@ def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
                     "n_failed": int((group["status"] == "failed").sum()),
                     "first_round": first,
                     "last_round": last,
+                    "k": ok["k"].max() if ok["k"].notna().any() else math.nan,
+                    "recovered_first": _mean_or_nan(ok.loc[ok["round"] == first, "recovered"]),
+                    "recovered_last": _mean_or_nan(ok.loc[ok["round"] == last, "recovered"]),
+                    "recovered_max": ok["recovered"].max() if ok["recovered"].notna().any() else math.nan,
                     "psnr_mean": psnr.mean() if len(psnr) else math.nan,
                     "psnr_min": psnr.min() if len(psnr) else math.nan,
                     "psnr_max": psnr.max() if len(psnr) else math.nan,
@@ -257,6 +271,11 @@ def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
 def _mean_or_nan(values: pd.Series) -> float:
     values = values.dropna()
     return float(values.mean()) if len(values) else math.nan
+
+
+def _sum_or_nan(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.sum()) if len(values) else math.nan
 
 
 def run_labels(runs: Sequence[Run]) -> list[str]:
@@ -371,12 +390,21 @@ SUMMARY_COLUMNS = [
     "rounds_attacked",
     "n_ok",
     "n_failed",
+    "recovered",
+    "images",
+    "guess_recovered",
+    "reidentified_mean",
+    "reid_chance_mean",
+    "psnr_margin_mean",
     "psnr_first",
     "psnr_last",
     "psnr_mean",
+    "guess_psnr_mean",
     "psnr_best",
     "ssim_mean",
+    "guess_ssim_mean",
     "lpips_mean",
+    "guess_lpips_mean",
     "label_accuracy_mean",
     "accuracy_source",
     "psnr_accuracy_corr",
@@ -387,7 +415,10 @@ SUMMARY_COLUMNS = [
 def summary_table(run: Run) -> pd.DataFrame:
     """One row per (method, defense, labels) group of the run's attacks: SUMMARY_COLUMNS.
 
-    rounds_attacked: distinct rounds with an attack row (failed included); psnr_first/psnr_last:
+    rounds_attacked: distinct rounds with an attack row (failed included); recovered / images /
+    guess_recovered: the verdict's counts summed over the ok attacks that have one (fl_attack.verdict),
+    reidentified_mean, reid_chance_mean, psnr_margin_mean their means, guess_*_mean the floor's
+    scores beside PSNR, SSIM and LPIPS; psnr_first/psnr_last:
     mean ok PSNR in the first/last attacked round (NaN when none was ok); psnr_mean/psnr_best:
     mean/max over ok attacks; psnr_accuracy_corr: Pearson correlation over rounds of the round's
     mean PSNR with the model's accuracy (column accuracy_source); psnr_trend: least-squares slope
@@ -404,11 +435,16 @@ def summary_table(run: Run) -> pd.DataFrame:
                 "rounds_attacked": attacks["round"].nunique(),
                 "n_ok": len(ok),
                 "n_failed": int((attacks["status"] == "failed").sum()),
+                "recovered": _sum_or_nan(ok["recovered"]),
+                "images": _sum_or_nan(ok["k"].where(ok["recovered"].notna())),
+                "guess_recovered": _sum_or_nan(ok["guess_recovered"]),
+                **{f"{m}_mean": _mean_or_nan(ok[m]) for m in ("reidentified", "reid_chance", "psnr_margin")},
                 "psnr_first": by_round["psnr_mean"].iloc[0],
                 "psnr_last": by_round["psnr_mean"].iloc[-1],
                 "psnr_mean": _mean_or_nan(psnr),
                 "psnr_best": psnr.max() if len(psnr) else math.nan,
-                **{f"{metric}_mean": _mean_or_nan(ok[metric]) for metric in ("ssim", "lpips", "label_accuracy")},
+                **{f"{m}_mean": _mean_or_nan(ok[m]) for m in ("ssim", "lpips", "label_accuracy")},
+                **{f"guess_{m}_mean": _mean_or_nan(ok[f"guess_{m}"]) for m in ("psnr", "ssim", "lpips")},
                 "accuracy_source": by_round["accuracy_source"].iloc[0],
                 "psnr_accuracy_corr": _fit(by_round["accuracy"], by_round["psnr_mean"], "corr"),
                 "psnr_trend": _fit(by_round["round"], by_round["psnr_mean"], "slope"),
@@ -435,12 +471,13 @@ def _fit(x: pd.Series, y: pd.Series, what: str) -> float:
 def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
     """A few plain-language findings for one run (the numbers per group are in `summary_table`).
 
-    One overall sentence per method (or "No attacks yet: ..." for a run without attack rows), the
-    model's final accuracy, and a note when fewer rounds finished than configured.
-    Recovered: an ok attack with PSNR > threshold (dB).
+    First the verdict per method (``verdict_sentence``: images recovered against the guess without
+    the update), then one PSNR sentence per method (or "No attacks yet: ..." for a run without
+    attack rows), the model's final accuracy, and a note when fewer rounds finished than configured.
+    threshold: the PSNR (dB) the PSNR sentence counts attacks above.
     """
     attacks = run.attacks
-    sentences = []
+    sentences = [text for method in sorted_methods(attacks) if (text := verdict_sentence(attacks, method))]
     limit = f"{threshold:g} dB"
     if attacks.empty:
         sentences.append("No attacks yet: attacks.csv has no rows.")
@@ -472,3 +509,37 @@ def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
     if isinstance(planned, (int, float)) and finished < planned:
         sentences.append(f"Incomplete run: {finished} of {int(planned)} configured rounds in rounds.csv.")
     return sentences
+
+
+def _pct(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{100 * value:.2g}%" if 0 < value < 0.01 else f"{100 * value:.0f}%"
+
+
+def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
+    """The verdict of one method's ok attacks (fl_attack.verdict) in a reader's words, None when no
+    row has one (an older run). A remembering server's rows (METHOD+memory) say what it holds at the
+    end for each tracked client; the others sum the images recovered over the attacks."""
+    ok = _ok(attacks[attacks["method"] == method])
+    ok = ok[ok["recovered"].notna() & ok["k"].notna()]
+    if ok.empty:
+        return None
+    best = ok.loc[ok["recovered"].idxmax()]
+    chance = _pct(float(ok["reid_chance"].mean()))
+    margin = float(ok["psnr_margin"].mean())
+    tail = (
+        f"singled out {_pct(float(ok['reidentified'].mean()))} (chance {chance}); "
+        f"PSNR {abs(margin):.1f} dB {'over' if margin >= 0 else 'under'} the guess on average"
+    )
+    if method.endswith("+memory"):
+        last = ok.sort_values("round", kind="stable").groupby("partition_id", sort=True).tail(1)
+        held = ", ".join(
+            f"{int(r.recovered)} of {int(r.k)} images of partition {int(r.partition_id)} after round {int(r.round)}"
+            for r in last.itertuples()
+        )
+        return f"{method}: the remembering server holds {held}; {tail}."
+    return (
+        f"{method}: {int(ok['recovered'].sum())} of {int(ok['k'].sum())} attacked images recovered over "
+        f"{len(ok)} attack{'s' if len(ok) != 1 else ''} (a guess without the update: "
+        f"{int(ok['guess_recovered'].sum())}); the most, {int(best['recovered'])} of {int(best['k'])}, "
+        f"of partition {int(best['partition_id'])} in round {int(best['round'])}; {tail}."
+    )

@@ -122,6 +122,10 @@ TABLE_COLUMNS = [
     "defense",
     "parameters",
     "attacks",
+    "recovered",
+    "images",
+    "reidentified",
+    "psnr_margin",
     "psnr",
     "ssim",
     "lpips",
@@ -133,7 +137,8 @@ TABLE_COLUMNS = [
 
 
 def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
-    """One row per run: TABLE_COLUMNS: metric means over the ok memoryless attacks, psnr_memory over
+    """One row per run: TABLE_COLUMNS: the images recovered of those attacked (sums over the ok
+    memoryless attacks with a verdict), metric means over the ok memoryless attacks, psnr_memory over
     the ok "+memory" rows (NaN without), final accuracy (`final_accuracy`) and the ε spent by the
     last round (rounds.csv's, the most any client spent; NaN without DP)."""
     from .aggregate import final_accuracy
@@ -152,7 +157,10 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
             "parameters": json.dumps({k: v for k, v in defense.get("parameters", {}).items()}),
             "attacks": f"{int((~remembered).sum())}/{len(memoryless)}",
         }
-        for metric in ("psnr", "ssim", "lpips", "label_accuracy"):
+        judged = ok.loc[~remembered & ok["recovered"].notna()]  # the verdict (fl_attack.verdict)
+        row["recovered"] = float(judged["recovered"].sum()) if len(judged) else math.nan
+        row["images"] = float(judged["k"].sum()) if len(judged) else math.nan
+        for metric in ("reidentified", "psnr_margin", "psnr", "ssim", "lpips", "label_accuracy"):
             values = ok.loc[~remembered, metric].dropna()
             row[metric] = float(values.mean()) if len(values) else math.nan
         row["psnr_memory"] = float(ok.loc[remembered, "psnr"].mean()) if remembered.any() else math.nan
@@ -164,7 +172,8 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
 
 
 def markdown_table(table: pd.DataFrame) -> str:
-    """The study table as Markdown (PSNR in dB, 2 decimals; SSIM, LPIPS 3; accuracies in %)."""
+    """The study table as Markdown, the verdict first (images recovered of those attacked, the fraction
+    singled out, PSNR over the guess), then PSNR in dB (2 decimals), SSIM, LPIPS (3), accuracies in %."""
 
     def num(value, digits):
         return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
@@ -172,10 +181,13 @@ def markdown_table(table: pd.DataFrame) -> str:
     def pct(value):
         return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
 
+    def recovered(r):
+        return "n/a" if math.isnan(r.recovered) else f"{int(r.recovered)} of {int(r.images)}"
+
     lines = [
-        "| setting | defense | parameters | attacks ok | PSNR (dB) | SSIM | LPIPS | label acc. | PSNR +memory (dB) "
-        "| final test acc. | ε spent |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | defense | parameters | attacks ok | images recovered | singled out | PSNR over the guess (dB) "
+        "| PSNR (dB) | SSIM | LPIPS | label acc. | PSNR +memory (dB) | final test acc. | ε spent |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.itertuples():
         params = (
@@ -185,7 +197,8 @@ def markdown_table(table: pd.DataFrame) -> str:
             or "-"
         )
         lines.append(
-            f"| {r.setting} | `{r.defense}` | {params} | {r.attacks} | {num(r.psnr, 2)} | "
+            f"| {r.setting} | `{r.defense}` | {params} | {r.attacks} | {recovered(r)} | {pct(r.reidentified)} | "
+            f"{num(r.psnr_margin, 2)} | {num(r.psnr, 2)} | "
             f"{num(r.ssim, 3)} | {num(r.lpips, 3)} | {pct(r.label_accuracy)} | {num(r.psnr_memory, 2)} | "
             f"{pct(r.final_accuracy)} | {'-' if math.isnan(r.epsilon) else f'{r.epsilon:.3g}'} |"
         )

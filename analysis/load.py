@@ -29,6 +29,7 @@ ATTACK_REQUIRED = ("round", "method", "status")
 # One attack per round, client, method and labels source in one run; a repeat means two runs' rows.
 ATTACK_KEY = ["round", "partition_id", "method", "labels", "label_estimator"]
 RUN_ID_COLUMNS = ("run_id", "run_name")
+DERIVED = ["recovered_fraction", "guess_recovered_fraction"]  # load_run's columns after ATTACK_COLUMNS
 
 
 class NotARunError(ValueError):
@@ -49,14 +50,17 @@ class Run:
 
     path: the folder; name: run_name from config.json, else the folder name; config: the whole
     config.json (empty dict when missing); rounds: one row per finished round (ROUND_COLUMNS);
-    attacks: one row per attack (ATTACK_COLUMNS, numeric columns as floats, status lower case).
+    attacks: one row per attack (ATTACK_COLUMNS, numeric columns as floats, status lower case),
+    with recovered_fraction and guess_recovered_fraction (recovered / k, guess_recovered / k) after them.
     """
 
     path: Path
     name: str
     config: dict = field(default_factory=dict)
     rounds: pd.DataFrame = field(default_factory=lambda: _empty_frame(ROUND_COLUMNS, ROUND_NUMERIC))
-    attacks: pd.DataFrame = field(default_factory=lambda: _empty_frame(ATTACK_COLUMNS, ATTACK_NUMERIC))
+    attacks: pd.DataFrame = field(
+        default_factory=lambda: _empty_frame([*ATTACK_COLUMNS, *DERIVED], [*ATTACK_NUMERIC, *DERIVED])
+    )
 
     @property
     def run_config(self) -> dict:
@@ -98,6 +102,9 @@ def load_run(path: str | Path) -> Run:
         attacks = attacks.sort_values(
             ["round", "method", "partition_id"], kind="stable", na_position="last"
         ).reset_index(drop=True)
+    # The verdict's counts as fractions of k (fl_attack.verdict): NaN for older runs and failed attacks.
+    attacks["recovered_fraction"] = attacks["recovered"] / attacks["k"]
+    attacks["guess_recovered_fraction"] = attacks["guess_recovered"] / attacks["k"]
     return Run(path=path, name=str(name), config=config, rounds=rounds, attacks=attacks)
 
 

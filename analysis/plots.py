@@ -35,6 +35,9 @@ _LINESTYLES = ("-", "--", ":", "-.")
 _METHOD_COLORS = dict(zip(METHOD_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple")))
 _OTHER_COLORS = ("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 _METRIC_LABELS = {
+    "recovered_fraction": "images recovered (fraction of k)",
+    "reidentified": "singled out (fraction of k)",
+    "psnr_margin": "PSNR over the guess (dB)",
     "psnr": "PSNR (dB)",
     "ssim": "SSIM",
     "fsim": "FSIM",
@@ -150,6 +153,56 @@ def plot_leakage(
         f"Leakage {what} ({'band' if x == 'round' else 'bar'}: 95% interval of the mean, n ≥ {MIN_CI_N})",
         fontsize="medium",
     )
+    return fig
+
+
+def plot_verdict(runs: Run | Sequence[Run]) -> Figure:
+    """The verdict against the round (fl_attack.verdict): the mean fraction of a client's images
+    recovered (left) and singled out (right) per (run, method, defense, labels), with the best guess
+    without the update (grey dashed: its recovered fraction) and chance (grey dotted: 1/(k+D)) drawn."""
+    runs = _as_runs(runs)
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    drawn = False
+    for label, run in zip(run_labels(runs), runs):
+        table = per_round(run.attacks, run.rounds)
+        ok = run.attacks[(run.attacks["status"] == "ok") & run.attacks["recovered"].notna()]
+        for ax, metric in zip(axes, ("recovered_fraction", "reidentified")):
+            for keys, rows in table.groupby(GROUP_KEYS, sort=False, dropna=False):
+                rows = rows[rows[f"{metric}_mean"].notna()]
+                if rows.empty:
+                    continue
+                group = dict(zip(GROUP_KEYS, keys))
+                name = " · ".join(map(str, [group["method"], *([label] if len(runs) > 1 else [])]))
+                ax.plot(
+                    rows["round"],
+                    rows[f"{metric}_mean"],
+                    marker="o",
+                    ms=4,
+                    color=method_color(str(group["method"])),
+                    label=name,
+                )
+                drawn = True
+            if not ok.empty:
+                floor = ok.groupby("round")[
+                    "guess_recovered_fraction" if metric == "recovered_fraction" else "reid_chance"
+                ].mean()
+                chance = ok.groupby("round")["reid_chance"].mean()
+                if metric == "recovered_fraction":
+                    ax.plot(floor.index, floor.values, color="0.5", ls="--", label="a guess without the update")
+                ax.plot(chance.index, chance.values, color="0.5", ls=":", label="chance 1/(k+D)")
+    for ax, metric in zip(axes, ("recovered_fraction", "reidentified")):
+        if not drawn:
+            _no_data(ax, "no verdict in these runs (recorded before it existed?)")
+            continue
+        ax.set_xlabel("round")
+        ax.set_ylabel(_METRIC_LABELS[metric])
+        ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    if drawn:
+        axes[0].legend(fontsize="x-small")
+    fig.suptitle("Images recovered and singled out per round (mean over the attacked clients)", fontsize="medium")
     return fig
 
 

@@ -45,6 +45,7 @@ from .aggregate import (
     sorted_methods,
     summary_sentences,
     summary_table,
+    verdict_sentence,
 )
 from .load import NotARunError, Run, load_run
 from .plots import (
@@ -56,6 +57,7 @@ from .plots import (
     plot_per_client,
     plot_training,
     plot_utility_vs_leakage,
+    plot_verdict,
 )
 
 FORMATS = ("html", "md")
@@ -109,6 +111,15 @@ def write_report(
 
     figures = []
     if any(not run.attacks.empty for run in runs):
+        figures.append(
+            _Picture(
+                "verdict_over_rounds",
+                figure_png(plot_verdict(runs)),
+                "The verdict per round: the fraction of a client's images recovered (singled out among "
+                "k + D candidates and read as the original by an independent classifier) and singled out, "
+                "against a guess without the update (dashed) and chance (dotted); docs/verdict.md.",
+            )
+        )
         figures.append(
             _Picture(
                 "leakage_over_rounds",
@@ -483,12 +494,16 @@ figcaption { font-size: .85rem; color: #555; }
 .grids figure { margin: 0; background: #fafafa; padding: .4rem; border: 1px solid #eee; }
 .grids img { image-rendering: pixelated; width: 100%; }
 ul.sentences li { margin: .15rem 0; }
+.verdict { background: #f4f8ff; border: 1px solid #c9daf5; border-radius: 6px; padding: .2rem 1rem .6rem; }
+.verdict h2 { margin-top: .6rem; }
 nav { font-size: .9rem; } nav a { margin-right: 1rem; color: #2a5bd7; }
 """
 
 
 _SUMMARY_NOTE = (
-    "One row per method, defense and labels source. PSNR first/last: mean in the first and last "
+    "One row per method, defense and labels source. recovered of images: the verdict summed over the "
+    "ok attacks (guess_recovered: the best guess without the update; reidentified: the fraction singled "
+    "out, against reid_chance); guess_*: the floor beside each score. PSNR first/last: mean in the first and last "
     "round attacked; best: the highest single attack. psnr_accuracy_corr: correlation over rounds "
     "of the round's mean PSNR with the model's accuracy (accuracy_source); psnr_trend: dB per "
     "round. Both need 3 rounds; blank cells: not enough data."
@@ -519,15 +534,17 @@ def _render_html(
         "<title>fl-attack leakage report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>fl-attack leakage report</h1>",
+        *_verdict_html(sections, figures),
         f'<p class="meta">Generated {html.escape(now)} from {len(runs)} run folder'
-        f"{'s' if len(runs) > 1 else ''}. Recovered means PSNR &gt; {threshold:g} dB. "
+        f"{'s' if len(runs) > 1 else ''}. {html.escape(_VERDICT_NOTE)} PSNR sentences count attacks "
+        f"over {threshold:g} dB. "
         "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "
         "given from 3 values and clipped to the metric's range (blank otherwise).</p>",
     ]
     links = [("summary", "Summary")]
     if len(sections) > 1:
         links.append(("comparison", "Comparison"))
-    if figures:
+    if figures[1:]:
         links.append(("plots", "Plots"))
     links.append(("config", "Configuration"))
     links += [(f"run-{_slug(s.label)}", f"Run: {s.label}") for s in sections]
@@ -559,9 +576,9 @@ def _render_html(
         if utility is not None:
             parts.append(_figure_html(utility))
 
-    if figures:
+    if figures[1:]:
         parts.append('<h2 id="plots">Leakage against round and model accuracy, training</h2>')
-        parts.extend(_figure_html(picture) for picture in figures)
+        parts.extend(_figure_html(picture) for picture in figures[1:])
 
     parts.append('<h2 id="config">Configuration</h2>')
     differing = set(differing_keys(runs))
@@ -604,6 +621,37 @@ def _render_html(
     return "\n".join(parts)
 
 
+_VERDICT_NOTE = (
+    "Recovered: a reconstruction singled out among the client's k images and D distractors (its own "
+    "original nearest) and read by an independent classifier as it reads the original (docs/verdict.md)."
+)
+
+
+def _verdict_lines(sections: list[_RunSection]) -> list[tuple[str, list[str]]]:
+    """(run label, its verdict sentences) per run that has a verdict."""
+    out = []
+    for section in sections:
+        attacks = section.run.attacks
+        found = [text for method in sorted_methods(attacks) if (text := verdict_sentence(attacks, method))]
+        if found:
+            out.append((section.label, found))
+    return out
+
+
+def _verdict_html(sections: list[_RunSection], figures: list[_Picture]) -> list[str]:
+    """The report's first screen: each run's verdict and the per-round verdict plot."""
+    lines = _verdict_lines(sections)
+    if not lines:
+        return ['<p class="note">No verdict: these runs have no scored attack with the verdict\'s columns.</p>']
+    parts = ['<div class="verdict"><h2 id="verdict">Verdict</h2>']
+    for label, found in lines:
+        prefix = f"<b>{html.escape(label)}</b>: " if len(lines) > 1 else ""
+        parts.append('<ul class="sentences">' + "".join(f"<li>{prefix}{html.escape(t)}</li>" for t in found) + "</ul>")
+    if figures and figures[0].key == "verdict_over_rounds":
+        parts.append(_figure_html(figures[0]))
+    return parts + ["</div>"]
+
+
 # ---------------------------------------------------------------- Markdown
 
 
@@ -625,11 +673,19 @@ def _render_markdown(
         write_bytes_atomic(path, picture.png)
         return f"![{picture.caption}]({path.relative_to(out_dir).as_posix()})\n\n*{picture.caption}*\n"
 
-    lines = [
-        "# fl-attack leakage report",
-        "",
-        f"Recovered means PSNR > {threshold:g} dB. Failed attacks are counted, never averaged in; "
-        "intervals are 95% t-intervals of the mean, given from 3 values and clipped to the metric's range "
+    lines = ["# fl-attack leakage report", ""]
+    verdicts = _verdict_lines(sections)
+    if verdicts:
+        lines += ["## Verdict", ""]
+        for label, found in verdicts:
+            lines += [f"- {f'**{label}**: ' if len(verdicts) > 1 else ''}{text}" for text in found]
+        lines.append("")
+        if figures and figures[0].key == "verdict_over_rounds":
+            lines.append(saved(figures[0], figure_dir))
+    lines += [
+        f"{_VERDICT_NOTE} PSNR sentences count attacks over {threshold:g} dB. "
+        "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "
+        "given from 3 values and clipped to the metric's range "
         "(blank otherwise).",
         "",
         "## Summary",
@@ -653,9 +709,9 @@ def _render_markdown(
         ]
         if utility is not None:
             lines.append(saved(utility, figure_dir))
-    if figures:
+    if figures[1:]:
         lines += ["## Leakage against round and model accuracy, training", ""]
-        lines += [saved(picture, figure_dir) for picture in figures]
+        lines += [saved(picture, figure_dir) for picture in figures[1:]]
     lines += ["## Configuration", "", _md_table(_config_table(runs, [s.label for s in sections]))]
     for section in sections:
         lines += [f"## Run: {section.label}", ""]

@@ -27,6 +27,7 @@ from .data import DATASETS
 from .memory import MEMORY_SUFFIX, memory_methods
 from .precision import PRECISIONS
 from .standalone import DEFAULT_PRESET, RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
+from .verdict import verdict_line
 
 PROG = "fl-attack"
 EXIT_FAILED = 1
@@ -42,7 +43,9 @@ ATTACK_EPILOG = f"""\
 outputs (under --out):
   results.csv                  one row per client and method, columns:
                                {", ".join(RESULT_COLUMNS[:8])},
-                               {", ".join(RESULT_COLUMNS[8:])}
+                               {", ".join(RESULT_COLUMNS[8:15])},
+                               {", ".join(RESULT_COLUMNS[15:21])},
+                               {", ".join(RESULT_COLUMNS[21:])}
                                (psnr in dB, ssim in [-1,1], fsim in [0,1], lpips >= 0, lsim in [0,2],
                                label_accuracy in [0,1], seconds of attack wall time; nodes is m
                                for pisme and 1 for the single-gradient attacks). Rewritten
@@ -272,6 +275,8 @@ def _attack(args) -> int:
     _prepare_out(out)
     rows = run_attack_experiment(settings, out, progress=not args.no_progress, pool=pool)
     failed = sum(1 for r in rows if r["psnr"] != r["psnr"])
+    for row in rows:
+        print(f"{PROG}: client {row['client']} {row['method']}: {verdict_line(row)}", file=sys.stderr)
     print(f"{PROG}: {len(rows)} attack(s), {failed} failed; results in {out / 'results.csv'}", file=sys.stderr)
     if rows and failed == len(rows):
         print(f"{PROG}: error: every attack failed; see the messages above", file=sys.stderr)

@@ -9,6 +9,8 @@ experiments' CSVs).
 * ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
   label-count accuracy; ``save_grid``: originals over their matched reconstructions;
   ``psnr_trace``: the evaluator's PSNR in an in-process attack's trace.
+* the verdict (``fl_attack.verdict``, when the evaluator is given one): how many of the client's
+  images were recovered, singled out and recognized, against the best guess without the update.
 
 The attacker never sees anything here; scoring happens after the attack.
 """
@@ -26,11 +28,12 @@ from .data import get_spec
 from .images import save_comparison_grid
 from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
 from .runs import ATTACK_COLUMNS
+from .verdict import VERDICT_COLUMNS, Verdict
 
 __all__ = ["Evaluator", "score", "save_grid", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
 
 _SCORES = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
-# results.csv (fl-attack attack) and the experiments' CSVs: ATTACK_COLUMNS names but for these two.
+# results.csv (fl-attack attack; the experiments' CSVs take nodes..seconds): ATTACK_COLUMNS names but for these two.
 RESULT_COLUMNS = (
     "dataset",
     "client",
@@ -47,6 +50,7 @@ RESULT_COLUMNS = (
     "lsim_calibrated",
     "label_accuracy",
     "seconds",
+    *VERDICT_COLUMNS,
 )
 RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
 
@@ -111,15 +115,17 @@ def attack_row(*, scores: dict | None = None, **columns) -> dict:
     iterations, labels ("recovered" or "oracle"), partition_id and label_estimator are required, the
     others default to "" / "none" (defense) / "ok" (status) / NaN (lsim_*, attack_seconds) / None (an
     empty cell: round, node_id, lag_rounds, threads, epsilon without DP, parameters, unknowns).
-    scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy); None leaves the metrics
-    NaN (a failed attack). Raises TypeError for a name that is not a column or a missing required one.
+    scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy) and the verdict's columns
+    (``fl_attack.verdict.VERDICT_COLUMNS``) where judged; None leaves the metrics NaN and the verdict
+    empty (a failed attack). Raises TypeError for a name that is not a column or a missing required one.
     """
-    unknown = sorted(columns.keys() - set(ATTACK_COLUMNS) | columns.keys() & set(_SCORES))
+    unknown = sorted(columns.keys() - set(ATTACK_COLUMNS) | columns.keys() & set(_SCORES + VERDICT_COLUMNS))
     missing = [c for c in _REQUIRED if c not in columns]
     if unknown or missing:
         raise TypeError(f"attack_row: not a column {unknown}, missing {missing}")
     row = dict.fromkeys(ATTACK_COLUMNS)
     row.update(_DEFAULTS, **columns, **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES})
+    row.update({c: (scores or {}).get(c) for c in VERDICT_COLUMNS})
     return row
 
 
@@ -141,6 +147,8 @@ class Evaluator:
     appends it to attacks.csv), called after scoring; an OSError from it propagates (the caller keeps
     the outcome and tries again) and nothing else escapes ``record``. timings: an object with
     ``measure(phase)`` (fl_attack.timings.Timings) for the scoring, images and writing phases.
+    verdict: the run's ``fl_attack.verdict.Verdict`` (its public pool, distractors and reader), which
+    adds the verdict's columns to every scored row; None leaves them empty.
     """
 
     def __init__(
@@ -152,10 +160,14 @@ class Evaluator:
         table: Callable[[dict], None] | None = None,
         grid_columns: int = 16,
         timings=None,
+        verdict: Verdict | None = None,
     ):
         self.dataset, self.defense = get_spec(dataset).name, defense
         self.folder = Path(folder) if folder is not None else None
         self.table, self.grid_columns, self.timings = table, grid_columns, timings
+        if verdict is not None and verdict.dataset != self.dataset:
+            raise ValueError(f"the verdict is for {verdict.dataset}, the evaluator for {self.dataset}")
+        self.verdict = verdict
 
     def _measure(self, phase: str):
         return self.timings.measure(phase) if self.timings is not None else nullcontext()
@@ -196,7 +208,18 @@ class Evaluator:
             try:
                 with self._measure("scoring"):
                     scores = score(outcome.images, outcome.labels, *truth, self.dataset)
+                    if self.verdict is not None:
+                        judged = self.verdict.score(
+                            scores["matched_recon"],
+                            outcome.labels,
+                            *truth,
+                            psnr=scores["psnr"],
+                            lpips=get_lpips("cpu"),
+                            client_id=target.client_id,
+                        )
+                        scores.update(judged)
                 row.update({m: float(scores[m]) for m in _SCORES})
+                row.update({c: scores.get(c) for c in VERDICT_COLUMNS})
                 if self.folder is not None:
                     if image is None:
                         image = Path("images") / f"round-{target.round}" / outcome.method / f"{target.name}.png"

@@ -49,6 +49,7 @@ from .records import header_mismatch, read_csv, write_bytes_atomic
 from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
+from .verdict import Verdict, verdict_line
 from .victims import ground_truth
 from .workers import AttackJob, Pipeline, RayWorkers, make_workers, memory_key, outcomes, remember
 
@@ -389,6 +390,13 @@ def prepare_replay(
     )
 
 
+def _verdict(settings: RunSettings) -> Verdict:
+    """The run's verdict (fl_attack.verdict): its held-out pool, its seed's distractors."""
+    test_set = settings.server_test_set()
+    public = (test_set.images, test_set.labels) if test_set is not None else None
+    return Verdict.from_data(settings.dataset, data_dir=settings.data_dir or None, seed=settings.seed, public=public)
+
+
 def _label_aux(settings: RunSettings, config: AttackConfig):
     """The server's held-out pool as label_estimator=aux's public data, as in the run; None otherwise."""
     if config.label_estimator not in NEEDS_AUX:
@@ -504,6 +512,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             defense=replay.run.defense,
             folder=replay.out,
             table=out.append_attack,
+            verdict=_verdict(replay.run.settings),
         )
         ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
         if replay.memory is not None:  # each job starts from the memory the one before left
@@ -520,7 +529,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                 rows.append(row)
                 target, method = job.target, outcome.method
                 text = (
-                    f"{target.describe()} {method}: PSNR {row['psnr']:.2f} dB ({row['attack_seconds']:.1f} s)"
+                    f"{target.describe()} {method}: {verdict_line(row)} ({row['attack_seconds']:.1f} s)"
                     if row["status"] == "ok"
                     else f"{target.describe()} {method} failed: {row['error']}"
                 )

@@ -83,6 +83,19 @@ ATTACKS: dict[str, type] = {
     "parameters": int,  # the update's floating-point entries: the equations the attack has
     "unknowns": int,  # the client's pixels k*C*H*W: what it must recover
     "optimizer": str,  # the client's optimizer, e.g. "momentum 0.9, weight decay 0.0005"
+    # The verdict (fl_attack.verdict, docs/verdict.md); empty for a failed attack or an older run.
+    "k": int,  # the client's images (the attacked samples)
+    "recovered": int,  # of the k: singled out and read by the reader as their original is
+    "guess_recovered": int,  # the same count for the best guess without the update (the floor)
+    "reidentified": float,  # the fraction singled out: own original nearest among k + D candidates
+    "reid_chance": float,  # 1 / (k + D): a random ranking's
+    "recognized": float,  # the fraction the reader classifies as their original's true class
+    "recognized_truth": float,  # the reader's accuracy on the originals (the ceiling)
+    "recognized_guess": float,  # ... on the best guess (the floor)
+    "guess_psnr": float,  # the best update-free guess's matched PSNR (dB): the floor
+    "guess_ssim": float,
+    "guess_lpips": float,
+    "psnr_margin": float,  # psnr - guess_psnr (dB): above the floor when positive
     "image": str,  # the grid's path relative to the run folder
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)

@@ -47,6 +47,7 @@ from .models import resolve_model
 from .precision import resolve_precision
 from .records import CsvTable, csv_text, write_text_atomic
 from .update import AttackTarget, TrainingMetadata
+from .verdict import Verdict
 from .victims import Victim
 from .victims import train_victim as _train_victim
 from .workers import AttackJob, AttackOutcome, run_job
@@ -250,7 +251,8 @@ def run_attack_experiment(
     }
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
     table = CsvTable(out / "results.csv", RESULT_COLUMNS)
-    evaluator = Evaluator(settings.dataset, folder=out, grid_columns=GRID_COLUMNS)
+    verdict = Verdict.from_data(settings.dataset, data_dir=settings.data_dir, seed=settings.seed)
+    evaluator = Evaluator(settings.dataset, folder=out, grid_columns=GRID_COLUMNS, verdict=verdict)
 
     from tqdm.auto import tqdm
 

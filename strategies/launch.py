@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             "the record may be incomplete: see events.log",
             code=1,
         )
+    _print_verdict(summary)
     if summary.get("writes_refused") or summary.get("attacks_unwritten"):
         from .server_app import incomplete
 
@@ -432,6 +433,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)
         Path(args.run_dir_file).write_text(f"{run_dir}\n")
     return 0
+
+
+def _print_verdict(summary: dict) -> None:
+    """The launcher's last lines: each attack's verdict (summary.json "verdict", fl_attack.verdict)."""
+    lines = (summary.get("verdict") or {}).get("lines") or []
+    if lines:
+        print(
+            "fl-attack: the verdict (recovered = singled out among the client's k images and D distractors, "
+            "and read as its original by an independent classifier; docs/verdict.md)",
+            flush=True,
+        )
+        for line in lines:
+            print(f"  {line}", flush=True)
 
 
 def _error(message: str, code: int = 2) -> int:

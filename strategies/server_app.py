@@ -30,6 +30,7 @@ from fl_attack.paths import resolve_in_project
 from fl_attack.privacy import PrivacyLedger
 from fl_attack.run_config import RunSettings
 from fl_attack.runs import RunFolder
+from fl_attack.verdict import verdict_protocol
 
 from .secagg import SecAggLeakageFedAvg, run_secagg
 from .strategy import LeakageFedAvg
@@ -58,6 +59,7 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
             "attack_config": asdict(settings.attack_config()),
             "defense": settings.defense.describe(),
             "privacy": privacy.describe() if privacy is not None else None,
+            "verdict": verdict_protocol(settings.server_test_samples),
         }
     )
 

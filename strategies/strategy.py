@@ -39,6 +39,7 @@ from fl_attack.runs import RunFolder
 from fl_attack.timings import Timings
 from fl_attack.training import evaluate_model
 from fl_attack.update import AttackTarget, save_torch_atomic, save_update
+from fl_attack.verdict import Verdict, verdict_line, verdict_summary
 from fl_attack.victims import ground_truth, private_samples
 from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers, memory_key, remember
 from fl_attack.workers import outcomes as outcomes_of
@@ -182,6 +183,12 @@ class LeakageTracking:
             folder=self.folder.path,
             table=self.folder.append_attack,
             timings=self.timings,
+            verdict=Verdict.from_data(
+                settings.dataset,
+                data_dir=settings.data_dir or None,
+                seed=settings.seed,
+                public=(test_set.images, test_set.labels) if test_set is not None else None,
+            ),
         )
         self.memory = settings.attack_memory_state()  # the server's memory of its tracked clients
         if settings.attack_memory != "none" and self.folder.memory_file.exists():  # a resumed run
@@ -509,7 +516,7 @@ class LeakageTracking:
                 continue
             rows.append(row)
             self.folder.event(
-                f"attack done: {outcome.target.describe()} {row['method']} psnr={row['psnr']:.2f}"
+                f"attack done: {outcome.target.describe()} {row['method']}: {verdict_line(row)}"
                 if row["status"] == "ok"
                 else f"attack failed: {outcome.target.describe()} {row['method']}: {row['error']}"
             )
@@ -574,6 +581,7 @@ class LeakageTracking:
             "attacks_failed": len(self.rows) - ok,
             "attacks_unwritten": len(self.unwritten),
             "writes_refused": {k: v for k, v in self.refused.items() if v},  # rounds whose file the disk refused
+            "verdict": verdict_summary(self.rows),  # images recovered per attack (fl_attack.verdict)
         }
 
     def timing_record(self) -> dict:

@@ -11,6 +11,7 @@ from PIL import Image
 
 import fl_attack.workers as workers  # where the standalone engine calls reconstruct (run_job)
 from fl_attack.cli import main
+from fl_attack.verdict import VERDICT_COLUMNS
 from tests.mounts import tmpfs
 
 COLUMNS = [
@@ -29,6 +30,7 @@ COLUMNS = [
     "lsim_calibrated",
     "label_accuracy",
     "seconds",
+    *VERDICT_COLUMNS,
 ]
 TINY = [
     "--clients",

@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from fl_attack.verdict import DEFAULT_DISTRACTORS
 from tests.gated import launch_gated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +74,17 @@ def test_tiny_federation_end_to_end(tmp_path):
         for metric in ("psnr", "ssim", "lpips", "lsim_honest"):
             assert math.isfinite(float(row[metric])), (metric, row)
         assert (run / row["image"]).is_file()
-    assert (run / "report" / "report.html").is_file()
+        # the verdict (fl_attack.verdict): k images, how many recovered, singled out against chance
+        assert row["k"] == "10" and 0 <= int(row["recovered"]) <= 10
+        assert float(row["reid_chance"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
+        assert int(row["recovered"]) <= round(float(row["reidentified"]) * 10)
+        assert float(row["psnr_margin"]) == pytest.approx(float(row["psnr"]) - float(row["guess_psnr"]))
+    report_html = (run / "report" / "report.html").read_text()
+    assert 0 < report_html.index('id="verdict"') < report_html.index('id="summary"')  # the first screen
+    # The launcher's last lines and summary.json lead with the verdict, one line per attack.
+    verdict = json.loads((run / "summary.json").read_text())["verdict"]
+    assert len(verdict["lines"]) == len(verdict["attacks"]) == 8
+    assert "fl-attack: the verdict" in proc.stdout and proc.stdout.count("images recovered (a guess") == 8
     # The attacker does not hold up training: round 1's 4 attacks cannot end before round 2 starts
     # (the gate), and the strategy counts all of them in flight then.
     events = (run / "events.log").read_text()
@@ -105,8 +117,9 @@ def test_tiny_federation_end_to_end(tmp_path):
         replayed = {(r["round"], r["partition_id"], r["method"]): r for r in csv.DictReader(f)}
     for row in attacks:
         again = replayed[(row["round"], row["partition_id"], row["method"])]
-        assert (again["psnr"], again["lsim_honest"], again["threads"]) == (
+        assert (again["psnr"], again["lsim_honest"], again["threads"], again["recovered"]) == (
             row["psnr"],
             row["lsim_honest"],
             row["threads"],
+            row["recovered"],
         ), (row, again)

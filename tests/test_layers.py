@@ -63,7 +63,7 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
 
 # The attacker's side of the library: what runs on a worker and what it imports.
 ATTACKER_SIDE = ("fl_attack.api", "fl_attack.workers", "fl_attack.labels", "fl_attack.attacks", "fl_attack.memory")
-PRIVATE = ("fl_attack.victims", "fl_attack.evaluator")  # the ground truth and its scoring
+PRIVATE = ("fl_attack.victims", "fl_attack.evaluator", "fl_attack.verdict", "fl_attack.reader")  # truth, scoring
 
 
 def library_imports() -> dict[str, set[str]]:

@@ -125,9 +125,11 @@ def test_intervals_stay_inside_the_metric_range_near_its_bounds(tmp_path, metric
     near_top = [top, top - 1e-3, top - 0.4 * (top - bottom)]
     spread = list(rng.uniform(bottom, top, size=5))
     groups = [near_bottom, near_top, spread, [bottom, top, bottom, top]]
-    rows = [
-        attack(r, c, **{metric: value}) for r, values in enumerate(groups, start=1) for c, value in enumerate(values)
-    ]
+    # recovered_fraction is recovered / k (analysis.load)
+    given = (
+        (lambda v: {"recovered": v * 1000, "k": 1000}) if metric == "recovered_fraction" else (lambda v: {metric: v})
+    )
+    rows = [attack(r, c, **given(value)) for r, values in enumerate(groups, start=1) for c, value in enumerate(values)]
     table = per_round(load_run(make_folder(tmp_path / "run", rows, rounds(len(groups)))).attacks)
     low, high = table[f"{metric}_ci95_low"], table[f"{metric}_ci95_high"]
     assert low.notna().all() and high.notna().all()
@@ -160,7 +162,8 @@ def test_no_interval_below_three_values(tmp_path):
     assert main([str(folder), "--out", str(out), "--format", "md"]) == 0
     text = (out / "report.md").read_text()
     assert not re.search(r"\bnan\b", text, re.IGNORECASE)
-    assert "| 1 | pisme | none | recovered | 2 | 2 | 0 | 20 | 20 |  |  |" in text
+    verdict_blank = "  |" * 12  # the verdict's three metrics, recorded by no row here
+    assert f"| 1 | pisme | none | recovered | 2 | 2 | 0 |{verdict_blank} 20 | 20 |  |  |" in text
     exported = pd.read_csv(out / "per_round.csv", keep_default_na=False)
     assert exported.loc[exported["round"] == 1, "psnr_ci95_low"].tolist() == [""]
 

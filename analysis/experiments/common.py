@@ -42,7 +42,7 @@ ATTACK_ROW_COLUMNS = [
     "client",
     "seed",
     "method",
-    *RESULT_COLUMNS[RESULT_COLUMNS.index("nodes") :],  # nodes ... seconds: the results.csv row's
+    *RESULT_COLUMNS[RESULT_COLUMNS.index("nodes") : RESULT_COLUMNS.index("seconds") + 1],  # the results.csv row's
     "seconds_per_iteration",
     "gradient_evaluations",
 ]

@@ -1,0 +1,162 @@
+"""The verdict (fl_attack.verdict) on real bundled clients: the floor, singled out, recognized, recovered.
+
+Each property is checked on real data with fixed seeds, and the floor's PSNR against an independent
+computation (numpy means, scipy's assignment, PSNR written out) that imports nothing it checks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from fl_attack.data import client_partition, load_bundled, server_test_set
+from fl_attack.metrics import get_lpips
+from fl_attack.verdict import VERDICT_COLUMNS, Verdict, pixel_l2, ssim_distance, verdict_line, verdict_summary
+
+K = {"femnist": 32, "cifar100": 20}
+HELD_OUT = 1000  # the federation's server-test-samples default: the public pool
+
+
+def _client(dataset: str, partition: int):
+    pool = load_bundled(dataset)
+    held = HELD_OUT if dataset == "cifar100" else 0
+    return client_partition(pool, partition, K[dataset], seed=0, held_out=held).train
+
+
+@pytest.fixture(scope="module", params=["femnist", "cifar100"])
+def setup(request):
+    dataset = request.param
+    pool = load_bundled(dataset)
+    public = server_test_set(pool, HELD_OUT, seed=0)
+    verdict = Verdict.from_data(dataset, seed=0, public=(public.images, public.labels))
+    return dataset, verdict, public
+
+
+def _score(verdict, images, labels, truth):
+    return verdict.score(images, labels, truth.images, truth.labels, psnr=0.0, lpips=get_lpips("cpu"))
+
+
+def test_the_originals_are_all_singled_out_recognized_at_the_readers_accuracy_and_recovered(setup):
+    dataset, verdict, _ = setup
+    truth = _client(dataset, 0)
+    row = _score(verdict, truth.images, truth.labels, truth)
+    assert set(row) == set(VERDICT_COLUMNS)
+    assert row["k"] == K[dataset] and row["reidentified"] == 1.0
+    assert row["recovered"] == K[dataset]
+    assert row["recognized"] == row["recognized_truth"]
+    assert row["recognized_truth"] > 5 / verdict.public_labels.max().item()  # far above chance
+    assert row["reid_chance"] == pytest.approx(1 / (K[dataset] + verdict.num_distractors))
+
+
+def test_the_pool_mean_guess_is_singled_out_at_chance_and_recovers_nothing(setup):
+    dataset, verdict, _ = setup
+    for partition in (0, 1, 2):
+        truth = _client(dataset, partition)
+        guess = verdict.guesses(truth.labels)["pool mean"]
+        row = _score(verdict, guess, truth.labels, truth)
+        # k identical guesses: at most the one original nearest the pool mean can be singled out
+        assert row["reidentified"] * row["k"] <= 1
+        assert row["recovered"] == 0
+
+
+def test_reconstructions_swapped_between_two_clients_fall_to_chance(setup):
+    dataset, verdict, _ = setup
+    a, b = _client(dataset, 0), _client(dataset, 1)
+    own = _score(verdict, a.images, a.labels, a)
+    swapped = _score(verdict, b.images, b.labels, a)  # client 1's images offered as client 0's
+    assert own["recovered"] == K[dataset]
+    assert swapped["reidentified"] == 0.0 and swapped["recovered"] == 0
+
+
+def test_a_distractor_equal_to_an_original_is_left_out(setup):
+    dataset, verdict, _ = setup
+    truth = _client(dataset, 0)
+    planted = torch.cat([truth.images[:1], verdict.distractors])  # the client's first image as a distractor
+    v = Verdict(dataset, verdict.public_images, verdict.public_labels, planted, verdict.num_distractors)
+    v.reader = verdict.reader
+    candidates = v.candidates(truth.images)
+    assert len(candidates) == K[dataset] + verdict.num_distractors
+    assert v.singled_out(truth.images, candidates).all()  # no tie with its own copy
+
+
+def _independent_floor_psnr(public_images, public_labels, truth_images, recon_labels) -> float:
+    """The better of the two guesses' matched PSNR, written out with numpy and scipy only."""
+    pub = public_images.numpy().astype(np.float64)
+    lab = public_labels.numpy()
+    t = truth_images.numpy().astype(np.float64)
+    pool_mean = pub.mean(axis=0)
+    best = -math.inf
+    for guess in (
+        np.stack([pool_mean] * len(t)),
+        np.stack([pub[lab == y].mean(axis=0) if (lab == y).any() else pool_mean for y in recon_labels]),
+    ):
+        mse = ((guess[:, None] - t[None]) ** 2).reshape(len(guess), len(t), -1).mean(axis=2)
+        rows, cols = linear_sum_assignment(mse.T)  # truth j <- guess cols[j]
+        per_image = 10 * np.log10(1.0 / np.maximum(mse.T[rows, cols], 1e-10))
+        best = max(best, float(per_image.mean()))
+    return best
+
+
+def test_the_floors_psnr_matches_an_independent_computation(setup):
+    dataset, verdict, public = setup
+    truth = _client(dataset, 2)
+    recon_labels = torch.roll(truth.labels, 3)  # labels as an attack may recover them (order irrelevant)
+    noisy = (truth.images + 0.2 * torch.randn(truth.images.shape, generator=torch.Generator().manual_seed(0))).clamp(
+        0, 1
+    )
+    row = verdict.score(noisy, recon_labels, truth.images, truth.labels, psnr=12.5, lpips=get_lpips("cpu"))
+    expected = _independent_floor_psnr(public.images, public.labels, truth.images, recon_labels.numpy())
+    assert row["guess_psnr"] == pytest.approx(expected, abs=1e-4)
+    assert row["psnr_margin"] == pytest.approx(12.5 - expected, abs=1e-4)
+    assert 0.0 <= row["guess_ssim"] <= 1.0 and row["guess_lpips"] > 0.0
+
+
+def test_both_guesses_are_the_public_pools_means(setup):
+    dataset, verdict, public = setup
+    labels = _client(dataset, 0).labels
+    guesses = verdict.guesses(labels)
+    pub, lab = public.images.numpy().astype(np.float64), public.labels.numpy()
+    assert np.allclose(guesses["pool mean"].numpy(), pub.mean(axis=0)[None].repeat(len(labels), 0), atol=1e-6)
+    expected = [pub[lab == y].mean(axis=0) if (lab == y).any() else pub.mean(axis=0) for y in labels.numpy()]
+    assert np.allclose(guesses["labels"].numpy(), np.stack(expected), atol=1e-6)
+
+
+def test_a_little_noise_keeps_images_singled_out_and_heavy_noise_loses_them(setup):
+    dataset, verdict, _ = setup
+    truth = _client(dataset, 0)
+    gen = torch.Generator().manual_seed(1)
+    light = (truth.images + 0.05 * torch.randn(truth.images.shape, generator=gen)).clamp(0, 1)
+    heavy = torch.rand(truth.images.shape, generator=gen)
+    assert _score(verdict, light, truth.labels, truth)["reidentified"] == 1.0
+    assert _score(verdict, heavy, truth.labels, truth)["recovered"] == 0
+
+
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+def test_the_pairwise_ssim_distance_is_piqs_ssim(dataset):
+    import piq
+
+    a, b = _client(dataset, 0).images[:5].double(), _client(dataset, 1).images.double()
+    fast = ssim_distance(a, b)
+    slow = torch.stack([1 - piq.ssim(x.expand_as(b), b, data_range=1.0, reduction="none") for x in a])
+    assert fast.shape == (5, len(b))
+    assert torch.allclose(fast, slow, atol=1e-10)
+    assert torch.allclose(pixel_l2(a, b)[2, 3], (a[2] - b[3]).pow(2).sum().sqrt())
+
+
+def test_verdict_line_and_summary_read_a_row():
+    row = dict.fromkeys(VERDICT_COLUMNS, 0.0) | {"k": 32, "recovered": 9, "guess_recovered": 0}
+    row |= {"reidentified": 0.28, "reid_chance": 1 / 2032, "recognized": 0.41, "recognized_truth": 0.85}
+    row |= {"recognized_guess": 0.12, "psnr": 15.1, "psnr_margin": -1.9, "status": "ok"}
+    line = verdict_line(row)
+    assert line.startswith("9 of 32 images recovered (a guess without the update: 0)")
+    assert "chance 0.049%" in line and "1.9 dB under the guess" in line
+    assert verdict_line({"status": "failed", "error": "boom"}) == "no verdict (failed: boom)"
+    rows = [row | {"round": 1, "partition_id": 0, "method": "pisme", "memory": ""}]
+    rows.append(row | {"round": 2, "partition_id": 0, "method": "pisme+memory", "memory": "keep", "recovered": 11})
+    lines = verdict_summary(rows)["lines"]
+    assert lines[0].startswith("round 1, partition 0, pisme: 9 of 32 images recovered")
+    assert lines[-1] == "the remembering server (pisme+memory) holds 11 of 32 images of partition 0 after round 2"
