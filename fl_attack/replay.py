@@ -49,7 +49,7 @@ from .records import header_mismatch, read_csv, write_bytes_atomic
 from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
-from .verdict import Verdict, verdict_line
+from .verdict import Verdict, verdict_line, verdict_summary
 from .victims import ground_truth
 from .workers import AttackJob, Pipeline, RayWorkers, make_workers, memory_key, outcomes, remember
 
@@ -548,6 +548,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                     "attacks_ok": ok,
                     "attacks_failed": len(rows) - ok,
                     "replay_of": str(replay.run.path.resolve()),
+                    "verdict": verdict_summary(rows),
                 },
             )
         if replay.out.is_dir():

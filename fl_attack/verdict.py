@@ -53,6 +53,7 @@ __all__ = [
 
 DEFAULT_DISTRACTORS = 2000  # D: candidates beside the client's own k (docs/verdict.md: why 2,000)
 DEFAULT_PUBLIC_SAMPLES = 1000  # the public pool when the run holds none out (server-test-samples = 0)
+FEW = 0.25  # below this fraction of the attacked images recovered, the summary says how to attack harder
 _SLACK = 512  # extra distractors drawn, so that D remain after dropping the client's own images
 # Every column the verdict adds to a row (fl_attack.runs.ATTACKS), NaN where there is no score.
 VERDICT_COLUMNS = (
@@ -382,7 +383,8 @@ def verdict_line(row: dict) -> str:
 
 def verdict_summary(rows: list[dict]) -> dict:
     """summary.json's "verdict" from a run's attack rows: ``lines`` (one per scored attack in round
-    order, then what a remembering server holds at the end per tracked client) and ``attacks``
+    order, what a remembering server holds at the end per tracked client, and the memoryless
+    attacks' total, with a hint to attack harder when under ``FEW`` of the images) and ``attacks``
     (each scored attack's verdict columns, with round, partition_id and method)."""
     scored = [r for r in rows if r.get("status") == "ok" and r.get("k") not in (None, "")]
     scored.sort(
@@ -398,5 +400,20 @@ def verdict_summary(rows: list[dict]) -> dict:
         f"after round {r['round']}"
         for (pid, method), r in held.items()
     ]
+    memoryless = [r for r in scored if not r.get("memory")]
+    if memoryless:
+        recovered, images = sum(int(r["recovered"]) for r in memoryless), sum(int(r["k"]) for r in memoryless)
+        budget = "/".join(str(i) for i in sorted({r["iterations"] for r in memoryless}))
+        few = recovered < FEW * images
+        lines.append(
+            f"in all: {recovered} of {images} attacked images recovered by {len(memoryless)} attack(s) of "
+            f"{budget} iterations"
+            + (
+                "; few at this budget: `fl-attack replay RUN_DIR --iterations 1000` attacks the recorded "
+                "updates again with more (README, Quick start)"
+                if few
+                else ""
+            )
+        )
     keys = ("round", "partition_id", "method", *VERDICT_COLUMNS)
     return {"lines": lines, "attacks": [{key: r.get(key) for key in keys} for r in scored]}

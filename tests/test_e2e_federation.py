@@ -83,7 +83,8 @@ def test_tiny_federation_end_to_end(tmp_path):
     assert 0 < report_html.index('id="verdict"') < report_html.index('id="summary"')  # the first screen
     # The launcher's last lines and summary.json lead with the verdict, one line per attack.
     verdict = json.loads((run / "summary.json").read_text())["verdict"]
-    assert len(verdict["lines"]) == len(verdict["attacks"]) == 8
+    assert len(verdict["attacks"]) == 8 and len(verdict["lines"]) == 9  # and the total
+    assert verdict["lines"][-1].startswith("in all: ")
     assert "fl-attack: the verdict" in proc.stdout and proc.stdout.count("images recovered (a guess") == 8
     # The attacker does not hold up training: round 1's 4 attacks cannot end before round 2 starts
     # (the gate), and the strategy counts all of them in flight then.

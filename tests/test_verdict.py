@@ -157,6 +157,11 @@ def test_verdict_line_and_summary_read_a_row():
     assert verdict_line({"status": "failed", "error": "boom"}) == "no verdict (failed: boom)"
     rows = [row | {"round": 1, "partition_id": 0, "method": "pisme", "memory": ""}]
     rows.append(row | {"round": 2, "partition_id": 0, "method": "pisme+memory", "memory": "keep", "recovered": 11})
+    rows[0]["iterations"] = 200
     lines = verdict_summary(rows)["lines"]
     assert lines[0].startswith("round 1, partition 0, pisme: 9 of 32 images recovered")
-    assert lines[-1] == "the remembering server (pisme+memory) holds 11 of 32 images of partition 0 after round 2"
+    assert lines[2] == "the remembering server (pisme+memory) holds 11 of 32 images of partition 0 after round 2"
+    assert lines[3] == "in all: 9 of 32 attacked images recovered by 1 attack(s) of 200 iterations"
+    rows[0]["recovered"] = 7  # under a quarter: how to attack harder
+    hint = verdict_summary(rows)["lines"][3]
+    assert hint.startswith("in all: 7 of 32 attacked images recovered by 1 attack(s) of 200 iterations; few")
