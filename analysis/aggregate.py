@@ -515,6 +515,12 @@ def _pct(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{100 * value:.2g}%" if 0 < value < 0.01 else f"{100 * value:.0f}%"
 
 
+def _whose(row) -> str:
+    """An attack row's target in words: "partition P", or for an aggregate (SecAgg+) its client_id."""
+    pid = row["partition_id"]
+    return f"partition {int(pid)}" if pd.notna(pid) else str(row["client_id"] or "the aggregate")
+
+
 def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
     """The verdict of one method's ok attacks (fl_attack.verdict) in a reader's words, None when no
     row has one (an older run). A remembering server's rows (METHOD+memory) say what it holds at the
@@ -531,15 +537,15 @@ def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
         f"PSNR {abs(margin):.1f} dB {'over' if margin >= 0 else 'under'} the guess on average"
     )
     if method.endswith("+memory"):
-        last = ok.sort_values("round", kind="stable").groupby("partition_id", sort=True).tail(1)
+        last = ok.sort_values("round", kind="stable").groupby("client_id", sort=False, dropna=False).tail(1)
         held = ", ".join(
-            f"{int(r.recovered)} of {int(r.k)} images of partition {int(r.partition_id)} after round {int(r.round)}"
-            for r in last.itertuples()
+            f"{int(r['recovered'])} of {int(r['k'])} images of {_whose(r)} after round {int(r['round'])}"
+            for _, r in last.sort_values("partition_id", kind="stable").iterrows()
         )
         return f"{method}: the remembering server holds {held}; {tail}."
     return (
         f"{method}: {int(ok['recovered'].sum())} of {int(ok['k'].sum())} attacked images recovered over "
         f"{len(ok)} attack{'s' if len(ok) != 1 else ''} (a guess without the update: "
         f"{int(ok['guess_recovered'].sum())}); the most, {int(best['recovered'])} of {int(best['k'])}, "
-        f"of partition {int(best['partition_id'])} in round {int(best['round'])}; {tail}."
+        f"of {_whose(best)} in round {int(best['round'])}; {tail}."
     )

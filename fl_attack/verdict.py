@@ -381,6 +381,12 @@ def verdict_line(row: dict) -> str:
     )
 
 
+def _whose(row: dict) -> str:
+    """An attack's target in words: "partition P", or for an aggregate (SecAgg+) its client_id."""
+    pid = row.get("partition_id")
+    return f"partition {pid}" if pid not in (None, "") else str(row.get("client_id") or "the aggregate")
+
+
 def verdict_summary(rows: list[dict]) -> dict:
     """summary.json's "verdict" from a run's attack rows: ``lines`` (one per scored attack in round
     order, what a remembering server holds at the end per tracked client, and the memoryless
@@ -390,15 +396,15 @@ def verdict_summary(rows: list[dict]) -> dict:
     scored.sort(
         key=lambda r: (r["round"] or 0, r["partition_id"] if r["partition_id"] is not None else -1, r["method"])
     )
-    lines = [f"round {r['round']}, partition {r['partition_id']}, {r['method']}: {verdict_line(r)}" for r in scored]
+    lines = [f"round {r['round']}, {_whose(r)}, {r['method']}: {verdict_line(r)}" for r in scored]
     held = {}
     for r in scored:
         if r.get("memory"):
             held[(r["partition_id"], r["method"])] = r  # the last round's, rows in round order
     lines += [
-        f"the remembering server ({method}) holds {r['recovered']} of {r['k']} images of partition {pid} "
+        f"the remembering server ({method}) holds {r['recovered']} of {r['k']} images of {_whose(r)} "
         f"after round {r['round']}"
-        for (pid, method), r in held.items()
+        for (_, method), r in held.items()
     ]
     memoryless = [r for r in scored if not r.get("memory")]
     if memoryless:
