@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from fl_attack.runs import percent, whose
+
 from .load import Run
 
 # The verdict first (fl_attack.verdict: recovered / k, the fraction singled out, PSNR over the guess).
@@ -477,7 +479,7 @@ def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
     threshold: the PSNR (dB) the PSNR sentence counts attacks above.
     """
     attacks = run.attacks
-    sentences = [text for method in sorted_methods(attacks) if (text := verdict_sentence(attacks, method))]
+    sentences = verdict_sentences(attacks)
     limit = f"{threshold:g} dB"
     if attacks.empty:
         sentences.append("No attacks yet: attacks.csv has no rows.")
@@ -511,16 +513,6 @@ def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
     return sentences
 
 
-def _pct(value: float) -> str:
-    return "n/a" if not math.isfinite(value) else f"{100 * value:.2g}%" if 0 < value < 0.01 else f"{100 * value:.0f}%"
-
-
-def _whose(row) -> str:
-    """An attack row's target in words: "partition P", or for an aggregate (SecAgg+) its client_id."""
-    pid = row["partition_id"]
-    return f"partition {int(pid)}" if pd.notna(pid) else str(row["client_id"] or "the aggregate")
-
-
 def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
     """The verdict of one method's ok attacks (fl_attack.verdict) in a reader's words, None when no
     row has one (an older run). A remembering server's rows (METHOD+memory) say what it holds at the
@@ -530,16 +522,16 @@ def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
     if ok.empty:
         return None
     best = ok.loc[ok["recovered"].idxmax()]
-    chance = _pct(float(ok["reid_chance"].mean()))
+    chance = percent(float(ok["reid_chance"].mean()))
     margin = float(ok["psnr_margin"].mean())
     tail = (
-        f"singled out {_pct(float(ok['reidentified'].mean()))} (chance {chance}); "
+        f"singled out {percent(float(ok['reidentified'].mean()))} (chance {chance}); "
         f"PSNR {abs(margin):.1f} dB {'over' if margin >= 0 else 'under'} the guess on average"
     )
     if method.endswith("+memory"):
         last = ok.sort_values("round", kind="stable").groupby("client_id", sort=False, dropna=False).tail(1)
         held = ", ".join(
-            f"{int(r['recovered'])} of {int(r['k'])} images of {_whose(r)} after round {int(r['round'])}"
+            f"{int(r['recovered'])} of {int(r['k'])} images of {whose(r)} after round {int(r['round'])}"
             for _, r in last.sort_values("partition_id", kind="stable").iterrows()
         )
         return f"{method}: the remembering server holds {held}; {tail}."
@@ -547,5 +539,10 @@ def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
         f"{method}: {int(ok['recovered'].sum())} of {int(ok['k'].sum())} attacked images recovered over "
         f"{len(ok)} attack{'s' if len(ok) != 1 else ''} (a guess without the update: "
         f"{int(ok['guess_recovered'].sum())}); the most, {int(best['recovered'])} of {int(best['k'])}, "
-        f"of {_whose(best)} in round {int(best['round'])}; {tail}."
+        f"of {whose(best)} in round {int(best['round'])}; {tail}."
     )
+
+
+def verdict_sentences(attacks: pd.DataFrame) -> list[str]:
+    """``verdict_sentence`` of each method that has a verdict, in the methods' order."""
+    return [text for method in sorted_methods(attacks) if (text := verdict_sentence(attacks, method))]

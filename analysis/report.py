@@ -45,7 +45,7 @@ from .aggregate import (
     sorted_methods,
     summary_sentences,
     summary_table,
-    verdict_sentence,
+    verdict_sentences,
 )
 from .load import NotARunError, Run, load_run
 from .plots import (
@@ -109,16 +109,15 @@ def write_report(
     comparison = compare_runs(runs)
     _export_tables(sections, comparison, out_dir)
 
+    verdict = None  # the first screen's plot, beside the verdict sentences
     figures = []
     if any(not run.attacks.empty for run in runs):
-        figures.append(
-            _Picture(
-                "verdict_over_rounds",
-                figure_png(plot_verdict(runs)),
-                "The verdict per round: the fraction of a client's images recovered (singled out among "
-                "k + D candidates and read as the original by an independent classifier) and singled out, "
-                "against a guess without the update (dashed) and chance (dotted); docs/verdict.md.",
-            )
+        verdict = _Picture(
+            "verdict_over_rounds",
+            figure_png(plot_verdict(runs)),
+            "The verdict per round: the fraction of a client's images recovered (singled out among "
+            "k + D candidates and read as the original by an independent classifier) and singled out, "
+            "against a guess without the update (dashed) and chance (dotted); docs/verdict.md.",
         )
         figures.append(
             _Picture(
@@ -163,10 +162,10 @@ def write_report(
 
     if fmt == "html":
         path = out_dir / "report.html"
-        write_text_atomic(path, _render_html(sections, comparison, figures, utility, threshold))
+        write_text_atomic(path, _render_html(sections, comparison, verdict, figures, utility, threshold))
     else:
         path = out_dir / "report.md"
-        write_text_atomic(path, _render_markdown(sections, comparison, figures, utility, threshold, out_dir))
+        write_text_atomic(path, _render_markdown(sections, comparison, verdict, figures, utility, threshold, out_dir))
     return path
 
 
@@ -520,6 +519,7 @@ def _figure_html(picture: _Picture) -> str:
 def _render_html(
     sections: list[_RunSection],
     comparison: pd.DataFrame,
+    verdict: _Picture | None,
     figures: list[_Picture],
     utility: _Picture | None,
     threshold: float,
@@ -534,7 +534,7 @@ def _render_html(
         "<title>fl-attack leakage report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>fl-attack leakage report</h1>",
-        *_verdict_html(sections, figures),
+        *_verdict_html(sections, verdict),
         f'<p class="meta">Generated {html.escape(now)} from {len(runs)} run folder'
         f"{'s' if len(runs) > 1 else ''}. {html.escape(_VERDICT_NOTE)} PSNR sentences count attacks "
         f"over {threshold:g} dB. "
@@ -544,7 +544,7 @@ def _render_html(
     links = [("summary", "Summary")]
     if len(sections) > 1:
         links.append(("comparison", "Comparison"))
-    if figures[1:]:
+    if figures:
         links.append(("plots", "Plots"))
     links.append(("config", "Configuration"))
     links += [(f"run-{_slug(s.label)}", f"Run: {s.label}") for s in sections]
@@ -576,9 +576,9 @@ def _render_html(
         if utility is not None:
             parts.append(_figure_html(utility))
 
-    if figures[1:]:
+    if figures:
         parts.append('<h2 id="plots">Leakage against round and model accuracy, training</h2>')
-        parts.extend(_figure_html(picture) for picture in figures[1:])
+        parts.extend(_figure_html(picture) for picture in figures)
 
     parts.append('<h2 id="config">Configuration</h2>')
     differing = set(differing_keys(runs))
@@ -632,13 +632,13 @@ def _verdict_lines(sections: list[_RunSection]) -> list[tuple[str, list[str]]]:
     out = []
     for section in sections:
         attacks = section.run.attacks
-        found = [text for method in sorted_methods(attacks) if (text := verdict_sentence(attacks, method))]
+        found = verdict_sentences(attacks)
         if found:
             out.append((section.label, found))
     return out
 
 
-def _verdict_html(sections: list[_RunSection], figures: list[_Picture]) -> list[str]:
+def _verdict_html(sections: list[_RunSection], verdict: _Picture | None) -> list[str]:
     """The report's first screen: each run's verdict and the per-round verdict plot."""
     lines = _verdict_lines(sections)
     if not lines:
@@ -647,8 +647,8 @@ def _verdict_html(sections: list[_RunSection], figures: list[_Picture]) -> list[
     for label, found in lines:
         prefix = f"<b>{html.escape(label)}</b>: " if len(lines) > 1 else ""
         parts.append('<ul class="sentences">' + "".join(f"<li>{prefix}{html.escape(t)}</li>" for t in found) + "</ul>")
-    if figures and figures[0].key == "verdict_over_rounds":
-        parts.append(_figure_html(figures[0]))
+    if verdict is not None:
+        parts.append(_figure_html(verdict))
     return parts + ["</div>"]
 
 
@@ -658,6 +658,7 @@ def _verdict_html(sections: list[_RunSection], figures: list[_Picture]) -> list[
 def _render_markdown(
     sections: list[_RunSection],
     comparison: pd.DataFrame,
+    verdict: _Picture | None,
     figures: list[_Picture],
     utility: _Picture | None,
     threshold: float,
@@ -680,8 +681,8 @@ def _render_markdown(
         for label, found in verdicts:
             lines += [f"- {f'**{label}**: ' if len(verdicts) > 1 else ''}{text}" for text in found]
         lines.append("")
-        if figures and figures[0].key == "verdict_over_rounds":
-            lines.append(saved(figures[0], figure_dir))
+        if verdict is not None:
+            lines.append(saved(verdict, figure_dir))
     lines += [
         f"{_VERDICT_NOTE} PSNR sentences count attacks over {threshold:g} dB. "
         "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "
@@ -709,9 +710,9 @@ def _render_markdown(
         ]
         if utility is not None:
             lines.append(saved(utility, figure_dir))
-    if figures[1:]:
+    if figures:
         lines += ["## Leakage against round and model accuracy, training", ""]
-        lines += [saved(picture, figure_dir) for picture in figures[1:]]
+        lines += [saved(picture, figure_dir) for picture in figures]
     lines += ["## Configuration", "", _md_table(_config_table(runs, [s.label for s in sections]))]
     for section in sections:
         lines += [f"## Run: {section.label}", ""]

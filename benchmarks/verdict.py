@@ -31,7 +31,7 @@ from fl_attack.attacks import AttackConfig
 from fl_attack.data import load_bundled, server_test_set
 from fl_attack.evaluator import score
 from fl_attack.metrics import get_lpips, match_pairs
-from fl_attack.verdict import Verdict
+from fl_attack.verdict import Verdict, pixel_l2
 from fl_attack.victims import train_victim
 from fl_attack.workers import run_job
 
@@ -72,10 +72,6 @@ def attacked(dataset: str, partition: int, args) -> dict:
 # ------------------------------------------------------------------------------ distances
 
 
-def _l2(recon: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    return torch.cdist(recon.flatten(1).double(), candidates.flatten(1).double())
-
-
 def _ssim(recon: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     import piq
 
@@ -111,7 +107,7 @@ def _lpips(recon: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows).double()
 
 
-DISTANCES = {"pixel L2": _l2, "1 - SSIM": _ssim, "LPIPS": _lpips}
+DISTANCES = {"pixel L2": lambda a, b: pixel_l2(a.double(), b.double()), "1 - SSIM": _ssim, "LPIPS": _lpips}
 
 
 def rank1(distances: torch.Tensor) -> float:
@@ -133,7 +129,6 @@ def main(argv=None) -> int:
     parser.add_argument("--distractors", default="250,500,1000,2000", help="the values of D")
     parser.add_argument("--datasets", default=",".join(DATASETS))
     args = parser.parse_args(argv)
-    torch.set_num_threads(torch.get_num_threads())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"k={args.samples}, {args.iterations} iterations, m={args.nodes}, seed {args.seed}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import platform
 import time
 from importlib import metadata
@@ -118,6 +119,22 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[dist] = None
     return out
+
+
+def percent(x: float) -> str:
+    """A fraction in [0,1] as a reader's percentage: "28%", "0.049%" below 1%, "n/a" when not a number."""
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"
+
+
+def whose(row) -> str:
+    """An attack row's target in words (a dict or a pandas row): "partition P", or for an aggregate
+    (SecAgg+; its partition_id empty or NaN) its client_id."""
+    pid = row.get("partition_id")
+    if pid is None or pid == "" or (isinstance(pid, float) and math.isnan(pid)):
+        return str(row.get("client_id") or "the aggregate")
+    return f"partition {int(pid)}"
 
 
 class RunFolder:

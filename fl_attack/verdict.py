@@ -38,6 +38,7 @@ import torch
 
 from .data import get_spec, load_pool, server_test_set
 from .metrics import _psnr, _ssim, match_pairs
+from .runs import percent, whose
 
 log = logging.getLogger(__name__)
 
@@ -257,15 +258,18 @@ class Verdict:
                 )
         return {"pool mean": pool_mean.expand(k, *pool_mean.shape).clone(), "labels": class_means[labels]}
 
-    def judge(self, matched: torch.Tensor, truth: torch.Tensor, truth_labels: torch.Tensor, candidates=None) -> dict:
+    def judge(
+        self, matched: torch.Tensor, truth: torch.Tensor, truth_labels: torch.Tensor, candidates=None, read_truth=None
+    ) -> dict:
         """Singled out, recognized and recovered for k images ``matched`` (k,C,H,W) in [0,1] lined up
         with ``truth`` (k,C,H,W) and ``truth_labels`` (k,). Returns per-image tensors: singled (bool),
         read (the reader's class), recognized (bool), recovered (bool); and the reader's class of the
-        originals as ``read_truth``."""
+        originals as ``read_truth`` (given: not read again)."""
         truth = truth.float().cpu()
         candidates = self.candidates(truth) if candidates is None else candidates
         singled = self.singled_out(matched, candidates)
-        read, read_truth = self._read(matched.clamp(0, 1)), self._read(truth)
+        read = self._read(matched.clamp(0, 1))
+        read_truth = self._read(truth) if read_truth is None else read_truth
         labels = torch.as_tensor(truth_labels).long().cpu()
         return {
             "singled": singled,
@@ -317,7 +321,7 @@ class Verdict:
             floor["psnr"] = max(floor["psnr"], float(_psnr(g, truth).double().mean()))
             floor["ssim"] = max(floor["ssim"], float(_ssim(g, truth).double().mean()))
             floor["lpips"] = min(floor["lpips"], float(lpips(g, truth).double().mean()))
-            theirs = self.judge(g, truth, labels, candidates)
+            theirs = self.judge(g, truth, labels, candidates, mine["read_truth"])
             floor["recognized"] = max(floor["recognized"], float(theirs["recognized"].double().mean()))
             floor["recovered"] = max(floor["recovered"], int(theirs["recovered"].sum()))
         return {
@@ -346,12 +350,6 @@ def verdict_protocol(public_samples: int) -> dict:
     }
 
 
-def _pct(x: float) -> str:
-    if not math.isfinite(x):
-        return "n/a"
-    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"
-
-
 def verdict_line(row: dict) -> str:
     """One attack's verdict in a reader's words, from its row: "9 of 32 images recovered (a guess
     without the update: 0); singled out 28% (chance 0.05%); recognized 41% (reader: 85% of the
@@ -374,17 +372,11 @@ def verdict_line(row: dict) -> str:
     guess = num("guess_recovered")
     return (
         f"{int(recovered)} of {int(k)} images recovered (a guess without the update: "
-        f"{int(guess) if math.isfinite(guess) else 'n/a'}); singled out {_pct(num('reidentified'))} "
-        f"(chance {_pct(num('reid_chance'))}); recognized {_pct(num('recognized'))} (reader: "
-        f"{_pct(num('recognized_truth'))} of the originals, {_pct(num('recognized_guess'))} of the guess); "
+        f"{int(guess) if math.isfinite(guess) else 'n/a'}); singled out {percent(num('reidentified'))} "
+        f"(chance {percent(num('reid_chance'))}); recognized {percent(num('recognized'))} (reader: "
+        f"{percent(num('recognized_truth'))} of the originals, {percent(num('recognized_guess'))} of the guess); "
         f"PSNR {num('psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
     )
-
-
-def _whose(row: dict) -> str:
-    """An attack's target in words: "partition P", or for an aggregate (SecAgg+) its client_id."""
-    pid = row.get("partition_id")
-    return f"partition {pid}" if pid not in (None, "") else str(row.get("client_id") or "the aggregate")
 
 
 def verdict_summary(rows: list[dict]) -> dict:
@@ -396,13 +388,13 @@ def verdict_summary(rows: list[dict]) -> dict:
     scored.sort(
         key=lambda r: (r["round"] or 0, r["partition_id"] if r["partition_id"] is not None else -1, r["method"])
     )
-    lines = [f"round {r['round']}, {_whose(r)}, {r['method']}: {verdict_line(r)}" for r in scored]
+    lines = [f"round {r['round']}, {whose(r)}, {r['method']}: {verdict_line(r)}" for r in scored]
     held = {}
     for r in scored:
         if r.get("memory"):
             held[(r["partition_id"], r["method"])] = r  # the last round's, rows in round order
     lines += [
-        f"the remembering server ({method}) holds {r['recovered']} of {r['k']} images of {_whose(r)} "
+        f"the remembering server ({method}) holds {r['recovered']} of {r['k']} images of {whose(r)} "
         f"after round {r['round']}"
         for (_, method), r in held.items()
     ]
