@@ -70,6 +70,9 @@ def test_reconstructions_swapped_between_two_clients_fall_to_chance(setup):
     swapped = _score(verdict, b.images, b.labels, a)  # client 1's images offered as client 0's
     assert own["recovered"] == K[dataset]
     assert swapped["reidentified"] == 0.0 and swapped["recovered"] == 0
+    # each reconstruction exactly another of the client's own originals: ranked second, never first
+    shifted = verdict.singled_out(a.images.roll(1, dims=0), verdict.candidates(a.images))
+    assert not shifted.any()
 
 
 def test_a_distractor_equal_to_an_original_is_left_out(setup):
@@ -80,7 +83,21 @@ def test_a_distractor_equal_to_an_original_is_left_out(setup):
     v.reader = verdict.reader
     candidates = v.candidates(truth.images)
     assert len(candidates) == K[dataset] + verdict.num_distractors
-    assert v.singled_out(truth.images, candidates).all()  # no tie with its own copy
+    copies = (candidates[K[dataset] :] == truth.images[0]).flatten(1).all(1)
+    assert not copies.any()  # the planted copy is not a candidate
+    assert v.singled_out(truth.images, candidates).all()
+
+
+@pytest.mark.parametrize("distance", ["ssim", "l2"])
+def test_singled_out_means_ranked_first_not_second(setup, distance):
+    dataset, verdict, _ = setup
+    a, b = _client(dataset, 0).images[:2]
+    v = Verdict(dataset, verdict.public_images, verdict.public_labels, verdict.distractors, distance=distance)
+    candidates = torch.stack([a, b])  # the original first, one other candidate
+    nearer_b = (0.4 * a + 0.6 * b)[None]  # its own original ranks second
+    nearer_a = (0.6 * a + 0.4 * b)[None]
+    assert not v.singled_out(nearer_b, candidates).any()
+    assert v.singled_out(nearer_a, candidates).all()
 
 
 def _independent_floor_psnr(public_images, public_labels, truth_images, recon_labels) -> float:
