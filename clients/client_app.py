@@ -140,6 +140,15 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({"metrics": MetricRecord(metrics), "simulation": simulation}), reply_to=msg)
 
 
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """The node's partition id, which the server asks once per node to draw each round's
+    participants from the run's seed (strategies/sampling.py). Nothing private: the server's own
+    bookkeeping of who is who, as in every reply's "simulation" record."""
+    simulation = ConfigRecord({"partition-id": node_partition(context)})
+    return Message(content=RecordDict({"simulation": simulation}), reply_to=msg)
+
+
 class SecAggClient(NumPyClient):
     """The same training and evaluation for Flower's legacy path (SecAgg+ needs a NumPyClient).
 

@@ -31,6 +31,7 @@ from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.run_config import RunSettings
 from fl_attack.update import AttackTarget
 
+from .sampling import SeededClients
 from .strategy import LeakageTracking
 
 
@@ -76,6 +77,7 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
     def __init__(self, settings: RunSettings, run_dir, initial_state: dict, **kwargs):
         """``kwargs``: LeakageTracking's arguments and the legacy FedAvg's."""
         self.keys = list(initial_state)
+        self.grid = None  # run_secagg sets it
         super().__init__(
             settings,
             run_dir,
@@ -90,10 +92,15 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
         self._round_started(server_round, ArrayRecord(_state(self.keys, parameters_to_ndarrays(parameters))))
-        instructions = super().configure_fit(server_round, parameters, client_manager)
+        clients = SeededClients(client_manager, self.nodes, self.grid, server_round, "train")
+        instructions = super().configure_fit(server_round, parameters, clients)
         if server_round > 1:  # round 1's configure belongs to the start-up span
             self.timings.add("strategy", time.perf_counter() - start)
         return instructions
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        clients = SeededClients(client_manager, self.nodes, self.grid, server_round, "evaluate")
+        return super().configure_evaluate(server_round, parameters, clients)
 
     def aggregate_fit(self, server_round, results, failures):
         fits = [fit_res for _, fit_res in results]
@@ -156,5 +163,6 @@ def run_secagg(grid, context, strategy: SecAggLeakageFedAvg, settings: RunSettin
             max_weight=defense.secagg_max_weight or float(strategy.settings.max_client_samples()),
         )
     )
+    strategy.grid = grid  # the seeded draw of participants asks the nodes their partition ids through it
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=settings.num_server_rounds), strategy=strategy)
     workflow(grid, legacy)

@@ -26,6 +26,7 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
+from fl_attack.participants import sample_size
 from fl_attack.paths import resolve_in_project
 from fl_attack.privacy import PrivacyLedger
 from fl_attack.run_config import RunSettings
@@ -117,8 +118,7 @@ def check_defense(settings: RunSettings, num_nodes: int) -> int:
     per round (at most ``num_nodes``)."""
     defense = settings.defense
     minimum = defense.secagg_min_clients if defense.secagg else 1
-    # what Flower's FedAvg (either API) samples per round: max(int(n * fraction), minimum)
-    sampled = min(num_nodes, max(int(num_nodes * settings.fraction_train), minimum))
+    sampled = sample_size(num_nodes, settings.fraction_train, minimum)  # what the strategies sample per round
     defense.check_clients(sampled)
     return sampled
 

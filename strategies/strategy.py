@@ -22,9 +22,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from tqdm import tqdm
 
 from fl_attack import ObservedUpdate, TrainingMetadata
@@ -43,6 +45,8 @@ from fl_attack.verdict import Verdict, verdict_line, verdict_summary
 from fl_attack.victims import ground_truth, private_samples
 from fl_attack.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers, memory_key, remember
 from fl_attack.workers import outcomes as outcomes_of
+
+from .sampling import NodePartitions
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +213,7 @@ class LeakageTracking:
         self.global_arrays: dict[int, ArrayRecord] = {}
         self.rows: list[dict] = []
         self.current_round = round_offset
+        self.nodes = NodePartitions(settings.seed, self.folder.event)  # the seeded draw of participants
         # per round: clients, losses, accuracies, attack counts, excluded partitions
         self._round: defaultdict[int, dict] = defaultdict(lambda: {"dispatched": 0, "skipped": 0, "excluded": []})
         self.unwritten: list[AttackOutcome] = []  # finished attacks whose rows the disk refused
@@ -607,10 +612,33 @@ class LeakageFedAvg(LeakageTracking, FedAvg):
         start = time.perf_counter()
         server_round = self._run_round(server_round)
         self._round_started(server_round, arrays)
-        messages = super().configure_train(server_round, arrays, config, grid)  # tells clients the run's round
+        messages = self._configure(grid, arrays, config, server_round, "train")  # tells clients the run's round
         if server_round > 1:  # round 1's configure belongs to the start-up span
             self.timings.add("strategy", time.perf_counter() - start)
         return messages
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        return self._configure(grid, arrays, config, self._run_round(server_round), "evaluate")
+
+    def _configure(self, grid: Grid, arrays: ArrayRecord, config: ConfigRecord, server_round: int, stage: str):
+        """FedAvg's configure_train/configure_evaluate with the participants drawn from the run's seed
+        and round (strategies/sampling.py) instead of Flower's unseeded ``random.sample``."""
+        fraction, minimum = (
+            (self.fraction_train, self.min_train_nodes)
+            if stage == "train"
+            else (self.fraction_evaluate, self.min_evaluate_nodes)
+        )
+        if fraction == 0.0:
+            return []
+        size = max(int(len(list(grid.get_node_ids())) * fraction), minimum)  # Flower's count
+        _, available = sample_nodes(grid, self.min_available_nodes, size)  # Flower's wait for enough nodes
+        self.nodes.learn(grid, available)
+        node_ids = self.nodes.sample(available, size, server_round, stage)
+        flwr_log(logging.INFO, "configure_%s: Sampled %s nodes (out of %s)", stage, len(node_ids), len(available))
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        kind = MessageType.TRAIN if stage == "train" else MessageType.EVALUATE
+        return self._construct_messages(record, node_ids, kind)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         server_round = self._run_round(server_round)

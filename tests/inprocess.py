@@ -7,6 +7,7 @@ attacks in process and keeps every job it was given.
 from __future__ import annotations
 
 import copy
+import random
 import tomllib
 from collections import OrderedDict
 from pathlib import Path
@@ -61,16 +62,21 @@ class InProcessGrid:
     message's content is deep-copied, as the wire would: Flower reuses one RecordDict for all nodes.
     """
 
-    def __init__(self, run_config: dict, partitions):
+    def __init__(self, run_config: dict, partitions, random_node_ids: bool = False):
+        """random_node_ids: node ids drawn afresh (unseeded) and listed in a random order, as Flower's
+        simulation does per run; else node 100 + p holds partition p."""
         self.run = SimpleNamespace(run_id=1)
         nodes = {"num-partitions": len(partitions)}  # as the simulation sets it: the node count
+        ids = [random.getrandbits(63) for _ in partitions] if random_node_ids else [100 + p for p in partitions]
         self.contexts = {
-            100 + p: Context(1, 100 + p, {"partition-id": p, **nodes}, RecordDict(), dict(run_config))
-            for p in partitions
+            node: Context(1, node, {"partition-id": p, **nodes}, RecordDict(), dict(run_config))
+            for node, p in zip(ids, partitions, strict=True)
         }
+        self.random_node_ids = random_node_ids
 
     def get_node_ids(self):
-        return list(self.contexts)
+        ids = list(self.contexts)
+        return random.sample(ids, len(ids)) if self.random_node_ids else ids
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
@@ -98,16 +104,16 @@ class RecordingWorkers(InlineWorkers):
         super().submit(job)
 
 
-def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, **overrides):
+def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, random_node_ids=False, **overrides):
     """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
     server side of server_app.build_strategy, the in-process workers); returns (settings, tracking
     strategy, Flower's result, the attack jobs). torch_threads: run it with that many torch threads
-    (restored after), as the Ray workers would."""
+    (restored after), as the Ray workers would. random_node_ids: as ``serve``'s."""
     if torch_threads is not None:
         before = torch.get_num_threads()
         torch.set_num_threads(torch_threads)
         try:
-            return federate(tmp_path, partitions, num_rounds, **overrides)
+            return federate(tmp_path, partitions, num_rounds, random_node_ids=random_node_ids, **overrides)
         finally:
             torch.set_num_threads(before)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
@@ -117,7 +123,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, *
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
     strategy.pipeline = Pipeline(dispatcher := RecordingWorkers())
-    grid = InProcessGrid(run_config, partitions)
+    grid = InProcessGrid(run_config, partitions, random_node_ids)
     result = None
     if settings.defense.secagg:
         server = Context(1, 0, {}, RecordDict(), run_config)
@@ -135,16 +141,17 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, *
     return settings, strategy, result, dispatcher.jobs
 
 
-def serve(tmp_path, partitions=(0, 1), num_rounds=1, **overrides) -> Path:
+def serve(tmp_path, partitions=(0, 1), num_rounds=1, random_node_ids=False, **overrides) -> Path:
     """The real ServerApp (strategies/server_app.py ``main``: the run folder, every round, the drain,
     summary.json and its last console lines) on an InProcessGrid, with the attacks run in this process
-    (``InlineWorkers``: no Ray, no spawned process). The run is ``tmp_path``/run, which it returns."""
+    (``InlineWorkers``: no Ray, no spawned process). The run is ``tmp_path``/run, which it returns.
+    random_node_ids: node ids new and random per call, as Flower's simulation gives them."""
     import strategies.strategy as strategy_module
     from strategies import server_app
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = flower_run_config(num_rounds, results_dir=str(tmp_path), run_name="run", **overrides)
-    grid = InProcessGrid(run_config, partitions)
+    grid = InProcessGrid(run_config, partitions, random_node_ids)
     chosen = strategy_module.federation_workers
     strategy_module.federation_workers = lambda settings, threads: InlineWorkers("cpu", threads)
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import random
 
 import pytest
 from dp_accounting import dp_event
@@ -107,12 +106,11 @@ def _rows(path):
 
 
 def test_a_local_dp_federation_records_each_clients_spent_epsilon(tmp_path):
-    """Half the clients train each round (Flower samples with python's random: seeded here), so the
-    tracked clients spend different budgets; every recorded ε is dp-accounting's own for the
+    """Half the clients train each round (drawn from the run's seed: 1 here), so the tracked clients
+    spend different budgets; every recorded ε is dp-accounting's own for the
     client's participations in rounds.csv's participants column."""
-    random.seed(3)
     eps, rounds = 2.0, 4
-    overrides = dict(defense="local-dp", defense_epsilon=eps, fraction_train=0.5, attack_clients="0,1")
+    overrides = dict(defense="local-dp", defense_epsilon=eps, fraction_train=0.5, attack_clients="0,1", seed=1)
     federate(tmp_path, partitions=(0, 1, 2, 3), num_rounds=rounds, **overrides)
     z = localdp_multiplier(eps, DELTA)
     table = _rows(tmp_path / "rounds.csv")
@@ -141,7 +139,6 @@ def test_a_local_dp_federation_records_each_clients_spent_epsilon(tmp_path):
 
 
 def test_a_central_dp_federation_records_the_subsampled_gaussians_epsilon(tmp_path):
-    random.seed(0)
     z, rounds = 1.5, 3
     overrides = dict(defense="central-dp", defense_noise_multiplier=z, fraction_train=0.5, attack_clients="all")
     settings, *_ = federate(tmp_path, partitions=(0, 1, 2, 3), num_rounds=rounds, **overrides)
@@ -175,8 +172,7 @@ def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
     from fl_attack.cli import main
     from strategies.server_app import build_strategy
 
-    random.seed(3)
-    overrides = dict(defense="local-dp", defense_epsilon=2.0, fraction_train=0.5, attack_clients="0,1")
+    overrides = dict(defense="local-dp", defense_epsilon=2.0, fraction_train=0.5, attack_clients="0,1", seed=1)
     settings, strategy, _, _ = federate(tmp_path, partitions=(0, 1, 2, 3), num_rounds=3, **overrides)
     write_run_config(tmp_path, settings, flower_run_config(num_rounds=3, **overrides), num_nodes=4)
     kept = {(a["round"], a["partition_id"]): a["epsilon"] for a in _rows(tmp_path / "attacks.csv")}
