@@ -706,39 +706,56 @@ class RunSettings:
         return server_round in {int(r) for r in spec.split(",")}
 
     def select_clients(self, partition_ids: list[int], server_round: int) -> list[int]:
-        """Which of this round's partitions to attack: "all", "fraction:F" (seeded per round) or "0,3,5"."""
+        """Which of this round's partitions to attack: "all", "fraction:F" (seeded per round), a
+        panel "0,3,5", or a panel and a fraction of the others "0,3+fraction:F"."""
         spec = self.attack_clients.strip()
         if spec == "all":
             return sorted(partition_ids)
         if spec in ("none", ""):
             return []
-        if spec.startswith("fraction:"):
+        panel, fraction = self._client_spec()
+        chosen = {p for p in partition_ids if p in set(panel)}
+        if fraction is not None:
             import numpy as np
 
-            frac = float(spec.split(":", 1)[1])
-            count = max(1, round(frac * len(partition_ids))) if partition_ids else 0
+            count = max(1, round(fraction * len(partition_ids))) if partition_ids else 0
             rng = np.random.default_rng([self.seed, server_round])
-            return sorted(int(p) for p in rng.choice(sorted(partition_ids), size=count, replace=False))
-        wanted = {int(p) for p in spec.split(",")}
-        return sorted(p for p in partition_ids if p in wanted)
+            chosen |= {int(p) for p in rng.choice(sorted(partition_ids), size=count, replace=False)}
+        return sorted(chosen)
 
-    def attack_client_ids(self) -> list[int] | None:
-        """The partition ids attack-clients lists ("0,3,5"), None for "all", "none" or "fraction:F".
-        ValueError naming attack-clients for text that is not comma-separated ids >= 0."""
+    def _client_spec(self) -> tuple[list[int], float | None]:
+        """attack-clients as (the panel's partition ids, the sampled fraction or None); for text other
+        than "all" and "none". ValueError naming attack-clients for anything else."""
         clients = self.attack_clients.strip()
-        if clients in ("all", "none", "") or clients.startswith("fraction:"):
-            return None
+        parts = [part.strip() for part in clients.split("+")]
         try:
-            ids = [int(p) for p in clients.split(",")]
+            if len(parts) > 2 or (len(parts) == 2 and parts[0].startswith("fraction:")):
+                raise ValueError  # "fraction:F", "IDS" or "IDS+fraction:F"
+            fraction_text = parts.pop().removeprefix("fraction:") if parts[-1].startswith("fraction:") else None
+            if len(parts) > 1 or (fraction_text is None and not parts):
+                raise ValueError
+            ids = [int(p) for p in parts[0].split(",")] if parts else []
+            fraction = float(fraction_text) if fraction_text is not None else None
         except ValueError:
             raise ValueError(
-                "invalid run config: attack-clients must be 'all', 'none', 'fraction:F' "
-                f"or comma-separated partition ids, got '{clients}'"
+                "invalid run config: attack-clients must be 'all', 'none', 'fraction:F', comma-separated "
+                f"partition ids or both as 'IDS+fraction:F' (e.g. '0,3+fraction:0.2'), got '{clients}'"
             ) from None
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ValueError("invalid run config: attack-clients 'fraction:F' needs F in (0, 1]")
         negative = [p for p in ids if p < 0]
         if negative:
             raise ValueError(f"invalid run config: attack-clients partition ids must be >= 0, got {negative[0]}")
-        return ids
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"invalid run config: attack-clients names a partition id twice: '{clients}'")
+        return ids, fraction
+
+    def attack_client_ids(self) -> list[int] | None:
+        """The tracked panel attack-clients lists ("0,3,5", or the ids of "0,3+fraction:F"), None
+        for "all", "none" or "fraction:F". ValueError naming attack-clients for bad text."""
+        if self.attack_clients.strip() in ("all", "none", ""):
+            return None
+        return self._client_spec()[0] or None
 
     def check_nodes(self, num_nodes: int) -> None:
         """Check the settings against the federation: its ``num_nodes`` partitions are 0..num_nodes-1.
@@ -992,18 +1009,7 @@ class RunSettings:
                 "invalid run config: attack-rounds must be 'all', 'none', 'every:N', 'first:N' (N >= 1) "
                 f"or distinct round numbers >= 1 such as '1,5,10', got '{rounds}'"
             ) from None
-        clients = self.attack_clients.strip()
-        if clients.startswith("fraction:"):
-            try:
-                frac = float(clients.split(":", 1)[1])
-            except ValueError:
-                frac = -1
-            if not 0 < frac <= 1:
-                raise ValueError("invalid run config: attack-clients 'fraction:F' needs F in (0, 1]")
-        elif clients not in ("all", "none", ""):
-            ids = self.attack_client_ids()
-            if len(set(ids)) != len(ids):
-                raise ValueError(f"invalid run config: attack-clients names a partition id twice: '{clients}'")
+        self.attack_client_ids()  # checks attack-clients
         if self.attack_config().label_estimator == "aux" and not self.server_test_samples:  # checks attack-options
             raise ValueError(
                 "invalid run config: label_estimator=aux estimates labels from the server's held-out "

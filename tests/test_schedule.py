@@ -13,6 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.data import get_spec, load_pool, server_test_set
 from fl_attack.models import build_model
+from fl_attack.run_config import RunSettings
 from fl_attack.runs import RunFolder
 from fl_attack.update import load_update, read_update_index
 from fl_attack.workers import Pipeline
@@ -215,6 +216,18 @@ def test_a_fraction_of_clients_is_attacked_seeded_by_round(tmp_path):
     for rnd in (1, 2):
         attacked = sorted({j.target.partition_id for j in jobs if j.target.round == rnd})
         assert attacked == settings.select_clients([0, 1, 2, 3], rnd) and len(attacked) == 2
+
+
+def test_a_panel_plus_a_fraction_attacks_the_panel_and_the_fractions_draw():
+    """Unit test: attack-clients="0,3+fraction:0.2" attacks the tracked panel whenever it takes part,
+    and beside it the round's "fraction:0.2" draw; the panel is what attack_client_ids tracks."""
+    both = RunSettings(attack_clients="0,3+fraction:0.2", seed=5)
+    alone = RunSettings(attack_clients="fraction:0.2", seed=5)
+    assert both.attack_client_ids() == [0, 3] and alone.attack_client_ids() is None
+    for rnd in range(1, 30):
+        present = [p for p in range(10) if (p + rnd) % 3]  # who took part this round
+        drawn = alone.select_clients(present, rnd)
+        assert both.select_clients(present, rnd) == sorted(set(drawn) | ({0, 3} & set(present)))
 
 
 def test_an_attack_memory_the_disk_refuses_is_counted_and_kept_in_the_process(tmp_path, monkeypatch):
