@@ -171,16 +171,22 @@ def attack_with_memory(
 class ClientMemory:
     """What the server remembers of one (client, method): its best candidates and the updates seen.
 
-    history: each candidate that was the best so far when it came, in that order (the last is the
-    estimate kept; a resume cuts it back). observed: {round: [ObservedUpdate, fit]}, fit being the
-    best honest Lsim any candidate reached on that update (NaN until one did)."""
+    history: each candidate that was the best of its own and earlier rounds when it came, in that
+    order (the best of them is the estimate kept; a resume cuts it back). observed: {round:
+    [ObservedUpdate, fit]}, fit being the best honest Lsim any candidate reached on that update (NaN
+    until one did)."""
 
     history: list = field(default_factory=list)
     observed: dict = field(default_factory=dict)
 
     @property
     def best(self) -> Candidate | None:
-        return self.history[-1] if self.history else None
+        return self.best_until(math.inf)
+
+    def best_until(self, round: float) -> Candidate | None:
+        """The best candidate made from updates of rounds <= ``round`` only."""
+        known = [c for c in self.history if max(c.rounds) <= round]
+        return min(known, key=lambda c: c.fit) if known else None
 
 
 class AttackMemory:
@@ -205,9 +211,11 @@ class AttackMemory:
         self.clients.setdefault(key, ClientMemory()).observed[int(round)] = [update, math.nan]
 
     def inputs(self, key, round: int) -> MemoryInputs:
-        """The snapshot for the job attacking ``key``'s update of ``round`` (observed first)."""
+        """The snapshot for the job attacking ``key``'s update of ``round`` (observed first): what the
+        server held from the rounds before it, even when a later round's candidates are already in
+        (``fl-attack replay --missing`` completes a round's job after the resumed run's later ones)."""
         memory = self.clients.setdefault(key, ClientMemory())
-        best = memory.best
+        best = memory.best_until(round - 1)
         earlier = []
         if self.mode == "joint":
             earlier = [(r, u, f) for r, (u, f) in sorted(memory.observed.items()) if r in self._chosen(memory, round)]
@@ -229,7 +237,9 @@ class AttackMemory:
         return {r for _, r in fitted[:best]} | set(sorted(rounds)[len(rounds) - latest :] if latest else [])
 
     def remember(self, key, candidates: list[Candidate]) -> Candidate | None:
-        """Merge a job's candidates; returns the estimate held now (``held``)."""
+        """Merge a job's candidates; returns the estimate held once their round is in (``held``).
+        A candidate is kept when it beats the best of its own and earlier rounds, so a round's job
+        completed late (``replay --missing``) is merged as it would have been in its turn."""
         memory = self.clients.setdefault(key, ClientMemory())
         for c in candidates:
             if not isinstance(c, Candidate):
@@ -237,20 +247,22 @@ class AttackMemory:
             for r, f in c.fits.items():
                 if r in memory.observed and not memory.observed[r][1] <= f:
                     memory.observed[r][1] = f
-            if memory.best is None or c.fit < memory.best.fit:
+            prior = memory.best_until(max(c.rounds))
+            if prior is None or c.fit < prior.fit:
                 memory.history.append(c)
         self._prune(memory)
-        return self.held(key, candidates)
+        return self.held(key, candidates, until=max((max(c.rounds) for c in candidates), default=math.inf))
 
-    def held(self, key, latest: list[Candidate] | None = None) -> Candidate | None:
-        """The estimate the server holds: under "labels" the latest round's own best candidate (its
-        images are not kept), else the best candidate so far."""
+    def held(self, key, latest: list[Candidate] | None = None, until: float = math.inf) -> Candidate | None:
+        """The estimate the server holds once round ``until`` is in (default: now): under "labels"
+        the latest round's own best candidate (its images are not kept), else the best candidate
+        made from rounds <= ``until``."""
         memory = self.clients.get(key)
-        if memory is None or memory.best is None:
+        if memory is None or memory.best_until(until) is None:
             return None
         if self.mode == "labels" and latest:
             return min(latest, key=lambda c: c.fit)
-        return memory.best
+        return memory.best_until(until)
 
     def _prune(self, memory: ClientMemory) -> None:
         """Drop the updates no later joint attack can choose (all are kept under "all")."""

@@ -110,6 +110,29 @@ def test_unit_a_waiting_round_keeps_the_updates_it_may_choose(watched):
     assert sorted(memory.clients["c"].observed) == [1, 3]  # what round 4 may choose: best (1), latest (3)
 
 
+def test_unit_a_job_sees_only_what_the_server_held_before_its_round(watched):
+    """``replay --missing`` completes a round's +memory job after the resumed run's later rounds are
+    merged: the job still starts from the rounds before its own (a later estimate is the future)."""
+    updates, labels = watched
+
+    def candidate(rounds, fit):
+        return Candidate(torch.full((8, 1, 28, 28), fit), labels, fit, rounds, dict.fromkeys(rounds, fit))
+
+    memory = AttackMemory("keep")
+    memory.observe("c", 1, updates[0])
+    memory.remember("c", [candidate((1,), 0.3)])
+    memory.observe("c", 4, updates[3])
+    memory.remember("c", [candidate((4,), 0.1)])
+    assert memory.inputs("c", 1).kept is None and memory.inputs("c", 1).labels is None
+    assert memory.inputs("c", 2).kept.rounds == (1,) and memory.inputs("c", 4).kept.rounds == (1,)
+    assert memory.inputs("c", 5).kept.rounds == (4,)
+    assert memory.held("c").rounds == (4,)  # what the server holds now is still the best of all
+    # round 2's job, completed last, is merged as in its turn and its row scores the estimate of then
+    memory.observe("c", 2, updates[1])
+    assert memory.remember("c", [candidate((2,), 0.2)]).rounds == (2,)
+    assert memory.inputs("c", 3).kept.rounds == (2,) and memory.held("c").rounds == (4,)
+
+
 def test_the_memory_is_saved_and_cut_back(watched, tmp_path):
     updates, _ = watched
     memory = AttackMemory("joint", "all")
