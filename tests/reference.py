@@ -79,6 +79,36 @@ def pixel_box_reference(mean, std, dtype=torch.float64) -> tuple[torch.Tensor, t
     return (0 - mean) / std, (1 - mean) / std
 
 
+def step_weights_reference(name: str, beta: float, T: int) -> torch.Tensor:
+    """(T,) float64 c_r: how many times step r's gradient g~_r counts in delta_w / lr, found by
+    running the optimizer's recursion (torch's conventions, docs/PISME.md "Optimizers") on a unit
+    gradient at step r and zero at every other step, and summing the T displacements. "sgd": plain
+    steps; "momentum": v_1 = g_1, v_s = beta v_(s-1) + g_s, step v_s; "nesterov": step g_s + beta v_s."""
+    weights = []
+    for r in range(1, T + 1):
+        v, moved = 0.0, 0.0
+        for s in range(1, T + 1):
+            g = 1.0 if s == r else 0.0
+            if name == "sgd":
+                moved += g
+                continue
+            v = g if s == 1 else beta * v + g
+            moved += g + beta * v if name == "nesterov" else v
+        weights.append(moved)
+    return torch.tensor(weights, dtype=torch.float64)
+
+
+def path_weight_reference(step_weights: torch.Tensor, t: float) -> float:
+    """a(t): the step weights normalised to mean 1, read at step t T + 1 (0-based index t T, at
+    most T - 1), linear between two steps (docs/PISME.md, "Optimizers", "The surrogate")."""
+    c = step_weights / step_weights.mean()
+    T = c.shape[0]
+    pos = min(max(t * T, 0.0), T - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, T - 1)
+    return float(c[lo] * (1 - (pos - lo)) + c[hi] * (pos - lo))
+
+
 # --- eq. 10 ------------------------------------------------------------------------------------
 
 
@@ -96,9 +126,14 @@ def pisme_objective_reference(
     calibration_weight: float = 1e-6,
     tv_reduction: str = "mean",
     lsim_guard: float = 0.0,
+    step_weights: torch.Tensor | None = None,
+    weight_decay: float = 0.0,
 ) -> torch.Tensor:
     """Eq. 10 for PI-SME, computed node by node. All weight arguments are dicts name -> tensor.
-    ``lsim_guard``: added to Lsim's denominator (``lsim_reference``)."""
+    ``lsim_guard``: added to Lsim's denominator (``lsim_reference``). ``step_weights`` (T,) and
+    ``weight_decay``: the client's optimizer (docs/PISME.md, "Optimizers"): node i's gradient is
+    weighted by a(t_i) (``path_weight_reference``) and gets lambda w(t_i) added; None and 0 are
+    plain SGD, the paper's eq. 8."""
     t, c = gauss_legendre_reference(m)
     keys = list(w0)
     grad_sum = {k: torch.zeros_like(w0[k]) for k in keys}
@@ -106,8 +141,9 @@ def pisme_objective_reference(
         w_t = {k: (1 - ti) ** 2 * w0[k] + 2 * (1 - ti) * ti * control_point[k] + ti**2 * wT[k] for k in keys}
         loss = F.cross_entropy(functional_call(model, w_t, (x,)), y)
         grads = torch.autograd.grad(loss, [w_t[k] for k in keys], create_graph=True)
+        a = 1.0 if step_weights is None else path_weight_reference(step_weights, ti)
         for k, g in zip(keys, grads):
-            grad_sum[k] = grad_sum[k] + ci * g
+            grad_sum[k] = grad_sum[k] + ci * a * (g + weight_decay * w_t[k])
     G = torch.cat([grad_sum[k].reshape(-1) for k in keys])
     d = torch.cat([calibration[k].reshape(-1) for k in keys])
     delta_w = torch.cat([(w0[k] - wT[k]).reshape(-1) for k in keys])

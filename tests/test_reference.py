@@ -18,7 +18,8 @@ import fl_attack.api as api
 from fl_attack import AttackConfig, reconstruct
 from fl_attack.attacks import get_attack
 from fl_attack.attacks.base import lsim, total_variation
-from fl_attack.data import get_spec
+from fl_attack.config import ClientOptimizer
+from fl_attack.data import client_partition, get_spec, load_pool
 from fl_attack.models import build_model
 from fl_attack.quadrature import gauss_legendre
 from fl_attack.training import train_local
@@ -353,3 +354,90 @@ def test_joint_attack_of_every_method_weighs_each_update(victim, second_update, 
     assert torch.equal(alone.images, ignored.images)
     assert float((both.images - alone.images).abs().max()) > 1e-3
     assert len(both.lsim_per_update) == 2 and all(0 <= v <= 2 for v in both.lsim_per_update)
+
+
+# --- the optimizer-aware objective (docs/PISME.md, "Optimizers") ------------------------------------
+
+OPTIMIZERS = {
+    "momentum+wd": ClientOptimizer("momentum", momentum=0.9, weight_decay=5e-3),
+    "nesterov+wd": ClientOptimizer("nesterov", momentum=0.8, weight_decay=1e-2),
+}
+
+
+def test_step_weights_reference_is_the_closed_form():
+    """The recursion run on unit gradients gives docs/PISME.md's closed forms: heavy ball
+    (1 - beta^(T-r+1)) / (1 - beta), Nesterov 1 + beta (1 - beta^(T-r+1)) / (1 - beta), SGD 1."""
+    T, beta = 7, 0.9
+    tail = torch.tensor([(1 - beta ** (T - r + 1)) / (1 - beta) for r in range(1, T + 1)], dtype=torch.float64)
+    assert torch.allclose(R.step_weights_reference("momentum", beta, T), tail, rtol=1e-12)
+    assert torch.allclose(R.step_weights_reference("nesterov", beta, T), 1 + beta * tail, rtol=1e-12)
+    assert torch.equal(R.step_weights_reference("sgd", beta, T), torch.ones(T, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("regime", sorted(OPTIMIZERS))
+def test_the_optimizer_aware_objective_matches_the_extended_reference(regime):
+    """PI-SME's objective on a real momentum (Nesterov) + weight-decay update, float64, at a point
+    where P1 and d have left their start: its value and its gradients with respect to X_hat, P1 and
+    d equal the literal node-by-node reference with the step weights run out of the optimizer's
+    recursion and lambda w(t_i) added (tests/reference.py imports nothing of fl_attack). The naive
+    reference (plain SGD's eq. 8) differs, so the comparison can tell them apart."""
+    opt = OPTIMIZERS[regime]
+    split = client_partition(load_pool("femnist"), 1, 6)
+    update = train_local(
+        build_model("femnist", seed=0),
+        split.train.images,
+        split.train.labels,
+        dataset="femnist",
+        lr=0.01,
+        batch_size=2,
+        local_epochs=2,
+        optimizer=opt,
+    ).update
+    T, labels = update.metadata.local_steps, split.train.labels
+    assert T == 6 and update.metadata.optimizer == opt
+    model = build_model("femnist")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    w0, wT = flatten(update.w0).double(), flatten(update.wT).double()
+    attack = get_attack("pisme")(model, w0, wT, layout(update.w0), AttackConfig(nodes=3), training=update.metadata)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 1, 28, 28, generator=gen, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        attack.control_point += 1e-3 * torch.randn(w0.shape, generator=gen, dtype=torch.float64)
+        attack.calibration.copy_(1 + 0.2 * torch.rand(w0.shape, generator=gen, dtype=torch.float64))
+    shipped = attack.objective(x, labels)["loss"]
+    grads = torch.autograd.grad(shipped, [x, attack.control_point, attack.calibration])
+
+    def as_dict(flat):
+        out, i = {}, 0
+        for k, v in update.w0.items():
+            out[k] = flat[i : i + v.numel()].view(v.shape)
+            i += v.numel()
+        return out
+
+    x_ref = x.detach().clone().requires_grad_(True)
+    p_ref = attack.control_point.detach().clone().requires_grad_(True)
+    d_ref = attack.calibration.detach().clone().requires_grad_(True)
+
+    def reference(**optimizer):
+        return R.pisme_objective_reference(
+            model,
+            as_dict(w0),
+            as_dict(wT),
+            as_dict(p_ref),
+            as_dict(d_ref),
+            x_ref,
+            labels,
+            3,
+            lsim_guard=1e-12,
+            **optimizer,
+        )
+
+    step_weights = R.step_weights_reference(opt.name, opt.momentum, T)
+    expected = reference(step_weights=step_weights, weight_decay=opt.weight_decay)
+    ref_grads = torch.autograd.grad(expected, [x_ref, p_ref, d_ref])
+    assert float(shipped.detach()) == pytest.approx(float(expected.detach()), rel=1e-10)
+    for name, got, want in zip(("X_hat", "P1", "d"), grads, ref_grads):
+        assert _rel_err(got, want) < 1e-8, name
+    naive = reference()
+    assert abs(float(naive.detach()) - float(expected.detach())) > 1e-4 * abs(float(expected.detach()))
