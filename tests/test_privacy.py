@@ -192,3 +192,62 @@ def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
 
     _, resumed = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
     assert resumed.privacy.rounds == {r: p for r, p in strategy.privacy.rounds.items() if r <= 2}
+
+
+def test_flowers_local_dp_mod_adds_the_noise_the_accountant_assumes():
+    """Flower's own LocalDpMod, as the ClientApp runs it (clients/defenses.py), on a known update of
+    the FEMNIST CNN (norm 50x the clipping norm): what it sends is w0 + the update clipped to C + noise.
+    The noise is measured (its std over 0.4 M coordinates and its mean), and it is the accountant's
+    Gaussian mechanism: std = z x C with the ledger's z. So the recorded ε is that of sensitivity C,
+    user-level add/remove-one-client adjacency (the client's update against none). Under replace-one
+    adjacency (any two inputs of the client, whose clipped updates may differ by 2C) the same noise
+    is a mechanism of z/2: its ε, computed here, is what the README's caveat names."""
+    import numpy as np
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from clients.defenses import local_dp_mod
+    from fl_attack.models import build_model
+    from fl_attack.update import flatten
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    clip, eps = 0.01, 4.0
+    run_config = flower_run_config(defense="local-dp", defense_clip_norm=clip, defense_epsilon=eps)
+    w0 = build_model("femnist", seed=0).state_dict()
+    gen = torch.Generator().manual_seed(0)
+    update = {k: 1e-3 * torch.randn(v.shape, generator=gen) for k, v in w0.items()}
+    wT = {k: w0[k] - update[k] for k in w0}
+    sent = Message(
+        RecordDict({"arrays": ArrayRecord(w0), "config": ConfigRecord({"server-round": 1})}),
+        dst_node_id=7,
+        message_type="train",
+    )
+    context = Context(1, 7, {"partition-id": 0, "num-partitions": 2}, RecordDict(), run_config)
+
+    def train(msg, ctx):
+        return Message(
+            RecordDict({"arrays": ArrayRecord(wT), "metrics": MetricRecord({"num-examples": 8})}), reply_to=msg
+        )
+
+    before = np.random.get_state()[1].copy()
+    reply = local_dp_mod(sent, context, train)
+    assert np.array_equal(np.random.get_state()[1], before)  # the global generator is left as it was
+    ((_, arrays),) = reply.content.array_records.items()
+    seen = flatten(arrays.to_torch_state_dict()).double() - flatten(w0).double()
+    raw = -flatten(update).double()
+    assert float(raw.norm()) > 40 * clip  # the bound binds
+    clipped = raw * clip / float(raw.norm())
+    noise = seen - clipped
+    measured = float(noise.std())
+
+    ledger = PrivacyLedger.for_defense(DefenseSettings.from_run_config(run_config), clients_per_round=2, num_clients=2)
+    assert measured == pytest.approx(ledger.noise_multiplier * clip, rel=0.01)  # the accountant's σ = z·C
+    assert abs(float(noise.mean())) < 5 * measured / math.sqrt(noise.numel())
+    assert measured == pytest.approx(localdp_multiplier(eps, DELTA) * clip, rel=0.01)  # Flower's calibration
+    # what the ledger records for one round, and the same noise under replace-one adjacency (2C)
+    ledger.round_done(1, [0])
+    add_remove = ledger.epsilon(1, [0])
+    assert add_remove == pytest.approx(composed_epsilon(ledger.noise_multiplier, 1, DELTA), rel=1e-9)
+    replace_one = composed_epsilon(ledger.noise_multiplier / 2, 1, DELTA)
+    assert replace_one > 1.8 * add_remove
