@@ -6,10 +6,11 @@ Each run goes through the launcher (``flwr run``, Ray, the real apps). While it 
 (``flwr-simulation``, which also drives the attacker), of the attacker actors (``ray::AttackWorker``)
 and of the client actors (``ray::ClientAppActor``), read from /proc; the size of the run folder; the
 rounds and attack rows written so far; the attacks in flight and the lag in rounds. The killed run is
-SIGKILLed (the launcher and everything it started) once ``--kill-after`` rounds are recorded,
-resumed with ``resume=``, and its attacks in flight when it died are completed by ``fl-attack replay
-RUN --missing``. ``soak.json`` then says whether the two runs' rounds.csv and attacks.csv are the
-same but for wall times and runtime ids, and the figures.
+SIGKILLed (the launcher and everything it started) once ``--kill-after`` rounds are recorded and
+resumed with ``resume=`` (which first runs the kept rounds' attacks that died in flight); then
+``fl-attack replay RUN --missing`` must find nothing left to do. ``soak.json`` then says whether the
+two runs' rounds.csv and attacks.csv are the same but for wall times and runtime ids, and the
+figures.
 
 Resumable: a run whose summary.json exists is not run again, a killed run found without one is
 resumed, and samples.csv is appended to. Run it alone, niced:
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
         state["phases"]["replay-missing"] = {
             "returncode": missing.returncode,
             "seconds": round(time.monotonic() - started, 1),
-            "last_line": (missing.stdout.strip().splitlines() or [""])[-1],
+            "last_line": ((missing.stdout + missing.stderr).strip().splitlines() or [""])[-1],
         }
     sampler.stopped.set()
 
@@ -235,8 +236,14 @@ def main(argv=None) -> int:
         same[name] = {"rows": [len(a), len(b)], "identical": a == b, "differing_columns": differing}
     samples = csv_rows(args.out / "samples.csv")
     peaks = {
-        kind: max((float(s[f"{kind}_rss_mb"]) for s in samples if s["phase"] == "full"), default=0.0) for kind in KINDS
+        kind: max((float(s[f"{kind}_rss_mb"]) for s in samples if s["phase"] == "full"), default=0.0)
+        for kind in [*KINDS, "other"]
     }
+    by_round = {}  # the uninterrupted run's first sample at each of these rounds
+    for r in sorted({1, args.rounds // 4, args.rounds // 2, 3 * args.rounds // 4, args.rounds}):
+        first = next((s for s in samples if s["phase"] == "full" and int(s["rounds"]) >= r), None)
+        if first is not None:
+            by_round[r] = {k: first[k] for k in SAMPLE_COLUMNS[2:]}
     state.update(
         {
             "clients": args.clients,
@@ -245,6 +252,7 @@ def main(argv=None) -> int:
             "attack_clients": args.attack_clients,
             "same_rows": same,
             "peak_rss_mb_full_run": peaks,
+            "full_run_by_round": by_round,
             "folder_mb": {"full": round(folder_mb(full), 2), "killed": round(folder_mb(killed), 2)},
         }
     )

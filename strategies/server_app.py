@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict
 
@@ -29,6 +30,7 @@ from flwr.serverapp.strategy import (
 from fl_attack.participants import sample_size
 from fl_attack.paths import resolve_in_project
 from fl_attack.privacy import PrivacyLedger
+from fl_attack.replay import ReplayError, prepare_replay, run_replay
 from fl_attack.run_config import RunSettings
 from fl_attack.runs import RunFolder
 from fl_attack.verdict import verdict_protocol
@@ -113,6 +115,26 @@ def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, 
     return folder, done, arrays
 
 
+def complete_kept_rounds(run_dir: RunFolder, settings: RunSettings, num_nodes: int) -> int:
+    """Before a resumed run's first round: the attacks of the kept rounds that were in flight when
+    the run died, run here from their recorded updates (``fl-attack replay --missing``, in this
+    process, with the run's attack threads), so their rows and what they leave in the server's
+    memory are there before the later rounds need them. Returns how many ran; a failure is logged
+    and leaves them to ``fl-attack replay RUN --missing``."""
+    if not settings.record_updates:
+        return 0
+    threads = settings.attack_thread_count(sample_size(num_nodes, settings.fraction_train, 1))
+    try:
+        replay = prepare_replay(run_dir.path, missing=True, threads=threads, device=settings.attack_device)
+        if not replay.attacks:
+            return 0
+        run_dir.event(f"resume: running the {replay.attacks} attack(s) of the kept rounds left in flight first")
+        return len(run_replay(replay, log=sys.stdout))
+    except (ReplayError, OSError) as exc:
+        run_dir.event(f"resume: the kept rounds' missing attacks were not run ({exc}); fl-attack replay --missing")
+        return 0
+
+
 def check_defense(settings: RunSettings, num_nodes: int) -> int:
     """Fail before round 1 when the federation cannot run the defense; returns the clients sampled
     per round (at most ``num_nodes``)."""
@@ -191,6 +213,7 @@ def main(grid: Grid, context: Context) -> None:
             {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "after_round": done, "run_config": run_config}
         )
         run_dir.write_config(config)
+        complete_kept_rounds(run_dir, settings, num_nodes)
     else:
         run_dir, done, state = run_folder(settings), 0, settings.new_model(seed=settings.seed).state_dict()
         write_run_config(run_dir, settings, run_config, num_nodes)

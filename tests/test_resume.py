@@ -237,12 +237,17 @@ def _tree(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     """SIGKILL of the launcher and every process it started (SuperLink, flwr, the apps), from
-    outside, once round 1's checkpoint is on disk: the rounds it recorded are kept whole, and the
-    run resumes to the end with no round twice."""
+    outside, once round 1's checkpoint is on disk and with round 1's attack in flight (every attack
+    waits for a gate file that does not exist yet): the rounds it recorded are kept whole, the
+    resumed run first runs the kept round's attack that died in flight, and goes on to the end
+    with no round twice and no attack missing."""
     import signal
     import time
 
-    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
+    from fl_attack.workers import GATE_ENV
+
+    gate = tmp_path / "attacks-may-end"
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), GATE_ENV: str(gate)}
     run = tmp_path / "results" / "killed"
     proc = subprocess.Popen(
         [
@@ -275,10 +280,21 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     done, _ = RunFolder(run).load_checkpoint()
     kept = [r["round"] for r in rows(run / "rounds.csv")]
     assert done >= 1 and kept[:done] == [str(r) for r in range(1, done + 1)]
-    resumed = launch(tmp_path, f'resume="{run}"')
+    assert not (run / "attacks.csv").exists() or not rows(run / "attacks.csv")  # died in flight
+    gate.touch()
+    resumed = launch(tmp_path, f'resume="{run}"', env_extra={GATE_ENV: str(gate)})
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert [r["round"] for r in rows(run / "rounds.csv")] == ["1", "2", "3"]
     assert (run / "summary.json").is_file()
+    assert sorted((a["round"], a["partition_id"]) for a in rows(run / "attacks.csv")) == [
+        ("1", "0"),
+        ("2", "0"),
+        ("3", "0"),
+    ]
+    assert (
+        f"resume: running the {done} attack(s) of the kept rounds left in flight first"
+        in (run / "events.log").read_text()
+    )
 
 
 def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp_path, monkeypatch):
