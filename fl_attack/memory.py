@@ -206,9 +206,13 @@ class AttackMemory:
         self.clients: dict = {}
 
     def observe(self, key, round: int, update: ObservedUpdate) -> None:
+        """Note ``key``'s update of ``round``; only a joint attack reads it again, so the others keep
+        nothing of it (a backlog of jobs would otherwise hold every waiting update in memory.pt)."""
         if not isinstance(update, ObservedUpdate):
             raise TypeError(f"the memory keeps ObservedUpdates only, got {type(update).__name__}")
-        self.clients.setdefault(key, ClientMemory()).observed[int(round)] = [update, math.nan]
+        memory = self.clients.setdefault(key, ClientMemory())
+        if self.mode == "joint":
+            memory.observed[int(round)] = [update, math.nan]
 
     def inputs(self, key, round: int) -> MemoryInputs:
         """The snapshot for the job attacking ``key``'s update of ``round`` (observed first): what the

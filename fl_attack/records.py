@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -75,6 +76,19 @@ def _temp_beside(path: Path) -> tuple[int, str]:
             continue
         except OSError as exc:  # e.g. a read-only folder: name the file the caller asked for
             raise OSError(exc.errno, f"could not write {path}: {exc.strerror}") from exc
+
+
+def remove_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files ``write_bytes_atomic`` leaves under ``folder`` (recursively) when
+    its process is killed mid-write (``.NAME.PID.HEX.tmp``); returns them. Only for a folder no live
+    process writes to (a run being resumed)."""
+    pattern = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")
+    removed = []
+    for path in sorted(Path(folder).rglob(".*.tmp")):
+        if path.is_file() and pattern.fullmatch(path.name):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:

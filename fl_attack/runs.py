@@ -27,7 +27,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from .records import append_csv_row, csv_text, read_csv, write_json_atomic, write_text_atomic
+from .records import append_csv_row, csv_text, read_csv, remove_temporaries, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +226,9 @@ class RunFolder:
     def cut_back(self, done: int) -> None:
         """Cut rounds.csv, attacks.csv and updates/index.csv back to rounds <= ``done``, atomically
         (a resume: the rounds after the checkpoint run again). Each is rewritten with this
-        version's columns, so a run recorded before a column was added gets it, empty. ValueError
-        before any change when a file has columns this version does not write."""
+        version's columns, so a run recorded before a column was added gets it, empty; the
+        temporary files of atomic writes the killed process left are removed. ValueError before any
+        change when a file has columns this version does not write."""
         from .update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
 
         schema = {
@@ -246,3 +247,5 @@ class RunFolder:
         for path, (_, rows) in found.items():
             kept = [r for r in rows if r.get("round") and int(r["round"]) <= done]
             write_text_atomic(path, csv_text(kept, schema[path]))
+        for path in remove_temporaries(self.path):  # half-written files of the killed process
+            self.event(f"resume: removed {path.relative_to(self.path)}, left half-written when the run died")

@@ -133,6 +133,20 @@ def test_unit_a_job_sees_only_what_the_server_held_before_its_round(watched):
     assert memory.inputs("c", 3).kept.rounds == (2,) and memory.held("c").rounds == (4,)
 
 
+def test_unit_only_a_joint_memory_keeps_the_waiting_updates(watched, tmp_path):
+    """A backlog of "+memory" jobs (the soak: 20 waiting) made memory.pt hold every waiting update,
+    16 MB rewritten after each merge; keep and labels read no update again, so they keep none."""
+    updates, labels = watched
+    keep, joint = AttackMemory("keep"), AttackMemory("joint", "all")
+    for r, update in enumerate(updates, start=1):
+        keep.observe("c", r, update)
+        joint.observe("c", r, update)
+    assert keep.clients["c"].observed == {} and sorted(joint.clients["c"].observed) == [1, 2, 3, 4]
+    keep.save(tmp_path / "keep.pt")
+    joint.save(tmp_path / "joint.pt")
+    assert (tmp_path / "keep.pt").stat().st_size < 10_000 < (tmp_path / "joint.pt").stat().st_size
+
+
 def test_the_memory_is_saved_and_cut_back(watched, tmp_path):
     updates, _ = watched
     memory = AttackMemory("joint", "all")

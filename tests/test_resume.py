@@ -142,6 +142,34 @@ def test_resume_cuts_every_record_back_to_the_checkpoint(tmp_path):
     assert [r["round"] for r in rows(folder.updates / "index.csv")] == ["1", "2"]
 
 
+def test_resume_removes_the_half_written_file_a_killed_writer_left(tmp_path):
+    """A process SIGKILLed inside an atomic write (fl_attack.records: the soak's memory.pt, 16 MB)
+    leaves its temporary file; the resume removes it, says so in events.log, and keeps the rest."""
+    import signal
+
+    folder, values = _interrupted_run(tmp_path)
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from fl_attack.records import _temp_beside\n"
+        "fd, name = _temp_beside(Path(sys.argv[1]))\n"
+        "os.write(fd, b'half of a memory')\n"
+        "print(name, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder.memory_file)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    left = Path(writer.stdout.readline().strip())  # the event: it is writing
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert left.is_file() and left.parent == folder.path and left.name.startswith(".memory.pt.")
+    settings = RunSettings.from_run_config({**values, "resume": str(folder)})
+    prepare_resume(settings, {**values, "resume": str(folder)})
+    assert not left.exists() and folder.checkpoint_file.is_file()
+    assert f"resume: removed {left.name}, left half-written" in (folder.path / "events.log").read_text()
+
+
 def test_resume_refuses_another_run_config_and_a_finished_run(tmp_path):
     folder, values = _interrupted_run(tmp_path)
     resume = {"resume": str(folder)}
