@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow lint attack gpu-check gpu-deps clean
+.PHONY: setup demo test test-fast test-slow lint attack gpu-check gpu-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The developer's loop: the unit and light in-process tests; nothing that starts flwr, Ray or other
+# processes (marker runtime), no in-process test of more than about 3 s (marker heavy).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not runtime and not heavy"
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

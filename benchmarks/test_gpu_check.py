@@ -27,6 +27,7 @@ def _status(out: Path) -> dict:
     return {s["name"]: s for s in json.loads((out / "status.json").read_text())["stages"]}
 
 
+@pytest.mark.runtime
 @pytest.mark.slow  # about 90 s on 2 cores: run it (make test-slow) before spending device time
 def test_a_quick_cpu_run_writes_every_stage_and_its_figures(tmp_path):
     """The whole check with tiny sizes on the CPU: the same commands a GPU run makes, with --device cpu.
@@ -154,6 +155,7 @@ def test_stages_can_be_chosen(tmp_path, fake_stages):
         gpu_check.main(["--out", str(out), "--stages", "bench,nothing"])
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the run on a machine without CUDA")
 def test_cuda_asked_for_without_a_cuda_device_fails_and_skips_the_device_stages(tmp_path):
     out = tmp_path / "out"
@@ -191,6 +193,7 @@ def test_a_missing_package_is_unpacked_from_the_dependency_archive(tmp_path, mon
     assert "error" in bare.imports["fl_attack_gpu_check_fake"] and "no dependency archive" in bare.deps_note
 
 
+@pytest.mark.runtime
 def test_an_interrupted_run_keeps_what_finished(tmp_path):
     """SIGTERM (a device's time limit) while a stage runs: the stages done are kept, the running one
     is marked, its command is killed, and README.md says the run was interrupted."""

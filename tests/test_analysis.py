@@ -397,6 +397,7 @@ def test_not_a_run_folder(tmp_path, capsys):
     assert err.startswith("error: ") and "is not an fl-attack run folder" in err
 
 
+@pytest.mark.runtime
 def test_cli_exit_code_2_in_a_subprocess(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "analysis.report", str(tmp_path), "--out", str(tmp_path / "o")],
@@ -534,6 +535,7 @@ def test_ten_rounds_ten_clients_report(tmp_path):
     assert len(parse_report(path).table("per-round")) == 10
 
 
+@pytest.mark.runtime
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium(tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -34,6 +34,7 @@ def ray_runtime():
     ray.shutdown()
 
 
+@pytest.mark.runtime
 def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs(ray_runtime, tmp_path):
     """Real actors whose jobs wait for a go-file: pending jobs are an actor's load, and a finished
     job takes its load off (the next job goes to the actor it freed). Where each ran: its worker id."""
@@ -74,6 +75,7 @@ def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs(ray_runtime, tmp_path
     assert where[1] == where[3] != where[2] == where[4] == where[5], where
 
 
+@pytest.mark.runtime
 def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp_path):
     plan = str(tmp_path)
 
@@ -126,6 +128,7 @@ def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp
     assert (tmp_path / "crash-1").read_text() == "0" and (tmp_path / "crash-2").read_text() == "0"
 
 
+@pytest.mark.runtime
 def test_an_actor_past_its_restarts_is_replaced_and_the_job_completes(ray_runtime, tmp_path, caplog):
     plan = str(tmp_path)
 

@@ -154,6 +154,7 @@ REFERENCE_CASES = [(victim, m, torch.float64, 1e-9) for victim in ("femnist50", 
 REFERENCE_CASES.append(("femnist50", 7, torch.float32, 1e-4))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "victim, m, dtype, rel", REFERENCE_CASES, ids=[f"{v}-m{m}-{str(d).split('.')[1]}" for v, m, d, _ in REFERENCE_CASES]
 )
@@ -189,6 +190,7 @@ def test_pisme_objective_matches_reference(victim, m, dtype, rel, request):
         assert float((attack.calibration - 1).abs().max()) > 0
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["femnist50", "cifar10"])
 def test_pisme_honest_lsim_is_the_uncalibrated_reference(victim, request):
     attack, model, shapes, x, y = _setup(request.getfixturevalue(victim), "pisme", nodes=3)
@@ -210,6 +212,7 @@ def test_pisme_honest_lsim_is_the_uncalibrated_reference(victim, request):
     assert abs(float(terms["lsim_calibrated"]) - float(terms["lsim_honest"])) > 1e-6  # d != 1 matters
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["femnist50", "cifar10"])
 def test_nlsme_objective_matches_literal_loop(victim, request):
     attack, model, shapes, x, y = _setup(request.getfixturevalue(victim), "nlsme")
@@ -234,6 +237,7 @@ def test_nlsme_objective_matches_literal_loop(victim, request):
         _assert_close(g, r, 1e-9, f"dL/d{name}")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["femnist50", "cifar10"])
 def test_sme_objective_matches_literal_loop(victim, request):
     attack, model, shapes, x, y = _setup(request.getfixturevalue(victim), "sme")
@@ -250,6 +254,7 @@ def test_sme_objective_matches_literal_loop(victim, request):
     assert float(terms["lsim_honest"]) == float(terms["lsim_calibrated"])  # no calibration in SME
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["femnist50", "cifar10"])
 def test_ig_objective_matches_literal_loop(victim, request):
     attack, model, shapes, x, y = _setup(request.getfixturevalue(victim), "ig")
@@ -280,6 +285,7 @@ def test_pisme_with_true_images_beats_random_images(femnist50):
 FAST = dict(iterations=8, nodes=2, trace_every=3, device="cpu")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", sorted(ATTACKS))
 def test_each_method_lowers_its_honest_lsim(femnist_small, method):
     update = femnist_small[0]
@@ -304,6 +310,7 @@ def _spy_optimizers(monkeypatch):
     return seen
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("clamp", [True, False])
 def test_box_clamp_keeps_x_hat_in_the_pixel_box(femnist_small, monkeypatch, clamp):
     seen = _spy_optimizers(monkeypatch)
@@ -314,6 +321,7 @@ def test_box_clamp_keeps_x_hat_in_the_pixel_box(femnist_small, monkeypatch, clam
     assert inside == clamp  # without the clamp the N(0, I) start leaves the FEMNIST box [-6.11, 0.227]
 
 
+@pytest.mark.heavy
 def test_lr_decay_milestones(femnist_small, monkeypatch):
     assert lr_milestones(1000) == [375, 625, 875]
     assert lr_milestones(8) == [3, 5, 7]
@@ -328,6 +336,7 @@ def test_lr_decay_milestones(femnist_small, monkeypatch):
     assert lrs == pytest.approx([config.lr_images, config.lr_control_point, config.lr_calibration])
 
 
+@pytest.mark.heavy
 def test_control_point_sgd_optimizer(femnist_small, monkeypatch):
     seen = _spy_optimizers(monkeypatch)
     reconstruct(femnist_small[0], "pisme", control_point_optimizer="sgd", lr_decay=False, **FAST)
@@ -349,6 +358,7 @@ def test_the_paper_methods_are_registered():
     assert set(METHOD_KEYS) <= set(ATTACKS)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", sorted(METHOD_KEYS))
 def test_trace_keys_every_trace_every(femnist_small, method):
     calls = []
@@ -382,6 +392,7 @@ def test_label_sources(femnist_small):
         reconstruct(update, "ig", labels="true", **FAST)
 
 
+@pytest.mark.heavy
 def test_identical_seeds_give_identical_results(femnist_small):
     update = femnist_small[0]
     a = reconstruct(update, "pisme", **FAST)

@@ -68,6 +68,7 @@ VARIABLES["sme"] = ("alpha",)
 VARIABLES["ig"] = ()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_batch_equals_the_unbatched_runs(victims, method, monkeypatch):
     updates = [v.update for v in victims]

@@ -60,6 +60,7 @@ def _rows(path):
 # --- what the strategy observes ------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_none_observes_each_full_update(tmp_path):
     settings, _, _, jobs = federate(tmp_path)
     assert sorted(j.target.partition_id for j in jobs) == [0, 1]
@@ -145,6 +146,7 @@ def test_secagg_gives_the_strategy_the_same_aggregate_for_every_client(tmp_path,
     assert round_row["clients"] == "3" and 0 <= float(round_row["eval_accuracy"]) <= 1
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_topk_sends_the_stated_fraction_of_non_zeros(tmp_path, adaptive):
     fraction = 0.05
@@ -174,6 +176,7 @@ def test_low_rank_sends_updates_of_the_stated_rank(tmp_path):
         assert torch.allclose(seen["fc2.bias"], raw["fc2.bias"], atol=1e-6)  # biases travel unchanged
 
 
+@pytest.mark.heavy
 def test_quantize_sends_at_most_two_to_the_bits_levels_per_tensor(tmp_path):
     bits = 2
     _, _, _, jobs = federate(tmp_path, partitions=(0,), defense="quantize", defense_bits=bits)
@@ -336,12 +339,14 @@ def _check_run(proc, run, defense: str):
     return config, rows
 
 
+@pytest.mark.runtime
 def test_secagg_federation_from_the_run_config_alone(tmp_path):
     proc, run = launch(tmp_path, 'defense="secagg"')
     _, rows = _check_run(proc, run, "secagg")
     assert [r["client_id"] for r in rows] == ["aggregate:0,1,2"]
 
 
+@pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "defense",
@@ -363,6 +368,7 @@ def test_each_defense_runs_a_real_federation(tmp_path, defense):
     assert len(rows) == (1 if "secagg" in defense else 3)
 
 
+@pytest.mark.runtime
 @pytest.mark.slow
 def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
     proc, run = launch(tmp_path, 'defense="secagg" secagg-num-shares=5 secagg-reconstruction-threshold=3', supernodes=2)
@@ -371,6 +377,7 @@ def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
     assert not (run / "rounds.csv").exists()
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("grid", ["defenses", "privacy"])
 def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, monkeypatch, grid):
     """Every setting's launcher command line and run config pass the launcher's own checks (no run)."""

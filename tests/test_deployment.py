@@ -21,6 +21,8 @@ import pytest
 
 from tests.gated import launch_gated
 
+pytestmark = pytest.mark.runtime  # a local SuperLink and SuperNodes
+
 ROOT = Path(__file__).resolve().parent.parent
 ATTACK_ITERATIONS = 10  # short: the gate (GATE_ENV), not their length, keeps round 1's attacks in flight
 
@@ -130,6 +132,7 @@ def test_a_superlink_that_does_not_come_up_is_reported_with_its_log(tmp_path, mo
         start_local(2, env, tmp_path / "deployment", timeout=20)
 
 
+@pytest.mark.runtime
 def test_stop_ends_the_groups_and_the_descendants_that_left_them(tmp_path):
     """Flower's SuperLink starts its SuperExec in a new session: stop() must end it too."""
     from strategies.deploy import LocalDeployment, _stat

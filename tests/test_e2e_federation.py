@@ -19,6 +19,7 @@ from tests.gated import launch_gated
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.runtime
 def test_tiny_federation_end_to_end(tmp_path):
     results = tmp_path / "results"
     run_config = (

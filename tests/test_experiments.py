@@ -92,6 +92,7 @@ def num(value: str) -> float:
     return float(value) if value not in ("", None) else math.nan
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", NAMES)
 def test_writes_csv_png_and_markdown_with_the_scale(outputs, name):
     columns, rows = read(outputs, name)
@@ -243,6 +244,7 @@ def test_unknown_experiment_and_scale():
         make_context("table1", "huge")
 
 
+@pytest.mark.runtime
 def test_module_entry_point_help():
     out = subprocess.run(
         [sys.executable, "-m", "analysis.experiments", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
@@ -312,6 +314,7 @@ def test_a_rerun_at_another_scale_is_refused_before_any_work(tmp_path, capsys):
     assert (tmp_path / "node-sweep.csv").read_bytes() == before
 
 
+@pytest.mark.runtime
 def test_a_killed_run_resumes_where_it_stopped(tmp_path):
     """The real command SIGKILLs itself right after its second row (FL_ATTACK_SIGKILL_AFTER_ROWS);
     the rerun keeps those rows and completes the grid."""
@@ -353,6 +356,7 @@ def test_paired_differences_pair_the_same_victim():
     assert spread([1.5, -1.0]) == "-1.00 .. 1.50"
 
 
+@pytest.mark.runtime
 def test_two_workers_share_a_grid_and_write_the_same_rows(tmp_path):
     """--workers: the grid's attacks fan out over local processes; the rows do not depend on how many.
     (The speed-up is measured in docs/scale-out.md, not asserted here: timings vary with load.)"""

@@ -284,6 +284,7 @@ def test_fraction_selection_is_seeded_per_round():
     assert any(s.select_clients(list(range(8)), r) != first for r in range(2, 6))
 
 
+@pytest.mark.runtime
 def test_ray_dispatch_does_not_block(tmp_path):
     """submit() returns at once while the attack runs on a num_cpus=0 actor."""
     ray = pytest.importorskip("ray")
@@ -341,6 +342,7 @@ def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
         RunSettings.from_run_config({"attack-threads": -1})
 
 
+@pytest.mark.heavy
 def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_path):
     settings = RunSettings(**{**SETTINGS, "num_server_rounds": 2, "client_num_cpus": 1})
     dispatcher = RecordingWorkers()
@@ -465,6 +467,7 @@ def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
     assert rows["flwr run"] == 56.0 and rows["start-up"] == 10.0
 
 
+@pytest.mark.runtime
 def test_the_launcher_passes_the_run_config_through_with_the_client_cpus(tmp_path):
     import tomllib
 
@@ -492,6 +495,7 @@ def test_the_launcher_passes_the_run_config_through_with_the_client_cpus(tmp_pat
         parsed([str(tmp_path / "dotted.toml")])
 
 
+@pytest.mark.runtime
 def test_the_launcher_refuses_a_bad_run_config_in_a_second(tmp_path, capsys):
     """What Flower would drop silently or reject without naming the key, and what the ServerApp
     would only reject after the SuperLink and Ray started: exit 2, one line, nothing launched."""
@@ -580,6 +584,7 @@ def full_disk(tmp_path):
         yield mount, fill
 
 
+@pytest.mark.heavy
 def test_a_disk_full_before_shutdown_is_reported_and_never_raised(full_disk, caplog):
     """A real full filesystem (the kernel's ENOSPC, not a patched call) under the run folder from
     round 1's update on: the attack still runs, its row and the update are refused and counted, and

@@ -127,6 +127,7 @@ def accuracies(federation):
     }
 
 
+@pytest.mark.heavy
 def test_new_estimators_beat_the_paper_after_learning(accuracies):
     """After ROUNDS-1 rounds of FedAvg the paper's estimator has lost counts; support recovers some
     on every client, aux at least as many (measured on these 6 clients: paper 0.72, support 0.82,

@@ -135,6 +135,7 @@ def test_superlink_submits_to_that_address_through_a_connection_of_its_own(fake_
     assert f'default = "{launch.CONNECTION}"' in out and 'address = "10.0.0.5:9093"' in out and "insecure = true" in out
 
 
+@pytest.mark.heavy
 def test_a_flwr_that_ignores_sigterm_is_killed_with_sigkill(fake_flwr, capsys):
     fake_flwr(STUBBORN)
     assert launch.main(["--silence-timeout", "2", "--timeout", "60"]) == 1
@@ -168,6 +169,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.heavy
 def test_an_abandoned_run_stops_the_superlinks_whole_session(fake_flwr, capsys):
     """flwr run starts the SuperLink in a session of its own, and the SuperLink's simulation process
     (the ServerApp and its attacker) outlived a SIGTERM of the SuperLink alone: a real run abandoned by
@@ -217,6 +219,7 @@ def test_a_resume_without_a_readable_checkpoint_is_refused_in_one_line_before_an
     assert "weights_only" not in err
 
 
+@pytest.mark.runtime
 def test_a_resume_that_does_not_fit_its_run_is_refused_in_one_line_before_anything_starts(fake_flwr, capsys, tmp_path):
     """The resume checks the ServerApp makes (the run config equals the interrupted run's, its
     memory.pt is readable) run in the launcher too: they used to fail after the SuperLink had

@@ -66,6 +66,7 @@ def test_unit_the_memory_takes_observed_updates_and_the_attackers_candidates_onl
         AttackMemory("forever")
 
 
+@pytest.mark.heavy
 def test_keep_holds_the_best_fit_so_far_and_joint_fits_several_updates(watched):
     """On real updates of one writer: the held estimate's fit never gets worse; each round's first
     candidate is exactly the memoryless attack; a joint candidate is fitted to the chosen rounds."""
@@ -220,6 +221,7 @@ def _rows(path):
     return sorted(read_csv(path)[1], key=lambda r: (int(r["round"]), r["method"]))
 
 
+@pytest.mark.heavy
 def test_a_federation_records_the_memoryless_and_the_remembering_rows(memory_run):
     folder, strategy, jobs = memory_run
     rows = _rows(folder / "attacks.csv")
@@ -243,6 +245,7 @@ def test_a_federation_records_the_memoryless_and_the_remembering_rows(memory_run
     assert client.best.fit == pytest.approx(fits[-1])
 
 
+@pytest.mark.heavy
 def test_a_replay_reproduces_the_memory_and_none_reproduces_todays_rows(memory_run, tmp_path):
     folder, _, _ = memory_run
     run = tmp_path / "run"

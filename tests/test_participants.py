@@ -77,6 +77,7 @@ def _study(tmp_path, seed):
     return _rows(run / "rounds.csv"), _rows(run / "attacks.csv")
 
 
+@pytest.mark.heavy
 def test_same_seed_same_participants_rounds_and_attacks(tmp_path):
     """The real ServerApp twice with seed 0 and fraction-train=0.5 (2 of 4 clients a round), node ids
     random per run: rounds.csv and attacks.csv are identical but for wall times and node ids, and
@@ -95,6 +96,7 @@ def test_same_seed_same_participants_rounds_and_attacks(tmp_path):
     assert [r["participants"] for r in other] != [r["participants"] for r in rounds]
 
 
+@pytest.mark.heavy
 def test_secagg_draws_the_same_participants(tmp_path):
     """Flower's legacy path under SecAgg+ (3 of 4 clients a round) draws the seeded participants too."""
     federate(
@@ -116,6 +118,7 @@ def test_secagg_draws_the_same_participants(tmp_path):
     assert participants[0] != participants[1]  # a draw, not the first three
 
 
+@pytest.mark.runtime
 def test_flwr_run_draws_the_seeded_participants_and_attacks_with_aux_labels(tmp_path):
     """A real ``flwr run`` (4 SuperNodes, Ray, random node ids): each round's participants are the
     seeded draw; the attacks run the ``aux`` label estimator on the server's held-out pool (none

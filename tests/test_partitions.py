@@ -312,6 +312,7 @@ def test_a_flower_partitioner_needs_the_partition_count():
         node_settings(context)
 
 
+@pytest.mark.heavy
 def test_an_in_process_federation_scores_attacks_on_dirichlet_clients(tmp_path):
     from tests.inprocess import federate
 

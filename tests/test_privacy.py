@@ -105,6 +105,7 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.heavy
 def test_a_local_dp_federation_records_each_clients_spent_epsilon(tmp_path):
     """Half the clients train each round (drawn from the run's seed: 1 here), so the tracked clients
     spend different budgets; every recorded ε is dp-accounting's own for the
@@ -138,6 +139,7 @@ def test_a_local_dp_federation_records_each_clients_spent_epsilon(tmp_path):
         assert float(a["epsilon"]) == pytest.approx(gaussian_epsilon(z, count[p][r - 1], DELTA), rel=0.1)
 
 
+@pytest.mark.heavy
 def test_a_central_dp_federation_records_the_subsampled_gaussians_epsilon(tmp_path):
     z, rounds = 1.5, 3
     overrides = dict(defense="central-dp", defense_noise_multiplier=z, fraction_train=0.5, attack_clients="all")
@@ -155,6 +157,7 @@ def test_a_central_dp_federation_records_the_subsampled_gaussians_epsilon(tmp_pa
     assert privacy["library"].startswith("dp-accounting ")
 
 
+@pytest.mark.heavy
 def test_a_run_without_dp_leaves_the_epsilon_columns_empty(tmp_path):
     federate(tmp_path, partitions=(0, 1), num_rounds=1, defense="topk")
     assert [(r["epsilon"], r["epsilon_tracked"]) for r in _rows(tmp_path / "rounds.csv")] == [("", "")]
@@ -166,6 +169,7 @@ def test_a_run_without_dp_leaves_the_epsilon_columns_empty(tmp_path):
     assert not (tmp_path / "report" / "figures" / "leakage_vs_epsilon.png").exists()
 
 
+@pytest.mark.heavy
 def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
     """A replay's rows carry the ε the run's client had spent (config.json's accounting and
     rounds.csv's participants), and a resumed strategy's ledger restarts from rounds.csv."""

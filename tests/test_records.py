@@ -43,6 +43,7 @@ def test_atomic_text_and_json_replace_whole_files_and_leave_no_temporaries(tmp_p
     assert path.read_bytes() == b"\x89PNG"
 
 
+@pytest.mark.runtime
 def test_analysis_and_records_import_without_torch():
     """The report path is light: fl_attack's public names load lazily, so analysis never starts torch."""
     code = (
@@ -286,6 +287,7 @@ def _append_rows(path: str, writer: int, count: int, start) -> None:
         append_csv_row(path, {"writer": writer, "i": i, "text": "x" * 500}, ["writer", "i", "text"])
 
 
+@pytest.mark.heavy
 def test_concurrent_appenders_each_keep_every_row_whole(tmp_path):
     """Two real processes appending 300 rows each to one CSV at once (a barrier starts them
     together; their rows interleave in the file), with short writes (the flock): 600 whole rows,

@@ -87,6 +87,7 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
     assert "2 attack(s), 0 failed" in capsys.readouterr().err
 
 
+@pytest.mark.runtime
 def test_local_worker_processes_reproduce_this_process_rows_exactly(run_dir):
     """--workers 2 (spawned processes, --threads 1 each) gives the rows --workers 0 gives, apart from
     the time and where it ran, and the run's own scores."""
@@ -172,6 +173,7 @@ def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path
     )
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys, workers):
     columns, rows = read_csv(copy_of / "attacks.csv")
@@ -249,6 +251,7 @@ def test_bad_input_exits_2_with_one_line(copy_of, tmp_path, capsys, args, messag
     assert not (copy_of / "replays").exists()
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("scheme", ["", "ray://"])
 def test_a_ray_cluster_that_cannot_be_joined_is_refused_before_anything_is_written(copy_of, capsys, scheme):
     """A real join of an address where nothing listens: refused in one line within seconds (ray.init

@@ -59,6 +59,7 @@ def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
         writer.writerows(records)
 
 
+@pytest.mark.runtime
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     """Also with a remembering server (attack-memory="keep"): the resumed run starts from the
     memory.pt the crash left, cut back to the checkpoint, and its history goes on from it."""
@@ -142,6 +143,7 @@ def test_resume_cuts_every_record_back_to_the_checkpoint(tmp_path):
     assert [r["round"] for r in rows(folder.updates / "index.csv")] == ["1", "2"]
 
 
+@pytest.mark.runtime
 def test_resume_removes_the_half_written_file_a_killed_writer_left(tmp_path):
     """A process SIGKILLed inside an atomic write (fl_attack.records: the soak's memory.pt, 16 MB)
     leaves its temporary file; the resume removes it, says so in events.log, and keeps the rest."""
@@ -262,6 +264,7 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.runtime
 @pytest.mark.slow
 def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     """SIGKILL of the launcher and every process it started (SuperLink, flwr, the apps), from

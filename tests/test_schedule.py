@@ -37,6 +37,7 @@ def _attacked(jobs) -> set[tuple[int, int, str]]:
     return {(j.target.round, j.target.partition_id, j.method) for j in jobs}
 
 
+@pytest.mark.heavy
 def test_every_n_rounds_on_a_fixed_panel(tmp_path):
     _, _, _, jobs = federate(tmp_path, num_rounds=4, attack_rounds="every:2", attack_clients="0,2", **FAST)
     assert _attacked(jobs) == {(r, p, "pisme") for r in (2, 4) for p in (0, 2)}
@@ -45,6 +46,7 @@ def test_every_n_rounds_on_a_fixed_panel(tmp_path):
     assert "round 1: not attacked (attack-rounds=every:2)" in (tmp_path / "events.log").read_text()
 
 
+@pytest.mark.heavy
 def test_listed_rounds_under_a_budget(tmp_path):
     _, _, _, jobs = federate(
         tmp_path,
@@ -71,6 +73,7 @@ class HeldWorkers:
         return []
 
 
+@pytest.mark.heavy
 def test_first_rounds_and_a_full_backlog_skips(tmp_path):
     settings, strategy, _, jobs = federate(tmp_path, num_rounds=3, attack_rounds="first:2", **FAST)
     assert {j.target.round for j in jobs} == {1, 2} and len(jobs) == 8
@@ -123,6 +126,7 @@ def test_the_server_test_set_is_disjoint_from_every_clients_training_data():
             assert not held & {bytes(x.numpy()) for x in (restricted.images * 255).round().to(torch.uint8)}
 
 
+@pytest.mark.heavy
 def test_every_attacked_update_is_recorded_with_a_checksum(tmp_path):
     _, _, _, jobs = federate(tmp_path, num_rounds=2, attack_clients="1,3", **FAST)
     index = read_update_index(tmp_path / "updates")
@@ -168,6 +172,7 @@ def _errors(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("fl-attack: error:")]
 
 
+@pytest.mark.heavy
 def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_path, monkeypatch, capsys):
     """Through the ServerApp's main, a refused write (ENOSPC from a patched os.write, past the
     writer's retries) of every checkpoint and recorded update: the federation goes on, and
@@ -203,12 +208,14 @@ def test_a_summary_the_disk_refuses_is_one_line_and_never_raised(tmp_path, monke
     assert not (run / "summary.json").exists() and [r["round"] for r in _rows(run / "rounds.csv")] == ["1"]
 
 
+@pytest.mark.heavy
 def test_record_updates_false_records_none_and_still_attacks(tmp_path):
     settings, strategy, _, jobs = federate(tmp_path, num_rounds=1, record_updates=False, **FAST)
     assert not settings.record_updates and jobs and strategy.rows
     assert not RunFolder(tmp_path).updates.exists()
 
 
+@pytest.mark.heavy
 def test_a_fraction_of_clients_is_attacked_seeded_by_round(tmp_path):
     """attack-clients="fraction:0.5" in the real in-process federation: half of the 4 clients each
     round, the ones RunSettings.select_clients draws for that round and seed (rounds may differ)."""
@@ -230,6 +237,7 @@ def test_a_panel_plus_a_fraction_attacks_the_panel_and_the_fractions_draw():
         assert both.select_clients(present, rnd) == sorted(set(drawn) | ({0, 3} & set(present)))
 
 
+@pytest.mark.heavy
 def test_an_attack_memory_the_disk_refuses_is_counted_and_kept_in_the_process(tmp_path, monkeypatch):
     """A refused write (ENOSPC from a patched os.write) of every memory.pt: the federation and its memory
     go on (round 2's +memory row still holds round 1's estimate or a better one), and summary.json's

@@ -334,6 +334,7 @@ def _flower_app_run(tmp_path, **changes):
     return settings, jobs
 
 
+@pytest.mark.heavy
 def test_the_flower_app_recipe_attacks_a_max_pooling_model_trained_with_momentum(tmp_path):
     from fl_attack.config import ClientOptimizer
     from fl_attack.records import read_csv
@@ -376,6 +377,7 @@ def test_the_flower_app_recipe_with_a_batch_norm_model_in_train_mode(tmp_path):
 # --- a real federation through the launcher -------------------------------------------------------
 
 
+@pytest.mark.runtime
 def test_a_real_federation_attacks_a_user_model(tmp_path):
     results = tmp_path / "results"
     run_config = (

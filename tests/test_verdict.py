@@ -63,6 +63,7 @@ def test_the_pool_mean_guess_is_singled_out_at_chance_and_recovers_nothing(setup
         assert row["recovered"] == 0
 
 
+@pytest.mark.heavy
 def test_reconstructions_swapped_between_two_clients_fall_to_chance(setup):
     dataset, verdict, _ = setup
     a, b = _client(dataset, 0), _client(dataset, 1)

@@ -55,6 +55,7 @@ def test_inline_workers_run_at_submit_in_this_process():
     assert workers.poll() == []
 
 
+@pytest.mark.runtime
 def test_process_workers_do_not_block_and_equal_this_process():
     """Two spawned processes: submit hands the job over and returns (all 3 in flight, none run
     here), each job runs in another process, and the results equal the same job run here (same seed,
@@ -99,6 +100,7 @@ def gated(tmp_path, monkeypatch):
     return gate
 
 
+@pytest.mark.runtime
 def test_a_killed_process_is_replaced_and_its_job_resubmitted_once(gated):
     workers = ProcessWorkers(1, threads=1, device="cpu")
     try:
@@ -112,6 +114,7 @@ def test_a_killed_process_is_replaced_and_its_job_resubmitted_once(gated):
     assert outcomes[0].worker_id != f"pid{killed}" and workers.restarts == 1
 
 
+@pytest.mark.runtime
 def test_a_job_whose_process_dies_twice_is_recorded_as_failed(gated):
     workers = ProcessWorkers(1, threads=1, device="cpu")
     try:
@@ -127,6 +130,7 @@ def test_a_job_whose_process_dies_twice_is_recorded_as_failed(gated):
     assert outcomes[0].error.startswith("BrokenProcessPool: the attack process died under this job 2 times")
 
 
+@pytest.mark.runtime
 def test_make_workers_chooses_and_checks():
     assert isinstance(make_workers(0, device="cpu"), InlineWorkers)
     assert isinstance(make_workers(2, device="cpu"), ProcessWorkers)
@@ -198,6 +202,7 @@ def _cluster_node_id(address: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.runtime
 def test_ray_workers_join_a_cluster_by_address_and_run_there(ray_cluster):
     address, node = ray_cluster
     workers = make_workers(2, address=address, threads=1, device="cpu")
@@ -215,6 +220,7 @@ def test_ray_workers_join_a_cluster_by_address_and_run_there(ray_cluster):
     assert all(o.worker_id and o.worker_id != f"pid{os.getpid()}" for o in outcomes)
 
 
+@pytest.mark.runtime
 @pytest.mark.slow  # a real flwr run on the cluster, about 60 s (docs/reliability.md, "Slow tests")
 def test_a_federation_attached_to_a_ray_cluster_attacks_in_its_workers(ray_cluster, tmp_path):
     """The launcher's --ray-address: Flower's simulation joins the cluster, and the attacker actors
