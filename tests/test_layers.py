@@ -109,3 +109,86 @@ def test_the_reachability_check_can_fail():
     graph = library_imports()
     assert "fl_attack.victims" in reachable(graph, "fl_attack.standalone")  # the harness does reach it
     assert "fl_attack.victims" in reachable({**graph, "fl_attack.labels": {"fl_attack.victims"}}, "fl_attack.labels")
+
+
+# --- no modules import each other in a circle ------------------------------------------------------
+
+PACKAGES = ("fl_attack", "clients", "strategies", "analysis")
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in the file, relative imports resolved; a
+    name imported from a package counts as the package unless it is a module of its own)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in modules.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert import_cycles(import_graph(ROOT)) == []
+
+
+def test_the_cycle_check_sees_a_circle_through_a_lazy_import(tmp_path):
+    """The circle that was there (analysis.experiments.common <-> optimizers), made of a top-level
+    import one way and an import inside a function the other."""
+    package = tmp_path / "analysis" / "experiments"
+    package.mkdir(parents=True)
+    (tmp_path / "analysis" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "common.py").write_text("def regimes():\n    from .optimizers import REGIMES\n    return REGIMES\n")
+    (package / "optimizers.py").write_text("from .common import regimes\nREGIMES = {}\n")
+    assert import_cycles(import_graph(tmp_path)) == [["analysis.experiments.common", "analysis.experiments.optimizers"]]

@@ -26,7 +26,7 @@ import torch
 from fl_attack import victims as victims_module
 from fl_attack.api import resolve_device
 from fl_attack.attacks import AttackConfig, get_attack
-from fl_attack.config import PRESETS, Preset
+from fl_attack.config import PRESETS, ClientOptimizer, Preset
 from fl_attack.data import load_pool, num_partitions
 from fl_attack.evaluator import RESULT_COLUMNS, Evaluator, results_row
 from fl_attack.precision import resolve_precision
@@ -169,6 +169,17 @@ def make_context(
     )
 
 
+# The client-optimizers experiment's regimes: the optimizer and its client learning rate (None:
+# the scale's). Here, beside the grid axis that names them.
+REGIMES = {
+    "sgd": (ClientOptimizer(), None),
+    "momentum": (ClientOptimizer("momentum", momentum=0.9), None),
+    "nesterov": (ClientOptimizer("nesterov", momentum=0.9), None),
+    "momentum-wd": (ClientOptimizer("momentum", momentum=0.9, weight_decay=5e-4), None),
+    "adam": (ClientOptimizer("adam"), 1e-3),
+    "adamw": (ClientOptimizer("adamw", weight_decay=0.01), 1e-3),
+}
+
 # Grid axes an experiment may be asked to sweep (--grid AXIS=V1,V2): their type and valid values.
 AXES = {
     "dataset": (str, "femnist or cifar100", lambda v, sc: v in ("femnist", "cifar100")),
@@ -176,16 +187,10 @@ AXES = {
     "classes": (int, "classes per CIFAR-100 client, 1..100", lambda v, sc: 1 <= v <= 100),
     "labels": (str, "recovered or oracle", lambda v, sc: v in ("recovered", "oracle")),
     "nodes": (int, "Gauss-Legendre nodes m >= 1", lambda v, sc: v >= 1),
-    "regime": (str, "a client-optimizers regime", lambda v, sc: v in _optimizer_regimes()),
+    "regime": (str, "a client-optimizers regime", lambda v, sc: v in REGIMES),
     "local_steps": (int, "local steps T >= 1", lambda v, sc: v >= 1),
     "precision": (str, "a precision to compare with fp32: bf16 or tf32", lambda v, sc: v in ("bf16", "tf32")),
 }
-
-
-def _optimizer_regimes() -> tuple:
-    from .optimizers import REGIMES
-
-    return tuple(REGIMES)
 
 
 def parse_axis(axis: str, text: str, allowed: tuple, scale: Preset) -> tuple:

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from fl_attack.config import ClientOptimizer
-
 from .common import (
     ATTACK_ROW_COLUMNS,
+    REGIMES,
     Context,
     Lazy,
     Task,
@@ -40,14 +39,6 @@ from .common import (
 )
 
 # name: (the clients' optimizer, its learning rate). SGD-family at the paper's lr; Adam at torch's default.
-REGIMES = {
-    "sgd": (ClientOptimizer(), None),
-    "momentum": (ClientOptimizer("momentum", momentum=0.9), None),
-    "nesterov": (ClientOptimizer("nesterov", momentum=0.9), None),
-    "momentum-wd": (ClientOptimizer("momentum", momentum=0.9, weight_decay=5e-4), None),
-    "adam": (ClientOptimizer("adam"), 1e-3),
-    "adamw": (ClientOptimizer("adamw", weight_decay=0.01), 1e-3),
-}
 LOCAL_STEPS = (10, 100)
 COLUMNS = ["regime", "optimizer", "client_lr", "optimizer_aware", *ATTACK_ROW_COLUMNS]
 GRID = ("regime", "local_steps")
