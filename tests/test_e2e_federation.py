@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fl_attack.participants import sample_participants
 from fl_attack.verdict import DEFAULT_DISTRACTORS
 from tests.gated import launch_gated
 
@@ -25,7 +26,7 @@ def test_tiny_federation_end_to_end(tmp_path):
     run_config = (
         f"num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=15 "
         f'attack-nodes=2 attack-threads=2 attack-clients="all" attack-method="pisme,ig" results-dir="{results}" '
-        f'run-name="e2e"'
+        f'run-name="e2e" seed=3 fraction-train=0.5 attack-options="label_estimator=aux"'
     )
     gate = tmp_path / "attacks-may-end"  # every attack waits for it (GATE_ENV), opened once round 2 started
     env = {"FLWR_HOME": str(tmp_path / "flwr-home")}
@@ -40,7 +41,7 @@ def test_tiny_federation_end_to_end(tmp_path):
         "--run-config",
         str(tmp_path / "overrides.toml"),
         "--federation-config",
-        "num-supernodes=2 client-resources-num-cpus=1",
+        "num-supernodes=4 client-resources-num-cpus=1",
         "--run-dir-file",
         str(tmp_path / "run-dir"),
     ]
@@ -59,18 +60,24 @@ def test_tiny_federation_end_to_end(tmp_path):
     )
     assert report.returncode == 0, report.stderr[-4000:]
     config = json.loads((run / "config.json").read_text())
-    assert config["run_config"]["attack-method"] == "pisme,ig" and config["seed"] == 0
+    assert config["run_config"]["attack-method"] == "pisme,ig" and config["seed"] == 3
     assert config["versions"]["flwr"] == "1.42.0"
     with open(run / "rounds.csv") as f:
         rounds = list(csv.DictReader(f))
     assert [r["round"] for r in rounds] == ["1", "2"] and all(r["clients"] == "2" for r in rounds)
+    # 2 of the 4 clients a round, drawn from the seed and the round (fl_attack.participants), not by
+    # Flower's unseeded random.sample over the run's random node ids
+    drawn = {r: sample_participants(range(4), 2, seed=3, server_round=r) for r in (1, 2)}
+    assert [r["participants"] for r in rounds] == [",".join(map(str, drawn[r])) for r in (1, 2)]
     with open(run / "attacks.csv") as f:
         attacks = list(csv.DictReader(f))
     assert sorted((r["round"], r["partition_id"], r["method"]) for r in attacks) == sorted(
-        (str(r), str(p), m) for r in (1, 2) for p in (0, 1) for m in ("pisme", "ig")
+        (str(r), str(p), m) for r in (1, 2) for p in drawn[r] for m in ("pisme", "ig")
     )
     for row in attacks:
         assert row["status"] == "ok", row["error"]
+        # labels by the aux estimator on the server's held-out pool (red when the strategy does not pass it)
+        assert row["label_estimator"] == "aux" and row["labels"] == "recovered", row
         assert row["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # attack-device auto
         for metric in ("psnr", "ssim", "lpips", "lsim_honest"):
             assert math.isfinite(float(row[metric])), (metric, row)
@@ -125,3 +132,4 @@ def test_tiny_federation_end_to_end(tmp_path):
             row["threads"],
             row["recovered"],
         ), (row, again)
+        assert (again["label_estimator"], again["label_accuracy"]) == ("aux", row["label_accuracy"])

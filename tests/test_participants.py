@@ -1,21 +1,17 @@
 """Same seed, same study: who trains each round is drawn from the run's seed, not by Flower's
-unseeded ``random.sample`` over random node ids (fl_attack.participants, strategies/sampling.py)."""
+unseeded ``random.sample`` over random node ids (fl_attack.participants, strategies/sampling.py).
+The real ``flwr run`` of tests/test_e2e_federation.py checks the same draw on Flower's runtime."""
 
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from fl_attack.participants import sample_participants, sample_size
 from tests.inprocess import federate, serve
 
-ROOT = Path(__file__).resolve().parent.parent
 # Columns that are wall-clock readings or the runtime's own ids, not the study's numbers.
 TIMING = {"seconds", "attacks_in_flight", "attack_lag_rounds", "attack_seconds", "lag_rounds", "worker_node"}
 RUNTIME = {"node_id", "worker_id"}
@@ -116,64 +112,3 @@ def test_secagg_draws_the_same_participants(tmp_path):
         ",".join(map(str, sample_participants(range(4), 3, seed=2, server_round=r))) for r in (1, 2)
     ]
     assert participants[0] != participants[1]  # a draw, not the first three
-
-
-@pytest.mark.runtime
-def test_flwr_run_draws_the_seeded_participants_and_attacks_with_aux_labels(tmp_path):
-    """A real ``flwr run`` (4 SuperNodes, Ray, random node ids): each round's participants are the
-    seeded draw; the attacks run the ``aux`` label estimator on the server's held-out pool (none
-    fails, every row says aux), and a replay of the run reproduces their labels and numbers."""
-    results = tmp_path / "results"
-    config = (
-        "num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=3 "
-        'attack-nodes=2 attack-threads=1 attack-clients="all" attack-method="pisme" seed=3 fraction-train=0.5 '
-        f'attack-options="label_estimator=aux" results-dir="{results}" run-name="run"'
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "strategies.launch",
-            "--run-config",
-            config,
-            "--federation-config",
-            "num-supernodes=4 client-resources-num-cpus=1",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    run = results / "run"
-    with open(run / "rounds.csv") as f:
-        rounds = list(csv.DictReader(f))
-    drawn = [",".join(map(str, sample_participants(range(4), 2, seed=3, server_round=r))) for r in (1, 2)]
-    assert [r["participants"] for r in rounds] == drawn
-    with open(run / "attacks.csv") as f:
-        attacks = list(csv.DictReader(f))
-    assert sorted((a["round"], a["partition_id"]) for a in attacks) == sorted(
-        (str(r), p) for r, d in zip((1, 2), drawn, strict=True) for p in d.split(",")
-    )
-    for row in attacks:
-        assert row["status"] == "ok" and row["label_estimator"] == "aux", row
-        assert row["labels"] == "recovered" and 0 <= float(row["label_accuracy"]) <= 1, row
-    replay = subprocess.run(
-        [sys.executable, "-m", "fl_attack.cli", "replay", str(run), "--name", "same"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert replay.returncode == 0, replay.stderr[-4000:]
-    with open(run / "replays" / "same" / "attacks.csv") as f:
-        replayed = {(r["round"], r["partition_id"]): r for r in csv.DictReader(f)}
-    for row in attacks:
-        again = replayed[(row["round"], row["partition_id"])]
-        assert again["label_estimator"] == "aux"
-        assert (again["label_accuracy"], again["psnr"], again["recovered"]) == (
-            row["label_accuracy"],
-            row["psnr"],
-            row["recovered"],
-        )
