@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fl_attack.api as api
-from fl_attack import reconstruct
+from fl_attack import reconstruct, reconstruct_batch
 from fl_attack.attacks import ginas as ginas_module
 from fl_attack.attacks.base import lsim
 from fl_attack.data import client_partition, get_spec, load_bundled, load_pool, num_partitions
@@ -231,3 +231,12 @@ def test_training_writes_weights_and_a_sidecar_on_the_public_pool(tmp_path):
     assert info["steps"] == 2 and len(info["history"]) == 1
     state = torch.load(tmp_path / "diffusion_femnist.pt", weights_only=True)
     assert all(v.dtype == torch.float16 for v in state.values() if v.is_floating_point())
+
+
+def test_dggi_batches_and_ginas_refuses_a_batch(client):
+    update = client[0]
+    pair = reconstruct_batch([update, update], "dggi", iterations=12, prior_every=4, **FAST)
+    assert len(pair) == 2 and all(r.images.shape == (8, 1, 28, 28) for r in pair)
+    assert pair[0].trace[-1]["prior_level"] == pair[1].trace[-1]["prior_level"] > 0
+    with pytest.raises(ValueError, match="cannot be batched|batch"):
+        reconstruct_batch([update, update], "ginas", iterations=1, **FAST)
