@@ -154,7 +154,10 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     )
     notes = ["Margins: " + m for m in margins]
     title = "Table 1: " + ", ".join(LABELS[m] for m in METHODS if any(r["method"] == m for r in rows))
-    write_markdown(ctx, title, caption, markdown_table(header, lines), notes, rows=rows)
+    scale_note = None
+    if "clients" in ctx.explicit:  # the preset's note counts its own clients; --clients set them here
+        scale_note = f"{sc.note} Here --clients {sc.clients} sets the clients of both datasets."
+    write_markdown(ctx, title, caption, markdown_table(header, lines), notes, scale_note=scale_note, rows=rows)
     _plot(ctx, rows)
 
 
