@@ -44,7 +44,7 @@ GROUP_KEYS = ["method", "defense", "labels"]
 # The model accuracy a round's leakage is set against, in order of preference.
 ACCURACY_COLUMNS = ("global_accuracy", "eval_accuracy")
 # Known attacks first, in the paper's order; any other method follows alphabetically.
-METHOD_ORDER = ("pisme", "nlsme", "sme", "ig")
+METHOD_ORDER = ("pisme", "nlsme", "sme", "dggi", "ginas", "ig")
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (used without scipy).
 _T975 = (
@@ -128,7 +128,7 @@ def mean_ci95(values, metric: str | None = None) -> tuple[float, float, float]:
 
 
 def method_sort_key(method: str) -> tuple[int, str]:
-    """Sort key putting pisme, nlsme, sme, ig first, then other methods by name."""
+    """Sort key putting pisme, nlsme, sme, dggi, ginas, ig first, then other methods by name."""
     method = str(method)
     return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
 

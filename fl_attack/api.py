@@ -91,7 +91,8 @@ def reconstruct(
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata), or
     from several observed updates of the same k samples (a client watched over several rounds).
 
-    method: "pisme" (default), "nlsme", "sme", "ig" or "pisme-adaptive" (``fl_attack.attacks.ATTACKS``).
+    method: "pisme" (default), "nlsme", "sme", "ig", "pisme-adaptive", "ginas" or "dggi"
+    (``fl_attack.attacks.ATTACKS``).
     labels: "recovered" (from the output-bias update, fl_attack.labels) or an (k,) int64 tensor of
     oracle labels, recorded as label_source "oracle".
     config / overrides: AttackConfig fields, e.g. ``iterations=300, nodes=7``.
@@ -126,7 +127,7 @@ def reconstruct(
     update's attack. Recovered labels are read from the update of the largest weight.
     weights: (n,) non-negative, not all 0, normalised to sum 1 (default: equal).
     init: (k,C,H,W) images in [0,1] to start X_hat from (a warm start, e.g. a remembered estimate)
-    instead of N(0, I) noise.
+    instead of N(0, I) noise (ginas, whose X_hat is its generator's output, does not use it).
     Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, a model that
     breaks the contract (``fl_attack.models.check_model``), an update that is not the model's
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
@@ -527,6 +528,9 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     x: X_hat, a leaf of shape (k,C,H,W) or (N,k,C,H,W), updated in place; y: (k,) or (N,k) labels.
     Minimises the sum of the clients' losses (each client's gradient is its own), with Adam (or SGD
     for P1), the pixel-box clamp, the attack's projection and SME's schedule, all element-wise.
+    The attack's hooks: ``prepare(x, y)`` once before the loop; ``images(x)``, what the objective
+    scores (an attack that ``generates_images`` optimises its generator, and x then holds the
+    generator's output); ``guide_images(x, it)`` after each step (the diffusion prior's projection).
     refine(x, y) -> y: the label re-estimation at ``label_refine`` (None: labels stay fixed).
     precision: a resolved one (``fl_attack.precision``): "tf32" holds for each step's forward and
     backward (``precision_scope``), "bf16" autocasts each step's objective, i.e. the forwards and node
@@ -538,6 +542,7 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     batched = bool(attack.batch_shape)
     clients = list(range(attack.batch_shape[0])) if batched else [None]
     lo, hi = (b.to(device=x.device, dtype=x.dtype) for b in spec.pixel_box())
+    attack.prepare(x, y)
     optimizers = build_optimizers(x, attack, config)
     schedulers = (
         [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
@@ -560,16 +565,20 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
             o.zero_grad(set_to_none=True)
         with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
             with autocast(precision, x.device):  # bf16: the forwards and node gradients
-                terms = attack.objective(x, y)
+                shown = attack.images(x)  # X_hat itself, or a generator's output (ginas)
+                terms = attack.objective(shown, y)
             terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
         for o in optimizers:
             o.step()
         for s in schedulers:
             s.step()
         with torch.no_grad():
-            if config.box_clamp:
+            if attack.generates_images:  # X_hat follows the generator (its output before this step)
+                x.copy_(shown.detach())
+            elif config.box_clamp:
                 x.copy_(torch.maximum(torch.minimum(x, hi), lo))
             attack.project()
+            attack.guide_images(x, it)  # the image prior's projection, when the attack uses one
         if it % config.trace_every == 0 or it == config.iterations - 1:
             values = {**terms, **attack.summary()}
             rows = [_row(it, values, n) for n in clients]
@@ -585,5 +594,8 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
             for trace, row in zip(traces, rows):
                 trace.append(row)
     # Final Lsim at the returned images, with and without the calibration (in float32, whatever the precision).
+    if attack.generates_images:
+        with torch.no_grad():
+            x.copy_(attack.images(x))  # the generator's output at its final weights
     final = attack.objective(x, y)
     return y, traces, final

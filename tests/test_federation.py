@@ -177,6 +177,24 @@ def test_each_attack_is_scored_and_recorded(tmp_path):
         assert int(r["unknowns"]) == settings.samples_per_client * 28 * 28 and r["optimizer"] == "sgd"
 
 
+def test_the_prior_based_baselines_run_in_a_federation(tmp_path):
+    """GI-NAS (its own generator, not batchable) and DGGI (the server's diffusion prior) as a run
+    config's attack-method: scored and recorded like the others, labels recovered."""
+    settings, strategy, _ = _strategy(
+        tmp_path, attack_method="ginas,dggi", attack_options="generator_candidates=2,prior_every=1"
+    )
+    w0, replies, _ = _round(settings, partitions=(0,))
+    strategy.global_arrays = {1: w0}
+    strategy.aggregate_train(1, replies)
+    strategy.drain(60)
+    rows = _rows(tmp_path / "attacks.csv")
+    assert sorted(r["method"] for r in rows) == ["dggi", "ginas"]
+    for r in rows:
+        assert r["status"] == "ok", r["error"]
+        assert math.isfinite(float(r["psnr"])) and r["labels"] == "recovered" and r["nodes"] == "1"
+        assert (tmp_path / r["image"]).is_file()
+
+
 def test_selection_by_partition_ids(tmp_path):
     settings, strategy, dispatcher = _strategy(tmp_path, attack_clients="1")
     w0, replies, _ = _round(settings)

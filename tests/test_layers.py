@@ -62,7 +62,14 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
 
 
 # The attacker's side of the library: what runs on a worker and what it imports.
-ATTACKER_SIDE = ("fl_attack.api", "fl_attack.workers", "fl_attack.labels", "fl_attack.attacks", "fl_attack.memory")
+ATTACKER_SIDE = (
+    "fl_attack.api",
+    "fl_attack.workers",
+    "fl_attack.labels",
+    "fl_attack.attacks",
+    "fl_attack.memory",
+    "fl_attack.diffusion",  # the diffusion prior: trained on the server's public pool, loaded by dggi
+)
 PRIVATE = ("fl_attack.victims", "fl_attack.evaluator", "fl_attack.verdict", "fl_attack.reader")  # truth, scoring
 
 

@@ -173,6 +173,16 @@ def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path
     )
 
 
+def test_the_prior_based_baselines_replay_a_run(run_dir):
+    """GI-NAS and DGGI attack a recorded run's updates offline, as every other method does."""
+    args = ["replay", str(run_dir), "--methods", "ginas,dggi", "--iterations", "2", "--rounds", "2"]
+    assert main([*args, "--options", "generator_candidates=2,prior_every=1", "--threads", "1"]) == 0
+    (out,) = (run_dir / "replays").glob("ginas*")
+    _, rows = read_csv(out / "attacks.csv")
+    assert sorted((r["round"], r["method"], r["status"]) for r in rows) == [("2", "dggi", "ok"), ("2", "ginas", "ok")]
+    assert all(r["labels"] == "recovered" and float(r["psnr"]) > 0 for r in rows)
+
+
 @pytest.mark.runtime
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys, workers):

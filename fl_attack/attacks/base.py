@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from ..data import get_spec
 from .batchnorm import statistics_loss
 from .gradients import path_gradient
 
@@ -67,6 +68,18 @@ class AttackConfig:
     sums), "tf32" (CUDA only) or "auto" (the fastest the device accelerates; not in the paper;
     docs/performance.md, "Mixed precision"). Checked here for its value; ``fl_attack.reconstruct``
     resolves it on the attack's device (tf32 off CUDA: ValueError).
+    generator_width, generator_candidates, lr_generator: ginas only (``fl_attack.attacks.ginas``): the
+    channels of the generator's levels (0: the smallest power of two >= 16 whose generator has more
+    than 4x the k C H W pixel values, GION's over-parameterisation rule, at most 128), the number of
+    architectures the training-free search scores, and Adam's learning rate of the generator's weights
+    (GI-NAS's code: 1e-3 over 30,000 iterations; 1e-2 here, measured in docs/attack-core.md).
+    image_prior: "none" (default) or "diffusion": every ``prior_every`` iterations X_hat is diffused
+    to a noise level and denoised back by the dataset's diffusion prior (``fl_attack.diffusion``;
+    ``fl_attack.attacks.dggi``), the noise level falling linearly from ``prior_strength`` (a fraction
+    of the diffusion's 1000 steps) at the start to 0 at 7/8 of the iterations, after which no
+    projection is made, so the last phase fits the update. ``prior_steps``: DDIM steps per projection.
+    dggi always uses the prior; for the other attacks it is an option (docs/results.md, "the diffusion
+    prior for the other attacks").
     """
 
     iterations: int = 1000
@@ -94,6 +107,13 @@ class AttackConfig:
     optimizer_aware: bool = True
     bn_stats_weight: float = 0.0
     precision: str = "fp32"
+    generator_width: int = 0
+    generator_candidates: int = 16
+    lr_generator: float = 1e-2  # not GI-NAS' 1e-3 (30,000 iterations there): see docs/attack-core.md
+    image_prior: str = "none"
+    prior_every: int = 10
+    prior_strength: float = 0.3
+    prior_steps: int = 10
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -127,6 +147,22 @@ class AttackConfig:
             raise ValueError(f"trace_every must be >= 1, got {self.trace_every}")
         if not self.bn_stats_weight >= 0:
             raise ValueError(f"bn_stats_weight must be >= 0 (0: off), got {self.bn_stats_weight}")
+        if not isinstance(self.generator_width, int) or not 0 <= self.generator_width <= 512:
+            raise ValueError(
+                f"generator_width must be an integer in [0, 512] (0: GION's rule), got {self.generator_width!r}"
+            )
+        if not isinstance(self.generator_candidates, int) or self.generator_candidates < 1:
+            raise ValueError(f"generator_candidates must be an integer >= 1, got {self.generator_candidates!r}")
+        if not self.lr_generator >= 0:
+            raise ValueError(f"lr_generator must be >= 0, got {self.lr_generator}")
+        if self.image_prior not in ("none", "diffusion"):
+            raise ValueError(f"image_prior must be 'none' or 'diffusion', got {self.image_prior!r}")
+        if int(self.prior_every) < 1 or int(self.prior_steps) < 1:
+            raise ValueError(f"prior_every and prior_steps must be >= 1, got {self.prior_every} and {self.prior_steps}")
+        if not 0 < self.prior_strength < 1:
+            raise ValueError(
+                f"prior_strength must be in (0, 1) (a fraction of the diffusion steps), got {self.prior_strength}"
+            )
         from ..precision import check_precision
 
         check_precision(self.precision)
@@ -198,6 +234,8 @@ class Attack:
 
     name = "base"
     batchable = True
+    generates_images = False  # True: X_hat is the output of the attack's own generator (ginas)
+    uses_prior = False  # True: the diffusion prior guides X_hat whatever config.image_prior says (dggi)
 
     def __init__(
         self,
@@ -229,6 +267,19 @@ class Attack:
         self.calibration = None
         # observed_only: the surrogate gradient is compared on the observed coordinates only.
         self.observed_mask = (self.delta_w != 0).to(w0.dtype) if config.observed_only else None
+        self.training = training
+        self.prior = None
+        if self.uses_prior or config.image_prior == "diffusion":
+            if training is None:
+                raise ValueError(
+                    f"attack '{self.name}' with the diffusion prior needs the update's metadata (its dataset)"
+                )
+            from ..diffusion import load_prior
+
+            self.spec = get_spec(training.dataset)
+            self.prior = load_prior(self.spec.name, w0.device)
+            self.prior_generator = torch.Generator().manual_seed(int(config.seed) + 1)
+            self.prior_level = 0.0  # the last projection's noise level, a fraction of the diffusion steps
 
     @classmethod
     def nodes_per_iteration(cls, config, trace: list | None = None) -> int | float:
@@ -271,6 +322,37 @@ class Attack:
 
     def param_groups(self) -> list[dict]:
         return []
+
+    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Called once before the loop with the initial X_hat and the labels (ginas searches its
+        generator's architecture here)."""
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        """The normalised images the objective scores at this step: X_hat itself, or, for an attack that
+        ``generates_images``, its generator's output (differentiable in the generator's weights)."""
+        return x
+
+    @torch.no_grad()
+    def guide_images(self, x: torch.Tensor, iteration: int) -> None:
+        """After step ``iteration``: the diffusion prior's projection of X_hat, in place, when the attack
+        uses it (``config.image_prior``; AttackConfig's docstring): every ``prior_every`` iterations
+        until 7/8 of the run, X_hat (k,C,H,W) or (N,k,C,H,W) in normalised space is diffused to the
+        level prior_strength * (1 - (iteration+1) / (7/8 K)) and denoised back with ``prior_steps``
+        DDIM steps (``fl_attack.diffusion.DiffusionPrior.denoise``)."""
+        if self.prior is None:
+            return
+        c = self.config
+        last = math.floor(c.iterations * 7 / 8)
+        done = iteration + 1
+        if done % c.prior_every or done >= last:
+            return
+        self.prior_level = c.prior_strength * (1 - done / last)
+        start = max(1, round(self.prior_level * 1000))
+        flat = x.reshape(-1, *x.shape[-3:])
+        cleaned = self.prior.denoise(
+            self.spec.denormalize(flat).clamp(0, 1), start, c.prior_steps, self.prior_generator
+        )
+        x.copy_(self.spec.normalize(cleaned.to(x)).reshape(x.shape))
 
     def surrogate_gradient(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -331,13 +413,29 @@ class JointAttack:
     """
 
     batch_shape = ()
+    generates_images = False
 
     def __init__(self, attacks: list, weights: torch.Tensor):
         if len(attacks) < 2 or weights.shape != (len(attacks),):
             raise ValueError(
                 f"a joint attack needs n >= 2 attacks and (n,) weights, got {len(attacks)} and {tuple(weights.shape)}"
             )
+        if any(a.generates_images for a in attacks):
+            raise ValueError(
+                f"attack '{attacks[0].name}' fits its own generator to one update; attack the updates one by one"
+            )
         self.attacks, self.weights = attacks, weights
+
+    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        for attack in self.attacks:
+            attack.prepare(x, y)
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @torch.no_grad()
+    def guide_images(self, x: torch.Tensor, iteration: int) -> None:
+        self.attacks[0].guide_images(x, iteration)  # one X_hat, one prior (the attacks share the config)
 
     def param_groups(self) -> list[dict]:
         return [group for attack in self.attacks for group in attack.param_groups()]
@@ -435,12 +533,13 @@ def parse_methods(text: str, what: str = "") -> tuple[str, ...]:
 
 
 def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> list[torch.optim.Optimizer]:
-    """Adam over X_hat and the attack's variables (an SGD optimiser where a group asks for it).
+    """Adam over X_hat and the attack's variables (an SGD optimiser where a group asks for it); an
+    attack that ``generates_images`` has no X_hat group (its generator's weights are its variables).
 
     Adam's and SGD's updates are element-wise, so on variables stacked over N clients each client
     takes exactly the step it would take alone (none of them clips or normalises across elements).
     """
-    adam_groups = [{"params": [x], "lr": config.lr_images}]
+    adam_groups = [] if attack.generates_images else [{"params": [x], "lr": config.lr_images}]
     sgd_groups = []
     for group in attack.param_groups():
         group = dict(group)
