@@ -223,7 +223,7 @@ def test_adaptive_nodes_compares_with_fixed_m(outputs):
         (["table1", "--seeds", "0"], "--seeds must be an integer >= 1"),
         (["table1", "--data-dir", "/no/such/dir"], "data directory not found"),
         (["table1", "--device", "tpu"], "unknown device"),
-        (["table1", "--grid", "labels=oracle"], "this experiment's grid axes are: none"),
+        (["table1", "--grid", "labels=oracle"], "this experiment's grid axes are: dataset, paper_T"),
         (["class-deficiency", "--grid", "nodes=3"], "grid axes are: classes, labels"),
         (["class-deficiency", "--grid", "classes"], "--grid wants AXIS=V1,V2"),
         (["class-deficiency", "--grid", "classes=10,0"], "'0' is not classes per CIFAR-100 client"),
