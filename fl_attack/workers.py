@@ -526,8 +526,11 @@ class RayWorkers:
         self._joined = False  # this object called ray.init (and calls ray.shutdown)
         self._actors: list = []
         self._load: list[int] = []  # pending jobs per actor
-        self._pending: dict = {}  # ray ObjectRef -> (AttackJob, actor index, deaths so far, sequence number)
+        # ray ObjectRef -> (AttackJob, actor index, deaths so far, sequence number, the actor's life)
+        self._pending: dict = {}
         self._seq = 0
+        self._lives: list[int] = []  # per actor: how many of its deaths were handled (its current life)
+        self._charged: set = set()  # refs that were running when their actor died and have not settled
         self._probes: dict = {}  # probe ObjectRef -> index of an actor that died and takes no jobs yet
         self._waiting: list = []  # (AttackJob, deaths so far): jobs waiting for a live actor
         self._ready: list[AttackOutcome] = []
@@ -548,6 +551,7 @@ class RayWorkers:
             for _ in range(self.num_actors):
                 self._actors.append(self._new_actor(ray))
                 self._load.append(0)
+                self._lives.append(0)
             log.info(
                 "started %d attacker actor(s): num_cpus=%s, num_gpus=%s, torch threads=%d, max_restarts=%d",
                 self.num_actors,
@@ -588,58 +592,84 @@ class RayWorkers:
         i = min(live, key=lambda a: (self._load[a], a))
         self._load[i] += 1
         self._seq += 1
-        self._pending[self._actors[i].run.remote(job)] = (job, i, deaths, self._seq)
+        self._pending[self._actors[i].run.remote(job)] = (job, i, deaths, self._seq, self._lives[i])
 
     def _actor_died(self, ray, i: int) -> list[AttackOutcome]:
-        """Actor ``i`` died: settle every job it held and take it out of the assignment until a probe
-        says it is back (Ray retries the probe while the actor restarts; ActorDiedError once it is past
-        its restarts).
+        """Actor ``i`` died: settle every job its life that died held and take it out of the
+        assignment until a probe says it is back (Ray retries the probe while the actor restarts;
+        ActorDiedError once it is past its restarts).
 
-        An actor runs its jobs in submission order, so of the jobs that failed with it the oldest was
-        running and counts the death; the ones queued behind it are resubmitted without counting. A
-        job not yet settled within the wait is older than any settled one only if it was the one
-        running: it keeps the death, counted when it settles (on a loaded machine the queued jobs'
-        failures can arrive first). Returns the outcomes settled here (finished jobs, and jobs past
+        An actor runs its jobs in submission order, so of that life's jobs the oldest that did not
+        finish was running and counts the death; the ones queued behind it are resubmitted without
+        counting. A job whose failure has not arrived within the wait stays pending: if it is the
+        one that was running it is charged, and its death counts when its failure arrives
+        (``_settle_late``). Returns the outcomes settled here (finished jobs, and jobs past
         ``RESUBMITS``).
         """
         from ray.exceptions import RayActorError
 
-        refs = sorted((r for r, entry in self._pending.items() if entry[1] == i), key=lambda r: self._pending[r][3])
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)  # the jobs of a dead actor fail together
+        life = self._lives[i]
+        self._lives[i] += 1  # later failures of this life's jobs are late news, not a new death
+        refs = sorted(
+            (r for r, entry in self._pending.items() if entry[1] == i and entry[4] == life),
+            key=lambda r: self._pending[r][3],
+        )
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)  # a dead actor's jobs fail together
         ready = set(ready)
-        out, again, counted = [], [], False
+        out, again, running = [], [], False
         for ref in refs:
-            if ref not in ready:  # still unsettled: if it is the oldest, the death is its own
-                counted = True
+            if ref not in ready:
+                if not running:  # the oldest unfinished: the one that was running
+                    running = True
+                    self._charged.add(ref)
                 continue
-            job, _, deaths, _ = self._pending.pop(ref)
+            job, _, deaths, *_ = self._pending.pop(ref)
             self._load[i] -= 1
             try:
-                out.append(ray.get(ref))
+                out.append(ray.get(ref))  # it finished before the death
                 continue
-            except RayActorError as exc:
-                cause = _first_line(exc)
             except Exception as exc:
-                out.append(AttackOutcome.failed(job, _first_line(exc)))
-                continue
-            if not counted:  # the job that was running when the actor died
-                counted, deaths = True, deaths + 1
-            if deaths > RESUBMITS:
-                out.append(_died(job, deaths, cause, "ActorDiedError", "attacker actor"))
-            else:
-                log.warning(
-                    "attacker actor %d died under attack %s on %s (%s); resubmitting it",
-                    i,
-                    job.method,
-                    job.target.describe(),
-                    cause,
-                )
-                again.append((job, deaths))
+                cause = _first_line(exc)
+                if not isinstance(exc, RayActorError):
+                    out.append(AttackOutcome.failed(job, cause))
+                    continue
+            if not running:
+                running, deaths = True, deaths + 1
+            self._resubmit_or_fail(job, deaths, cause, i, out, again)
         if i not in self._probes.values():
             self._probes[self._actors[i].info.options(max_task_retries=-1).remote()] = i
         for job, deaths in again:
             self._assign(job, deaths)
         return out
+
+    def _settle_late(self, ray, ref, exc: Exception) -> list[AttackOutcome]:
+        """The failure of a job of an actor's earlier life, arriving after that death was handled:
+        its death counts if it was the job running then; it is resubmitted or failed."""
+        job, i, deaths, *_ = self._pending.pop(ref)
+        self._load[i] -= 1
+        if ref in self._charged:
+            self._charged.discard(ref)
+            deaths += 1
+        out, again = [], []
+        self._resubmit_or_fail(job, deaths, _first_line(exc), i, out, again)
+        for job, deaths in again:
+            self._assign(job, deaths)
+        return out
+
+    def _resubmit_or_fail(self, job, deaths: int, cause: str, i: int, out: list, again: list) -> None:
+        if deaths > RESUBMITS:
+            out.append(_died(job, deaths, cause, "ActorDiedError", "attacker actor"))
+            return
+        log.warning(
+            "attacker actor %d died under attack %s on %s (job %s, %d death(s) counted: %s); resubmitting it",
+            i,
+            job.method,
+            job.target.describe(),
+            job.job_id,
+            deaths,
+            cause,
+        )
+        again.append((job, deaths))
 
     def _probe_answered(self, ray, ref) -> None:
         i = self._probes.pop(ref)
@@ -678,6 +708,7 @@ class RayWorkers:
                 )
             self._pending.clear()
             self._waiting.clear()
+            self._charged.clear()
             self._load = [0] * len(self._actors)
         return outcomes
 
@@ -698,15 +729,19 @@ class RayWorkers:
                 if ref in self._probes:
                     self._probe_answered(ray, ref)
                     continue
-                job, i = self._pending[ref][:2]
+                job, i, *_, life = self._pending[ref]
                 try:
                     outcome = ray.get(ref)
-                except RayActorError:  # the actor died under the job (OOM kill, crash, ray.kill)
-                    out.extend(self._actor_died(ray, i))
+                except RayActorError as exc:  # the actor died under the job (OOM kill, crash, ray.kill)
+                    if life < self._lives[i]:  # a death already handled
+                        out.extend(self._settle_late(ray, ref, exc))
+                    else:
+                        out.extend(self._actor_died(ray, i))
                     continue
                 except Exception as exc:
                     outcome = AttackOutcome.failed(job, _first_line(exc))
                 del self._pending[ref]
+                self._charged.discard(ref)
                 self._load[i] -= 1
                 out.append(outcome)
         return out
@@ -719,6 +754,7 @@ class RayWorkers:
                 ray.kill(actor)
             self._actors.clear()
             self._load.clear()
+            self._lives.clear()
             self._probes.clear()
         if self._joined:
             import ray
