@@ -109,6 +109,7 @@ def test_writes_csv_png_and_markdown_with_the_scale(outputs, name):
     assert f"k={sc.samples}" in md and "seed(s)" in md and "client(s)" in md
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in ("path-consistency", "label-recovery")])
 def test_attack_scores_are_in_range(outputs, name):
     _, rows = read(outputs, name)
@@ -123,6 +124,7 @@ def test_attack_scores_are_in_range(outputs, name):
         assert num(row["gradient_evaluations"]) >= num(row["iterations"])
 
 
+@pytest.mark.heavy
 def test_table1_covers_the_grid_and_quotes_the_paper(outputs):
     _, rows = read(outputs, "table1")
     cells = {(r["dataset"], int(r["paper_T"]), r["method"]) for r in rows}
@@ -137,6 +139,7 @@ def test_table1_covers_the_grid_and_quotes_the_paper(outputs):
     assert "| GI-NAS |" in md and "19.93" in md and "DGGI - SME" in md  # the prior-based rows and the claims
 
 
+@pytest.mark.heavy
 def test_client_optimizers_pairs_aware_and_naive_on_every_regime(outputs):
     from analysis.experiments.optimizers import LOCAL_STEPS, REGIMES
 
@@ -148,6 +151,7 @@ def test_client_optimizers_pairs_aware_and_naive_on_every_regime(outputs):
     assert "momentum 0.9, weight decay 0.0005" in md and "aware wins" in md
 
 
+@pytest.mark.heavy
 def test_node_sweep_runs_every_m(outputs):
     _, rows = read(outputs, "node-sweep")
     assert sorted({int(r["nodes"]) for r in rows}) == [3, 4, 5, 7, 10, 12]
@@ -156,6 +160,7 @@ def test_node_sweep_runs_every_m(outputs):
         assert num(r["gradient_evaluations"]) == int(r["nodes"]) * int(r["iterations"])
 
 
+@pytest.mark.heavy
 def test_class_deficiency_restricts_the_classes(outputs):
     _, rows = read(outputs, "class-deficiency")
     assert sorted({int(r["paper_classes"]) for r in rows}) == [10, 20, 30, 60, 100]
@@ -165,6 +170,7 @@ def test_class_deficiency_restricts_the_classes(outputs):
         assert 1 <= int(r["distinct_labels"]) <= int(r["classes"])
 
 
+@pytest.mark.heavy
 def test_path_consistency_quantities(outputs):
     _, rows = read(outputs, "path-consistency")
     by = {}
@@ -198,6 +204,7 @@ def test_true_path_control_point_recovers_a_bezier_trajectory():
     torch.testing.assert_close(true_path_control_point(states), p1)
 
 
+@pytest.mark.heavy
 def test_matched_compute_scales_nlsme_iterations(outputs):
     _, rows = read(outputs, "matched-compute")
     it = PRESETS["tiny"].iterations
@@ -205,6 +212,7 @@ def test_matched_compute_scales_nlsme_iterations(outputs):
     assert [int(r["iterations"]) for r in rows if r["method"] == "pisme"] == [it]
 
 
+@pytest.mark.heavy
 def test_adaptive_nodes_compares_with_fixed_m(outputs):
     _, rows = read(outputs, "adaptive-nodes")
     variants = {r["variant"] for r in rows}
@@ -255,6 +263,7 @@ def test_module_entry_point_help():
         assert name in out.stdout
 
 
+@pytest.mark.heavy
 def test_label_recovery_scores_every_estimator(outputs):
     _, rows = read(outputs, "label-recovery")
     estimators = {r["estimator"] for r in rows}

@@ -84,6 +84,7 @@ def federation():
     return out, aux
 
 
+@pytest.mark.heavy
 def test_support_is_exact_at_w0_and_after_learning(federation):
     """The classes present, read from the signs of the output-weight update, are exactly the true ones."""
     updates, _ = federation
@@ -138,6 +139,7 @@ def test_new_estimators_beat_the_paper_after_learning(accuracies):
     assert (aux >= support).all(), (support, aux)
 
 
+@pytest.mark.heavy
 def test_no_loss_at_an_untrained_w0(accuracies, federation):
     """Round 1 (w0 = build_model(seed 0)): the support estimator is no worse than the paper's on
     every client; aux no worse on average (measured: equal on all 6 but one, where aux is better).
@@ -151,6 +153,7 @@ def test_no_loss_at_an_untrained_w0(accuracies, federation):
     assert all(p > e for p, e in zip(paper, even)), (paper, even)
 
 
+@pytest.mark.heavy
 def test_recover_labels_and_counts_agree(federation):
     updates, aux = federation
     update, _ = updates[ROUNDS][0]
@@ -214,6 +217,7 @@ def test_solve_counts_recovers_counts_from_an_exact_model():
 # --- bad input ------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_bad_estimator_and_missing_aux_raise_clear_errors(federation):
     updates, _ = federation
     update, _ = updates[1][0]
@@ -249,6 +253,7 @@ def test_bad_estimator_and_missing_aux_raise_clear_errors(federation):
         class_support(ObservedUpdate(w0, {k: update.wT[k] for k in w0}, update.metadata))
 
 
+@pytest.mark.heavy
 def test_reconstruct_uses_the_configured_estimator(federation):
     updates, aux = federation
     update, _ = updates[ROUNDS][1]

@@ -271,6 +271,7 @@ def test_a_replay_reproduces_the_memory_and_none_reproduces_todays_rows(memory_r
     assert kept[0]["psnr"] == theirs[0]["psnr"]  # round 1: nothing remembered yet, the memoryless attack
 
 
+@pytest.mark.heavy
 def test_the_report_draws_the_remembering_servers_curve_per_client(memory_run, tmp_path):
     from analysis.load import load_run
     from analysis.plots import plot_memory
