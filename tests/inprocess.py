@@ -171,18 +171,20 @@ def small_update() -> ObservedUpdate:
     return ObservedUpdate(w0, wT, meta, {"round": 1})
 
 
-def femnist_update(partition: int, k: int, batch_size: int, local_epochs: int):
+def femnist_update(partition: int, k: int, batch_size: int, local_epochs: int, lr: float = 0.004, optimizer=None):
     """(update, the client's train split) of a real FEMNIST writer: ``partition``'s first k
-    samples, trained from the paper CNN (seed 0) at the paper's lr 0.004 by fl_attack's own client
-    training (T = local_epochs x ceil(k / batch_size) SGD steps)."""
+    samples, trained from the paper CNN (seed 0) at the paper's lr 0.004 (or ``lr``) by fl_attack's
+    own client training (T = local_epochs x ceil(k / batch_size) steps of plain SGD, or of
+    ``optimizer``, a fl_attack.config.ClientOptimizer)."""
     split = client_partition(load_pool("femnist"), partition, k)
     result = train_local(
         build_model("femnist", seed=0),
         split.train.images,
         split.train.labels,
         dataset="femnist",
-        lr=0.004,
+        lr=lr,
         batch_size=batch_size,
         local_epochs=local_epochs,
+        **({} if optimizer is None else {"optimizer": optimizer}),
     )
     return result.update, split.train

@@ -18,7 +18,7 @@ import fl_attack.api as api
 from fl_attack import reconstruct, reconstruct_batch
 from fl_attack.attacks import ginas as ginas_module
 from fl_attack.attacks.base import lsim
-from fl_attack.data import client_partition, get_spec, load_bundled, load_pool, num_partitions
+from fl_attack.data import client_partition, get_spec, load_bundled, num_partitions
 from fl_attack.diffusion import (
     DIFFUSION_STEPS,
     PUBLIC_SAMPLES,
@@ -29,8 +29,7 @@ from fl_attack.diffusion import (
     train_prior,
 )
 from fl_attack.metrics import evaluate_reconstruction
-from fl_attack.models import build_model
-from fl_attack.training import train_local
+from tests.inprocess import femnist_update
 
 FAST = dict(device="cpu", trace_every=1, lr_decay=False)
 
@@ -38,17 +37,8 @@ FAST = dict(device="cpu", trace_every=1, lr_decay=False)
 @pytest.fixture(scope="module")
 def client():
     """A real FEMNIST writer, k=8, B=4, E=2 (T=4): its update, images and labels."""
-    split = client_partition(load_pool("femnist"), 2, 8)
-    result = train_local(
-        build_model("femnist", seed=0),
-        split.train.images,
-        split.train.labels,
-        dataset="femnist",
-        lr=0.004,
-        batch_size=4,
-        local_epochs=2,
-    )
-    return result.update, split.train.images, split.train.labels
+    update, train = femnist_update(2, 8, batch_size=4, local_epochs=2)
+    return update, train.images, train.labels
 
 
 def _psnr(images, truth) -> float:

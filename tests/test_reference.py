@@ -19,7 +19,7 @@ from fl_attack import AttackConfig, reconstruct
 from fl_attack.attacks import get_attack
 from fl_attack.attacks.base import lsim, total_variation
 from fl_attack.config import ClientOptimizer
-from fl_attack.data import client_partition, get_spec, load_pool
+from fl_attack.data import get_spec
 from fl_attack.models import build_model
 from fl_attack.quadrature import gauss_legendre
 from fl_attack.training import train_local
@@ -382,18 +382,8 @@ def test_the_optimizer_aware_objective_matches_the_extended_reference(regime):
     recursion and lambda w(t_i) added (tests/reference.py imports nothing of fl_attack). The naive
     reference (plain SGD's eq. 8) differs, so the comparison can tell them apart."""
     opt = OPTIMIZERS[regime]
-    split = client_partition(load_pool("femnist"), 1, 6)
-    update = train_local(
-        build_model("femnist", seed=0),
-        split.train.images,
-        split.train.labels,
-        dataset="femnist",
-        lr=0.01,
-        batch_size=2,
-        local_epochs=2,
-        optimizer=opt,
-    ).update
-    T, labels = update.metadata.local_steps, split.train.labels
+    update, train = femnist_update(1, 6, batch_size=2, local_epochs=2, lr=0.01, optimizer=opt)
+    T, labels = update.metadata.local_steps, train.labels
     assert T == 6 and update.metadata.optimizer == opt
     model = build_model("femnist")
     for p in model.parameters():
