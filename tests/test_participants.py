@@ -112,3 +112,52 @@ def test_secagg_draws_the_same_participants(tmp_path):
         ",".join(map(str, sample_participants(range(4), 3, seed=2, server_round=r))) for r in (1, 2)
     ]
     assert participants[0] != participants[1]  # a draw, not the first three
+
+
+def test_unit_a_node_without_a_partition_id_is_never_drawn_and_said_so():
+    """Unit test (a grid that answers in process): NodePartitions asks each node once; a node whose
+    answer is an error (no partition-id in its node config) is left out of every draw, with an
+    event; with no partition known at all the round falls back to Flower's draw, also said."""
+    from types import SimpleNamespace
+
+    from strategies.sampling import NodePartitions
+
+    class Grid:
+        def __init__(self, partitions):
+            self.partitions, self.asked = partitions, []
+
+        def send_and_receive(self, messages, timeout=None):
+            replies = []
+            for msg in messages:
+                node = msg.metadata.dst_node_id
+                self.asked.append(node)
+                p = self.partitions[node]
+                content = {} if p is None else {"simulation": {"partition-id": p}}
+                replies.append(
+                    SimpleNamespace(
+                        has_error=lambda p=p: p is None,
+                        content=content,
+                        metadata=SimpleNamespace(src_node_id=node),
+                    )
+                )
+            return replies
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    events = []
+    grid = Grid({11: 0, 12: 1, 13: None, 14: 3})
+    nodes = NodePartitions(seed=0, event=events.append)
+    nodes.learn(grid, [11, 12, 13, 14])
+    nodes.learn(grid, [11, 12, 13, 14])  # asked once
+    assert sorted(grid.asked) == [11, 12, 13, 14]
+    assert any("[13] gave no partition-id" in e for e in events)
+    for r in range(1, 20):
+        drawn = nodes.sample([11, 12, 13, 14], 2, r, "train")
+        assert 13 not in drawn and len(drawn) == 2
+        by_partition = {11: 0, 12: 1, 14: 3}
+        assert sorted(by_partition[n] for n in drawn) == sample_participants([0, 1, 3], 2, seed=0, server_round=r)
+    alone = NodePartitions(seed=0, event=events.append)
+    alone.learn(Grid({21: None, 22: None}), [21, 22])
+    assert len(alone.sample([21, 22], 1, 1, "train")) == 1
+    assert "round 1: no node gave a partition-id; train participants drawn by Flower" in events
