@@ -23,8 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -461,9 +463,18 @@ class AttackWorker:
     before the job runs.
     """
 
-    def __init__(self, threads: int, device: str = "auto"):
+    def __init__(self, threads: int, device: str = "auto", marker: str | None = None):
         torch.set_num_threads(max(1, int(threads)))
         self.device = device
+        self.marker = marker  # a file naming the job this actor runs (RayWorkers reads it when it dies)
+
+    def execute(self, job: AttackJob) -> AttackOutcome:
+        """What RayWorkers calls: notes "PID JOB" in the marker file as the job starts, then ``run``
+        (which tests override)."""
+        if self.marker:
+            with open(self.marker, "a") as f:
+                f.write(f"{os.getpid()} {job.job_id}\n")
+        return self.run(job)
 
     def run(self, job: AttackJob) -> AttackOutcome:
         if job.threads:
@@ -473,6 +484,15 @@ class AttackWorker:
     def info(self) -> dict:
         node, worker = where_am_i()
         return {"threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(), "node": node, "worker": worker}
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _check_listening(address: str, timeout: float = 5.0) -> None:
@@ -531,6 +551,8 @@ class RayWorkers:
         self._seq = 0
         self._lives: list[int] = []  # per actor: how many of its deaths were handled (its current life)
         self._charged: set = set()  # refs that were running when their actor died and have not settled
+        self._markers: str | None = None  # folder of the files where each actor notes the jobs it starts
+        self._counted: set = set()  # (pid, job id): deaths already counted from the marker files
         self._probes: dict = {}  # probe ObjectRef -> index of an actor that died and takes no jobs yet
         self._waiting: list = []  # (AttackJob, deaths so far): jobs waiting for a live actor
         self._ready: list[AttackOutcome] = []
@@ -548,8 +570,8 @@ class RayWorkers:
             self._joined = True
             log.info("joined the Ray cluster at %s: %s", self.address, ray.cluster_resources())
         if not self._actors:
-            for _ in range(self.num_actors):
-                self._actors.append(self._new_actor(ray))
+            for i in range(self.num_actors):
+                self._actors.append(self._new_actor(ray, i))
                 self._load.append(0)
                 self._lives.append(0)
             log.info(
@@ -562,12 +584,30 @@ class RayWorkers:
             )
         return ray
 
-    def _new_actor(self, ray):
+    def _new_actor(self, ray, i: int):
+        """Actor ``i``. On this machine's runtime it names the job it starts in a file of
+        ``_markers`` (read when it dies); joined to a cluster by address, it may run elsewhere."""
+        if self._markers is None and not self.address:
+            self._markers = tempfile.mkdtemp(prefix="fl-attack-actors-")
+        marker = os.path.join(self._markers, f"actor-{i}") if self._markers else None
         return (
             ray.remote(self.actor_cls)
             .options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=self.max_restarts)
-            .remote(self.threads, self.device)
+            .remote(self.threads, self.device, marker)
         )
+
+    def _died_running(self, i: int) -> dict | None:
+        """{job id: pid} of the jobs that were running in a process of actor ``i`` that is gone, not
+        counted yet: each process's last "PID JOB" line of the marker file. None without markers
+        (then the running job is inferred)."""
+        if not self._markers:
+            return None
+        try:
+            lines = open(os.path.join(self._markers, f"actor-{i}")).read().split()
+        except OSError:
+            return {}
+        last = dict(zip(map(int, lines[0::2]), map(int, lines[1::2]), strict=False))  # pid -> its last job
+        return {job: pid for pid, job in last.items() if (pid, job) not in self._counted and not _alive(pid)}
 
     @property
     def in_flight(self) -> int:
@@ -592,19 +632,21 @@ class RayWorkers:
         i = min(live, key=lambda a: (self._load[a], a))
         self._load[i] += 1
         self._seq += 1
-        self._pending[self._actors[i].run.remote(job)] = (job, i, deaths, self._seq, self._lives[i])
+        self._pending[self._actors[i].execute.remote(job)] = (job, i, deaths, self._seq, self._lives[i])
 
     def _actor_died(self, ray, i: int) -> list[AttackOutcome]:
         """Actor ``i`` died: settle every job its life that died held and take it out of the
         assignment until a probe says it is back (Ray retries the probe while the actor restarts;
         ActorDiedError once it is past its restarts).
 
-        An actor runs its jobs in submission order, so of that life's jobs the oldest that did not
-        finish was running and counts the death; the ones queued behind it are resubmitted without
-        counting. A job whose failure has not arrived within the wait stays pending: if it is the
-        one that was running it is charged, and its death counts when its failure arrives
-        (``_settle_late``). Returns the outcomes settled here (finished jobs, and jobs past
-        ``RESUBMITS``).
+        The job that was running counts the death; the others are resubmitted without counting.
+        Which one ran: on this machine's runtime, the last job each actor process noted in its
+        marker file before it died (Ray fails every job of a dead actor alike, and jobs sent to it
+        before the death was seen may already run in its restarted process); joined to a cluster,
+        the oldest that did not finish, as an actor runs its jobs in submission order. A job whose failure has not
+        arrived within the wait stays pending: if it is the one that was running it is charged, and
+        its death counts when its failure arrives (``_settle_late``). Returns the outcomes settled
+        here (finished jobs, and jobs past ``RESUBMITS``).
         """
         from ray.exceptions import RayActorError
 
@@ -616,7 +658,8 @@ class RayWorkers:
         )
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)  # a dead actor's jobs fail together
         ready = set(ready)
-        out, again, running = [], [], False
+        died = self._died_running(i)  # the actor said which jobs its gone processes ran; else infer it
+        out, again, running = [], [], died is not None
         for ref in refs:
             if ref not in ready:
                 if not running:  # the oldest unfinished: the one that was running
@@ -633,7 +676,10 @@ class RayWorkers:
                 if not isinstance(exc, RayActorError):
                     out.append(AttackOutcome.failed(job, cause))
                     continue
-            if not running:
+            if died is not None and job.job_id in died:
+                self._counted.add((died.pop(job.job_id), job.job_id))
+                deaths += 1
+            elif not running:
                 running, deaths = True, deaths + 1
             self._resubmit_or_fail(job, deaths, cause, i, out, again)
         if i not in self._probes.values():
@@ -647,7 +693,12 @@ class RayWorkers:
         its death counts if it was the job running then; it is resubmitted or failed."""
         job, i, deaths, *_ = self._pending.pop(ref)
         self._load[i] -= 1
-        if ref in self._charged:
+        died = self._died_running(i)
+        if died is not None:
+            if job.job_id in died:
+                self._counted.add((died[job.job_id], job.job_id))
+                deaths += 1
+        elif ref in self._charged:
             self._charged.discard(ref)
             deaths += 1
         out, again = [], []
@@ -679,7 +730,7 @@ class RayWorkers:
         except Exception as exc:  # past its restarts: a fresh actor takes its place
             log.warning("attacker actor %d is gone (%s); starting a new one", i, _first_line(exc))
             ray.kill(self._actors[i], no_restart=True)
-            self._actors[i] = self._new_actor(ray)
+            self._actors[i] = self._new_actor(ray, i)
         waiting, self._waiting = self._waiting, []
         for job, tries in waiting:
             self._assign(job, tries)
@@ -755,6 +806,9 @@ class RayWorkers:
             self._actors.clear()
             self._load.clear()
             self._lives.clear()
+        if self._markers:
+            shutil.rmtree(self._markers, ignore_errors=True)
+            self._markers = None
             self._probes.clear()
         if self._joined:
             import ray

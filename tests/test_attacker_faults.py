@@ -75,14 +75,8 @@ def test_jobs_go_to_the_actor_with_the_fewest_pending_jobs(ray_runtime, tmp_path
     assert where[1] == where[3] != where[2] == where[4] == where[5], where
 
 
-@pytest.mark.slow  # flaky on Ray 2.55 (about 1 run in 5 with the file): see the docstring
 @pytest.mark.runtime
 def test_a_dead_actor_is_restarted_and_its_job_resubmitted_once(ray_runtime, tmp_path):
-    """Known race, kept out of CI until it is understood: job 2 sometimes ends "ok" after its second
-    death, i.e. one death was charged to another job. Ray 2.55 fails every job of a dead actor with
-    ActorUnavailableError ("may or may not have been executed"), so which job was running is inferred
-    (the oldest unfinished of that actor's life, fl_attack.workers.RayWorkers._actor_died); when a
-    finished job's result has not arrived within the 2 s wait, it is taken for the running one."""
     plan = str(tmp_path)
 
     class CrashingActor(AttackWorker):  # defined here so that Ray pickles it by value
