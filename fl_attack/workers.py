@@ -31,6 +31,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -603,7 +604,7 @@ class RayWorkers:
         if not self._markers:
             return None
         try:
-            lines = open(os.path.join(self._markers, f"actor-{i}")).read().split()
+            lines = Path(self._markers, f"actor-{i}").read_text().split()
         except OSError:
             return {}
         last = dict(zip(map(int, lines[0::2]), map(int, lines[1::2]), strict=False))  # pid -> its last job
@@ -643,10 +644,10 @@ class RayWorkers:
         Which one ran: on this machine's runtime, the last job each actor process noted in its
         marker file before it died (Ray fails every job of a dead actor alike, and jobs sent to it
         before the death was seen may already run in its restarted process); joined to a cluster,
-        the oldest that did not finish, as an actor runs its jobs in submission order. A job whose failure has not
-        arrived within the wait stays pending: if it is the one that was running it is charged, and
-        its death counts when its failure arrives (``_settle_late``). Returns the outcomes settled
-        here (finished jobs, and jobs past ``RESUBMITS``).
+        the oldest that did not finish, as an actor runs its jobs in submission order. A job whose
+        failure has not arrived within the wait stays pending; its death counts when its failure
+        arrives (``_settle_late``) if it was the one running. Returns the outcomes settled here
+        (finished jobs, and jobs past ``RESUBMITS``).
         """
         from ray.exceptions import RayActorError
 
@@ -806,10 +807,10 @@ class RayWorkers:
             self._actors.clear()
             self._load.clear()
             self._lives.clear()
+            self._probes.clear()
         if self._markers:
             shutil.rmtree(self._markers, ignore_errors=True)
             self._markers = None
-            self._probes.clear()
         if self._joined:
             import ray
 
