@@ -262,11 +262,10 @@ class AttackMemory:
         the latest round's own best candidate (its images are not kept), else the best candidate
         made from rounds <= ``until``."""
         memory = self.clients.get(key)
-        if memory is None or memory.best_until(until) is None:
-            return None
-        if self.mode == "labels" and latest:
+        best = None if memory is None else memory.best_until(until)
+        if best is not None and self.mode == "labels" and latest:
             return min(latest, key=lambda c: c.fit)
-        return memory.best_until(until)
+        return best
 
     def _prune(self, memory: ClientMemory) -> None:
         """Drop the updates no later joint attack can choose (all are kept under "all")."""

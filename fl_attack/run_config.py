@@ -714,7 +714,7 @@ class RunSettings:
         if spec in ("none", ""):
             return []
         panel, fraction = self._client_spec()
-        chosen = {p for p in partition_ids if p in set(panel)}
+        chosen = set(panel) & set(partition_ids)
         if fraction is not None:
             import numpy as np
 
