@@ -25,6 +25,7 @@ import torch
 from .attacks import AttackConfig, get_attack
 from .attacks.base import JointAttack, build_optimizers, lr_milestones
 from .attacks.batchnorm import check_statistics_use, surrogate_mode
+from .attacks.compiled import prepare_step
 from .data import get_spec
 from .labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from .models import check_model, parameter_keys, resolve_model
@@ -45,6 +46,10 @@ class Reconstruction:
     seconds: wall time of the attack; from ``reconstruct_batch``, the batch's wall time / N.
     precision: the arithmetic precision the attack ran with, "fp32", "bf16" or "tf32" (its
     ``AttackConfig.precision`` resolved on its device, "auto" included; ``fl_attack.precision``).
+    compile: how its steps ran (``AttackConfig.compile``): "compiled" (one ``torch.compile``d
+    ``torch.func`` step, ``fl_attack.attacks.compiled``), "eager", or "eager (<reason>)" where
+    compiling was asked for and not possible (an attack without a compiled form, or a compile that
+    failed: then its one-line error).
     """
 
     method: str
@@ -58,6 +63,7 @@ class Reconstruction:
     trace: list = field(default_factory=list)
     lsim_per_update: list = field(default_factory=list)  # honest Lsim on each given update, in their order
     precision: str = "fp32"
+    compile: str = "eager"  # "compiled", "eager", or "eager (<why>)" (fl_attack.attacks.compiled)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -193,7 +199,7 @@ def reconstruct(
     def refine(x_now, y_now):  # once, on the current reconstruction (AttackConfig.label_refine)
         return refine_labels(update, x_now.detach().to(torch.float32), y_now, model)
 
-    y, (trace,), final = _optimise(
+    y, (trace,), final, compiled = _optimise(
         attack,
         x,
         y.to(dev),
@@ -219,6 +225,7 @@ def reconstruct(
         trace=trace,
         lsim_per_update=[float(v) for v in final.get("lsim_per_update", final["lsim_honest"].reshape(1))],
         precision=precision,
+        compile=compiled,
     )
 
 
@@ -362,7 +369,7 @@ def reconstruct_batch(
             ]
         )
 
-    y, traces, final = _optimise(
+    y, traces, final, compiled = _optimise(
         attack,
         x,
         torch.stack(ys).to(dev),
@@ -390,6 +397,7 @@ def reconstruct_batch(
             config=asdict(config),
             trace=traces[i],
             precision=precision,
+            compile=compiled,
         )
         for i in range(n)
     ]
@@ -536,13 +544,18 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     backward (``precision_scope``), "bf16" autocasts each step's objective, i.e. the forwards and node
     gradients whose graph the backward then follows in their dtypes (``autocast``). The labels'
     refinement, the trace's callback and the final objective (the returned Lsim) run in float32.
-    Returns (y, one trace per client, the final objective terms at the returned X_hat).
+    The step's objective and gradient run as one compiled ``torch.func`` function when
+    ``config.compile`` resolves to it on x's device and the attack has one
+    (``fl_attack.attacks.compiled.prepare_step``); a compile that fails falls back to this eager step.
+    Returns (y, one trace per client, the final objective terms at the returned X_hat, how the steps
+    ran: "compiled", "eager" or "eager (<reason>)").
     Raises TimeoutError past ``time_limit`` seconds since ``start``.
     """
     batched = bool(attack.batch_shape)
     clients = list(range(attack.batch_shape[0])) if batched else [None]
     lo, hi = (b.to(device=x.device, dtype=x.dtype) for b in spec.pixel_box())
     attack.prepare(x, y)
+    step, compiled = prepare_step(attack, x, config.compile, precision)
     optimizers = build_optimizers(x, attack, config)
     schedulers = (
         [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
@@ -563,11 +576,15 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
             raise TimeoutError(f"attack '{method}' exceeded its time limit of {time_limit:g} s at iteration {it}")
         for o in optimizers:
             o.zero_grad(set_to_none=True)
-        with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
-            with autocast(precision, x.device):  # bf16: the forwards and node gradients
-                shown = attack.images(x)  # X_hat itself, or a generator's output (ginas)
-                terms = attack.objective(shown, y)
-            terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
+        terms = step(x, y) if step is not None else None  # the compiled step sets the .grad itself
+        if terms is None and step is not None:  # its compile failed: eager from here, the reason recorded
+            step, compiled = None, step.note
+        if terms is None:
+            with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
+                with autocast(precision, x.device):  # bf16: the forwards and node gradients
+                    shown = attack.images(x)  # X_hat itself, or a generator's output (ginas)
+                    terms = attack.objective(shown, y)
+                terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
         for o in optimizers:
             o.step()
         for s in schedulers:
@@ -598,4 +615,4 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
         with torch.no_grad():
             x.copy_(attack.images(x))  # the generator's output at its final weights
     final = attack.objective(x, y)
-    return y, traces, final
+    return y, traces, final, compiled
