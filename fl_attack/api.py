@@ -127,6 +127,14 @@ def reconstruct(
     "auto" (the fastest one the device really accelerates, probed once per process; fp32 on a CPU
     without native bf16). The label recovery, the final Lsim and every metric are float32 whatever
     it is; ``Reconstruction.precision`` says which one ran. bf16 and tf32 need dtype torch.float32.
+    compile (an AttackConfig field too): "off", "on" or "auto" (default): each step's objective and
+    gradient as one ``torch.compile``d ``torch.func`` function (``fl_attack.attacks.compiled``: the
+    structured form for the paper's CNNs, the generic one for any model), compiled once per process
+    and problem (method, architecture, shapes, dtype, device) and reused by later attacks; "auto"
+    compiles on CUDA only (docs/performance.md, "Compiled step"). The same numbers up to rounding
+    (tests/test_compiled.py: 1e-9 in float64). ig, sme, nlsme and pisme in fp32 or float64 have a
+    compiled form; the others, bf16 / tf32, bn_stats_weight > 0 and the diffusion prior run eagerly,
+    and a compile that fails falls back to eager; ``Reconstruction.compile`` says which ran and why.
     update as a sequence of n ObservedUpdates of one client (one dataset, layout and k): one X_hat
     is fitted to all of them (``fl_attack.attacks.base.JointAttack``: the weighted sum of each
     update's own objective, each update with its own path variables); n = 1 is exactly the single
@@ -259,7 +267,8 @@ def reconstruct_batch(
 
     updates: N >= 1 ObservedUpdates of one dataset and one state-dict layout, each with the same
     number of samples k. method, config, overrides (precision included), model, label_aux, device,
-    dtype, progress: as ``reconstruct`` (one value for all clients; pisme-adaptive cannot be batched).
+    dtype, progress, compile: as ``reconstruct`` (one value for all clients; pisme-adaptive cannot be
+    batched; the compiled step vmaps the one-client form over the N clients).
     labels: "recovered" (each client's own, from its update) or oracle labels for every client,
     an (N, k) int64 tensor, or N entries, each a (k,) tensor or "recovered".
     callback(iteration, images in [0,1], (N,k,C,H,W)) may return N dicts, one per client, to add to

@@ -51,7 +51,7 @@ from .runs import ATTACK_COLUMNS, RunFolder
 from .update import AttackTarget, load_update, read_update_index, verify_update
 from .verdict import Verdict, verdict_line, verdict_summary
 from .victims import ground_truth
-from .workers import AttackJob, Pipeline, RayWorkers, make_workers, memory_key, outcomes, remember
+from .workers import AttackJob, Pipeline, RayWorkers, make_workers, memory_key, outcomes, remember, resolve_batch
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -179,6 +179,8 @@ class Replay:
     ray_address: str = ""
     memory: AttackMemory | None = None  # the replaying server's memory of each client (attack-memory)
     label_aux: AuxiliaryData | None = None  # the server's held-out pool, for label_estimator=aux
+    batch: int = 1  # attacks of one round run as one reconstruct_batch (fl_attack.workers.Pipeline)
+    batch_given: str = ""  # --batch as given ("": the run's attack-batch), for the replay's run config
 
     @property
     def attacks(self) -> int:
@@ -252,6 +254,8 @@ def prepare_replay(
     memory: str | None = None,
     memory_rounds: str | None = None,
     precision: str | None = None,
+    compile: str | None = None,
+    batch: int | str | None = None,
 ) -> Replay:
     """Check everything a replay needs, before any attack: the run folder, the settings, the
     recorded updates' checksums and the ground truth of every target.
@@ -272,6 +276,9 @@ def prepare_replay(
     memory.pt is where it starts from; a new replay starts from none and saves its own memory.pt.
     precision: the attacks' arithmetic (``fl_attack.precision``: fp32, bf16, tf32 or auto; default:
     the run's attack-precision, fp32 for a run recorded before it existed), checked on ``device``.
+    compile: off, on or auto (``AttackConfig.compile``; default: the run's attack-compile). batch: the
+    attacks of one round a worker runs as one ``reconstruct_batch`` (N or "auto",
+    ``fl_attack.workers.resolve_batch`` on ``device``; default: the run's attack-batch); rows as unbatched.
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)
@@ -295,12 +302,14 @@ def prepare_replay(
     try:
         option_values = parse_key_values(options or "", asdict(AttackConfig()), "--options", "attack setting")
         overrides = dict(option_values)
-        for key, value in (("iterations", iterations), ("nodes", nodes), ("precision", precision)):
+        own = (("iterations", iterations), ("nodes", nodes), ("precision", precision), ("compile", compile))
+        for key, value in own:
             if value is not None:
                 overrides[key] = value
         config = AttackConfig.from_overrides(run.attack_config, **overrides)
         dev = resolve_device(device)
         resolve_precision(config.precision, dev)  # tf32 off CUDA, before any attack
+        batch_given, batch = batch, resolve_batch(run.settings.attack_batch if batch is None else batch, dev)
     except (TypeError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
     if remembers and labels == "oracle":
@@ -387,6 +396,8 @@ def prepare_replay(
         ray_address=ray_address or "",
         memory=state,
         label_aux=_label_aux(run.settings, config),
+        batch=batch,
+        batch_given="" if batch_given is None else str(batch_given),
     )
 
 
@@ -414,7 +425,7 @@ def _replay_run_config(replay: Replay) -> dict:
         str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options", "attack setting"
     )
     options.update(replay.options)
-    for key in ("iterations", "nodes", "precision"):  # their own run-config keys
+    for key in ("iterations", "nodes", "precision", "compile"):  # their own run-config keys
         options.pop(key, None)
     rc.update(
         {
@@ -423,9 +434,12 @@ def _replay_run_config(replay: Replay) -> dict:
             "attack-iterations": config.iterations,
             "attack-nodes": config.nodes,
             "attack-precision": config.precision,
+            "attack-compile": config.compile,
             "attack-options": ",".join(f"{k}={v}" for k, v in options.items()),
         }
     )
+    if replay.batch_given:
+        rc["attack-batch"] = replay.batch_given
     if replay.memory is not None:
         rc.update({"attack-memory": replay.memory.mode, "attack-memory-rounds": replay.memory.rounds})
         rc["attack-method"] = (
@@ -491,7 +505,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
         except Exception as exc:
             workers.shutdown()
             raise ReplayError(f"cannot join the Ray cluster at {replay.ray_address}: {exc}") from None
-    pipeline = Pipeline(workers)
+    pipeline = Pipeline(workers, batch=replay.batch)
     previous_threads = torch.get_num_threads()
     if replay.threads:  # this process's attacks (workers=0) and the scoring
         torch.set_num_threads(replay.threads)

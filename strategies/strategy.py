@@ -179,7 +179,9 @@ class LeakageTracking:
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
         # the attack workers, chosen at the first submit (Flower's Ray runtime is up by then)
-        self.pipeline = Pipeline(workers or (lambda: federation_workers(settings, self.attack_threads)))
+        self.pipeline = Pipeline(
+            workers or (lambda: federation_workers(settings, self.attack_threads)), batch=settings.attack_batch_size()
+        )
         self.timings = Timings()  # the evaluator's scoring, images and writing phases too
         self.evaluator = Evaluator(
             settings.dataset,

@@ -122,7 +122,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
     check_defense(settings, len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    strategy.pipeline = Pipeline(dispatcher := RecordingWorkers())
+    strategy.pipeline = Pipeline(dispatcher := RecordingWorkers(), batch=settings.attack_batch_size())
     grid = InProcessGrid(run_config, partitions, random_node_ids)
     result = None
     if settings.defense.secagg:

@@ -162,3 +162,15 @@ def test_attacks_without_a_compiled_form_run_eagerly_and_say_why(method, options
     kwargs = {**FAST, "iterations": 1, **options}
     rec = reconstruct(_update(model, 0), method, labels=LABELS[0], compile="on", model=model, **kwargs)
     assert rec.compile == f"eager ({reason})" or rec.compile.startswith(f"eager ({reason}")
+
+
+def test_the_cli_passes_compile_to_the_attacks_and_refuses_it_twice(capsys):
+    from fl_attack.cli import UsageError, _settings, build_parser, main
+
+    args = build_parser().parse_args(["attack", "--compile", "on", "--device", "cpu"])
+    assert _settings(args).attack_config().compile == "on"
+    assert _settings(build_parser().parse_args(["attack"])).attack_config().compile == "auto"
+    with pytest.raises(UsageError, match="--option compile and --compile both given"):
+        _settings(build_parser().parse_args(["attack", "--compile", "on", "--option", "compile=off"]))
+    assert main(["attack", "--compile", "maybe"]) == 2
+    assert "invalid choice: 'maybe'" in capsys.readouterr().err
