@@ -912,6 +912,7 @@ def make_workers(
 # -------------------------------------------------------------------------------- pipeline
 
 
+HOLD_BATCHES = 8  # Pipeline.run holds at most this many batches' worth of jobs while their groups form
 BATCH_ON_CUDA = 16  # attack-batch "auto" on CUDA: 4.42x the throughput of single attacks at N=16 on an H200
 # (CIFAR-100, k=50, m=7; docs/gpu-check/); on a CPU 1: N sequential attacks were faster there
 # (docs/performance.md, "Batched attacks")
@@ -1065,20 +1066,28 @@ class Pipeline:
     def run(self, jobs, ahead: int = 1):
         """Yield (job, outcome) for every job of the iterable ``jobs``, kept at most ``ahead`` in
         flight (``ahead`` batches of ``batch`` when batching, each group formed from the jobs taken
-        until one is whole); jobs are made only when submitted. An interrupt or a closed generator
+        until one is whole, at most ``HOLD_BATCHES`` x ``ahead`` x ``batch`` of them held, then sent in
+        the groups they form); jobs are made only when submitted. An interrupt or a closed generator
         stops the jobs in flight (no outcome for them)."""
         jobs, more, limit = iter(jobs), True, max(1, ahead) * self.batch
+        held_at_most = HOLD_BATCHES * limit  # with batch > 1: jobs held while their groups form
         try:
             while more or self.jobs or self._held:
                 # with batch > 1, jobs are taken until one group is whole (or ``limit`` are sent): the
                 # jobs of one batch need not follow each other (a replay lists each update's methods)
-                while more and self._sent() < limit and not (self._held and self._whole_group_held()):
+                while (
+                    more
+                    and self._sent() < limit
+                    and len(self._held) < held_at_most
+                    and not (self._held and self._whole_group_held())
+                ):
                     job = next(jobs, None)
                     if job is None:
                         more = False
                     else:
                         self.submit(job)
-                self.flush(full_only=more)  # the last, partial groups once no job is left to come
+                # partial groups go once no job is left to come, or when the held jobs reach their bound
+                self.flush(full_only=more and len(self._held) < held_at_most)
                 done = self._paired(self.workers.poll() if self.workers else [])
                 if not done and self.jobs:
                     time.sleep(0.05)

@@ -190,3 +190,45 @@ def test_an_experiment_batched_gives_the_unbatched_rows(tmp_path, float64, monke
             if column in ("invocation", "elapsed", "seconds", "seconds_per_iteration", "worker"):
                 continue
             assert _close(mine[column], theirs[column], column), (column, mine[column], theirs[column])
+
+
+class Echo:
+    """Workers that attack nothing: each job (a batch: each of its jobs) comes back "ok" at once."""
+
+    def __init__(self):
+        self.sent, self.ready = [], []
+
+    def submit(self, job):
+        self.sent.append(job)
+        members = [job, *job.batch]
+        done = [workers_module.AttackOutcome(j.job_id, j.method, j.target, "ok", batch=len(members)) for j in members]
+        done[0].batched = done[1:] if job.batch else None
+        self.ready.append(done[0])
+
+    def poll(self):
+        out, self.ready = self.ready, []
+        return out
+
+    def drain(self, timeout):
+        return self.poll()
+
+    def shutdown(self):
+        pass
+
+
+def test_run_forms_whole_batches_from_interleaved_jobs_and_never_stalls():
+    """A replay lists each update's methods in turn: pisme, ig, pisme, ig, ... still batch by method;
+    with more keys than can form whole groups within the held bound, the held jobs go as they are."""
+    jobs = [_job(i, i // 2, "pisme" if i % 2 == 0 else "ig") for i in range(12)]
+    workers = Echo()
+    done = list(Pipeline(workers, batch=3).run(jobs, ahead=1))
+    assert sorted(j.job_id for j, _ in done) == list(range(12)) and all(o.status == "ok" for _, o in done)
+    assert [(j.method, len(j.batch) + 1) for j in workers.sent] == [("pisme", 3), ("ig", 3)] * 2
+    # 20 different rounds: no group is ever whole; at most HOLD_BATCHES x 1 x 2 = 16 held, then sent alone
+    lonely = [_job(i, i) for i in range(20)]
+    for i, job in enumerate(lonely):
+        job.target = AttackTarget(i + 1, (i,))
+    workers = Echo()
+    done = list(Pipeline(workers, batch=2).run(lonely, ahead=1))
+    assert sorted(j.job_id for j, _ in done) == list(range(20))
+    assert all(not j.batch for j in workers.sent)
