@@ -12,6 +12,12 @@ float64 and float32).
 ``--batched N``: N whole attacks on N real clients of one FedAvg round (oracle labels), N sequential
 ``fl_attack.reconstruct`` calls against one ``fl_attack.reconstruct_batch`` call.
 
+``--compiled N``: eager against compiled (``fl_attack.attacks.compiled``), one client against N batched
+(``reconstruct_batch``), for the paper's CNNs and a user model with max pooling (``MaxPoolCNN``, the
+generic path): the compile time (the first compiled attack's wall time less an eager one's) apart
+from the step time (each whole attack's wall time at ``--iterations`` less its time at 1 iteration,
+per iteration, median over the alternated repeats; per attack: a batched step's time / N).
+
 ``--precisions fp32,bf16[,tf32]``: the shipped step in each precision (``fl_attack.precision``)
 side by side, each against its own GEMM peak, its gradients against fp32's, and whole PI-SME attacks
 (``--iterations`` each, recovered labels) in each (docs/performance.md, "Mixed precision").
@@ -484,6 +490,177 @@ def summarize_batched(result: dict) -> str:
     return "\n".join(lines)
 
 
+class MaxPoolCNN(torch.nn.Module):
+    """A user model with max pooling (``fl_attack.attacks.gradients``' generic path): the paper's
+    FEMNIST / CIFAR-100 CNN layout (conv 3x3 pad 1, ReLU, pool 2, conv, ReLU, pool 2, fc, ReLU, fc)
+    with 2x2 max pooling instead of average pooling."""
+
+    def __init__(self, dataset: str):
+        super().__init__()
+        channels, size, _ = get_spec(dataset).image_shape
+        width = 32 if channels == 1 else 64
+        self.conv1 = torch.nn.Conv2d(channels, width, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.fc1 = torch.nn.Linear(2 * width * (size // 4) ** 2, 100 if channels == 1 else 200)
+        self.fc2 = torch.nn.Linear(self.fc1.out_features, get_spec(dataset).num_classes)
+
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+@dataclass
+class CompileRow:
+    model: str  # "femnist" / "cifar100" (the paper's CNN, structured path) or "<dataset>+maxpool" (generic)
+    samples: int
+    nodes: int
+    clients: int  # 1: reconstruct; N: reconstruct_batch of N clients
+    iterations: int
+    eager_step_ms: float  # per attack and iteration: (wall(K) - wall(1)) / (K - 1) / clients, median
+    compiled_step_ms: float
+    speedup: float  # eager / compiled
+    compile_seconds: float  # the first compiled attack (1 iteration) less an eager one
+    break_even_steps: float  # compile_seconds / (eager - compiled) per step; inf when compiled is not faster
+    max_lsim_diff: float  # |Lsim_compiled - Lsim_eager| after K iterations, over the clients
+    compile_note: str
+    gflop_per_step: float = 0.0  # one client's step (FlopCounterMode: an unbatched 2-iteration attack less 1)
+    compiled_gflops: float = 0.0  # gflop_per_step / the compiled step's time
+    peak_fraction: float = 0.0  # compiled_gflops / the GEMM peak measured in the same process (TF32 on CUDA)
+
+
+def _synthetic_updates(model, dataset: str, samples: int, clients: int):
+    """N updates of ``model`` at its seeded initial weights: wT = w0 - 0.01 noise (the step's cost
+    does not depend on the values), with oracle labels."""
+    from fl_attack.update import ObservedUpdate, TrainingMetadata
+
+    spec, updates = get_spec(dataset), []
+    for n in range(clients):
+        g = torch.Generator().manual_seed(n)
+        w0 = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        wT = {k: v - 0.01 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
+        updates.append(ObservedUpdate(w0, wT, TrainingMetadata(dataset, PAPER.lr, min(10, samples), 1, samples)))
+    labels = torch.randint(spec.num_classes, (clients, samples), generator=torch.Generator().manual_seed(0))
+    return updates, labels
+
+
+def bench_compiled(
+    model_name: str, nodes: int, samples: int, clients: int, iterations: int, device, repeats: int, peak: float = 0.0
+):
+    """Eager against compiled PI-SME attacks of one model, one client (clients 1) or N batched."""
+    from fl_attack.attacks import compiled as compiled_step
+
+    dataset, _, kind = model_name.partition("+")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = MaxPoolCNN(dataset) if kind == "maxpool" else build_model(dataset, seed=0)
+    model.eval()
+    updates, labels = _synthetic_updates(model, dataset, samples, clients)
+
+    def attack(mode: str, steps: int):
+        options = dict(nodes=nodes, iterations=steps, device=device, model=model, compile=mode, trace_every=steps)
+        if clients == 1:
+            return [reconstruct(updates[0], "pisme", labels=labels[0], **options)]
+        return reconstruct_batch(updates, "pisme", labels=labels, **options)
+
+    compiled_step.reset()
+    attack("off", 1)  # warm-up
+    eager_one = _alternate(device, 1, {"one": lambda: attack("off", 1)})[0]["one"]
+    start = time.perf_counter()
+    note = attack("on", 1)[0].compile
+    compile_seconds = time.perf_counter() - start - eager_one
+    runs = {
+        "eager1": lambda: attack("off", 1),
+        "compiled1": lambda: attack("on", 1),
+        "eager": lambda: attack("off", iterations),
+        "compiled": lambda: attack("on", iterations),
+    }
+    seconds, _, results = _alternate(device, repeats, runs)
+    per = {m: (seconds[m] - seconds[f"{m}1"]) / max(1, iterations - 1) / clients * 1e3 for m in ("eager", "compiled")}
+    diff = max(abs(a.lsim_honest - b.lsim_honest) for a, b in zip(results["eager"], results["compiled"]))
+    saving = (per["eager"] - per["compiled"]) / 1e3 * clients  # seconds a compiled step saves (one call)
+    # FLOPs of one client's step, counted unbatched: flop_counter over-counts the grouped convolutions of a
+    # vmapped batch ("Batched attacks" in docs/performance.md), and a batch does N clients' same work
+    one = dict(nodes=nodes, device=device, model=model, compile="off", labels=labels[0])
+    gflop = (
+        count_flops(lambda: reconstruct(updates[0], "pisme", iterations=2, trace_every=2, **one))
+        - count_flops(lambda: reconstruct(updates[0], "pisme", iterations=1, trace_every=1, **one))
+    ) / 1e9
+    gflops = gflop / (per["compiled"] / 1e3)
+    return CompileRow(
+        model_name,
+        samples,
+        nodes,
+        clients,
+        iterations,
+        per["eager"],
+        per["compiled"],
+        per["eager"] / per["compiled"],
+        compile_seconds,
+        compile_seconds / saving if saving > 0 else float("inf"),
+        diff,
+        note,
+        gflop,
+        gflops,
+        gflops / peak if peak else 0.0,
+    )
+
+
+COMPILE_HEADER = (
+    f"{'model':16} {'k':>3} {'m':>3} {'N':>3} {'iters':>5} {'eager ms':>9} {'comp ms':>9} {'speedup':>7} "
+    f"{'compile s':>9} {'break-even':>10} {'dLsim':>8} {'GFLOP':>6} {'GFLOP/s':>8} {'%peak':>6}"
+)
+
+
+def format_compile_row(r: CompileRow | dict) -> str:
+    r = CompileRow(**r) if isinstance(r, dict) else r
+    return (
+        f"{r.model:16} {r.samples:>3} {r.nodes:>3} {r.clients:>3} {r.iterations:>5} {r.eager_step_ms:9.1f} "
+        f"{r.compiled_step_ms:9.1f} {r.speedup:7.2f} {r.compile_seconds:9.1f} {r.break_even_steps:10.0f} "
+        f"{r.max_lsim_diff:8.1e} {r.gflop_per_step:6.2f} {r.compiled_gflops:8.1f} {100 * r.peak_fraction:5.1f}%"
+        + ("" if r.compile_note == "compiled" else f"  [{r.compile_note}]")
+    )
+
+
+def run_compiled(
+    datasets=("femnist", "cifar100"),
+    nodes=(3,),
+    samples=(10,),
+    clients: int = 4,
+    iterations: int = 4,
+    device="auto",
+    repeats: int = 3,
+    threads: int | None = None,
+    widths=(None,),
+    progress=print,
+) -> dict:
+    """Eager/compiled x one client/N batched for each dataset's paper CNN and its max-pooling user
+    model; returns {"device", "threads", "torch", "rows": [...]}. ValueError on bad arguments."""
+    validate_bench(datasets, nodes, samples, repeats, threads, widths)
+    if clients < 1 or iterations < 2:
+        raise ValueError(f"--compiled N must be >= 1 and --iterations >= 2, got {clients} and {iterations}")
+    device = _device(device, threads)
+    precision = "tf32" if device.type == "cuda" else "fp32"
+    peak = gemm_peak_gflops(device, 2048 if device.type == "cuda" else 1024, precision=precision)
+    progress(f"{precision} GEMM peak: {peak:.1f} GFLOP/s")
+    models = [name for d in datasets for name in (d, f"{d}+maxpool")]
+    rows = []
+    progress(COMPILE_HEADER)
+    for name, k, m, n in itertools.product(models, _as_tuple(samples), nodes, sorted({1, clients})):
+        rows.append(bench_compiled(name, int(m), int(k), n, iterations, device, repeats, peak))
+        progress(format_compile_row(rows[-1]))
+    return _result(device, rows, gemm_peak_gflops=peak, gemm_peak_precision=precision)
+
+
+def summarize_compiled(result: dict) -> str:
+    lines = [
+        f"device {result['device']}, {result['threads']} threads, torch {result['torch']}, "
+        f"{result.get('gemm_peak_precision', 'fp32')} GEMM peak {result.get('gemm_peak_gflops', 0):.1f} GFLOP/s",
+        COMPILE_HEADER,
+    ]
+    return "\n".join(lines + [format_compile_row(r) for r in result["rows"]])
+
+
 @dataclass
 class PrecisionRow:
     dataset: str
@@ -668,7 +845,20 @@ def main(argv=None) -> int:
         help="time N whole PI-SME attacks on N clients, batched (reconstruct_batch) against sequential "
         "(reconstruct), instead of the step grid",
     )
-    add("--iterations", type=int, default=5, help="attack iterations with --batched or --precisions (default: 5)")
+    add(
+        "--compiled",
+        type=int,
+        default=0,
+        metavar="N",
+        help="eager against compiled PI-SME attacks, one client and N batched, for the paper's CNNs and a "
+        "max-pooling user model, with the compile time apart (default datasets: femnist,cifar100; m 3; k 10)",
+    )
+    add(
+        "--iterations",
+        type=int,
+        default=5,
+        help="attack iterations with --batched, --compiled or --precisions (default: 5)",
+    )
     add(
         "--precisions",
         default="",
@@ -682,6 +872,8 @@ def main(argv=None) -> int:
     defaults = ("cifar100", "3", "10") if args.batched else ("cifar100,femnist", "1,3,7,12", "50")
     if args.precisions and not args.batched:
         defaults = ("cifar100,femnist", "7", "50")
+    if args.compiled:
+        defaults = ("femnist,cifar100", "3", "10")
     args.datasets, args.nodes, args.samples = (
         given or default for given, default in zip((args.datasets, args.nodes, args.samples), defaults)
     )
@@ -693,8 +885,12 @@ def main(argv=None) -> int:
         validate_bench(datasets, nodes, samples, args.repeats, args.threads or None, widths)
         if args.batched < 0 or args.iterations < 1:
             raise ValueError(f"--batched must be >= 1 and --iterations >= 1, got {args.batched} and {args.iterations}")
-        if args.batched and args.precisions:
-            raise ValueError("--batched and --precisions are two benchmarks; give one")
+        if sum(map(bool, (args.batched, args.precisions, args.compiled))) > 1:
+            raise ValueError("--batched, --compiled and --precisions are three benchmarks; give one")
+        if args.compiled < 0 or (args.compiled and args.iterations < 2):
+            raise ValueError(
+                f"--compiled must be >= 1 and --iterations >= 2, got {args.compiled} and {args.iterations}"
+            )
         precisions = resolve_precisions(tuple(args.precisions.split(",")), args.device) if args.precisions else ()
         if args.batched:
             validate_clients(datasets, samples, args.batched)
@@ -706,6 +902,8 @@ def main(argv=None) -> int:
         extra = dict(precisions=precisions, iterations=args.iterations, peak_size=args.peak_size)
     elif args.batched:
         run, summary, extra = run_batched, summarize_batched, dict(clients=args.batched, iterations=args.iterations)
+    elif args.compiled:
+        run, summary, extra = run_compiled, summarize_compiled, dict(clients=args.compiled, iterations=args.iterations)
     else:
         run, summary, extra = run_bench, summarize, {}
     result = run(

@@ -92,3 +92,19 @@ def test_precision_comparison_times_fp32_and_bf16_side_by_side(capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_compiled_benchmark_checks_its_arguments_before_compiling(capsys):
+    """The benchmark itself compiles 4 steps (minutes on a small CPU): its run is docs/performance.md's
+    ("Compiled step") and the GPU check's dry run; here, its argument checks."""
+    from benchmarks.attack_step import main
+
+    for argv in (
+        ["--compiled", "-1"],
+        ["--compiled", "2", "--iterations", "1"],
+        ["--compiled", "2", "--batched", "2"],
+        ["--compiled", "2", "--datasets", "mnist"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("python -m benchmarks.attack_step: error:") and len(err.strip().splitlines()) == 1, err

@@ -54,6 +54,8 @@ def test_a_quick_cpu_run_writes_every_stage_and_its_figures(tmp_path):
         "bench.png",
         "batched.json",
         "batched.png",
+        "compiled.json",
+        "compiled.txt",
         "precision.json",
         "precision.txt",
         "precision.png",
@@ -114,6 +116,7 @@ def test_a_failing_or_timed_out_stage_does_not_stop_the_others(tmp_path, fake_st
         "cuda-tests": "pass",
         "bench": "fail",
         "batched": "timeout",
+        "compiled": "pass",
         "precision": "pass",
         "federation": "pass",
     }
@@ -132,7 +135,7 @@ def test_the_budget_cuts_each_stage_and_skips_what_no_longer_fits(tmp_path, fake
     assert gpu_check.main(["--device", "cpu", "--out", str(out), "--budget-seconds", str(budget)]) == 0
     stages = _status(out)
     assert stages["environment"]["status"] == "pass"
-    for name in ("cuda-tests", "bench", "batched", "precision"):
+    for name in ("cuda-tests", "bench", "batched", "compiled", "precision"):
         assert stages[name]["status"] == "skipped" and "not enough budget left" in stages[name]["note"]
     assert stages["federation"]["status"] == "pass"
     assert gpu_check.main(["--device", "cpu", "--out", str(out), "--budget-seconds", "1"]) == 0
@@ -148,6 +151,7 @@ def test_stages_can_be_chosen(tmp_path, fake_stages):
         "cuda-tests": "skipped",
         "bench": "pass",
         "batched": "skipped",
+        "compiled": "skipped",
         "precision": "skipped",
         "federation": "pass",
     }

@@ -35,7 +35,9 @@ attack adds none). A compile that fails is remembered for its key, logged once w
 and the attack runs eagerly (``Reconstruction.compile`` then reads "eager (compile failed: ...)").
 
 Where it pays is measured in docs/performance.md ("Compiled step"); ``resolve_compile`` holds the rule
-of ``compile="auto"``.
+of ``compile="auto"``. Sources: torch.func (``grad``, ``grad_and_value``, ``vjp``, ``vmap``: the
+composable function transforms), torch.compile (``fullgraph=True``: one graph or an error) and
+TorchInductor's ``triton.cudagraphs`` (what ``mode="reduce-overhead"`` sets).
 """
 
 from __future__ import annotations
@@ -81,11 +83,13 @@ def resolve_compile(mode: str, device: torch.device | str) -> bool:
     """Whether an attack with ``compile=mode`` compiles its step on ``device``.
 
     "on": yes; "off": no; "auto": on CUDA yes (the step there is bound by kernel launches, which
-    compiling fuses and a CUDA graph replays; docs/gpu-check/), on the CPU no: measured on 2 cores
-    with 1 thread (docs/performance.md, "Compiled step"), the compiled step was slower than eager for
-    the paper's CNNs (0.71-0.94x, batched or not; their eager path is hand-fused for the CPU) and only
-    1.1-1.2x faster for the generic path of a user model, while each compile takes 35-110 s, more than a
-    typical attack's whole run on such a CPU.
+    compiling fuses and a CUDA graph replays; docs/gpu-check/), on the CPU no. Measured on this
+    project's 2-core CPU with 1 thread (docs/performance.md, "Compiled step"; k=10, m=3 and k=16, m=5,
+    one client and N=4 batched): a compiled step ran 1.06-1.70x as fast as eager for the paper's CNNs
+    and 0.93-1.22x for a max-pooling user model (the generic path), but each compile took 32-84 s,
+    repaid only after 70 to 15,000 steps of one problem shape in one process (for the user model
+    often never), more than a short run or a test has. Long CPU runs of the paper's CNNs gain from
+    asking for "on".
     """
     check_compile(mode)
     if mode == "auto":
