@@ -51,11 +51,14 @@ def _tiny_cnn():
     return build_model("femnist", seed=0, width=2)  # the paper's FEMNIST CNN, 2 channels: structured path
 
 
-def _update(model, seed: int) -> ObservedUpdate:
+def _update(model, seed: int, optimizer=None, sparse: bool = False) -> ObservedUpdate:
     g = torch.Generator().manual_seed(seed)
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     wT = {k: v - 0.01 * torch.randn(v.shape, generator=g) for k, v in w0.items()}
-    return ObservedUpdate(w0, wT, TrainingMetadata("femnist", 0.01, 2, 1, 2))
+    if sparse:  # a top-k-like update: half its coordinates never sent (observed_only)
+        wT = {k: torch.where(torch.rand(v.shape, generator=g) < 0.5, w0[k], v) for k, v in wT.items()}
+    meta = TrainingMetadata("femnist", 0.01, 1, 1, 2, **({} if optimizer is None else {"optimizer": optimizer}))
+    return ObservedUpdate(w0, wT, meta)
 
 
 LABELS = torch.tensor([[1, 2], [3, 4]])
@@ -72,11 +75,12 @@ def _same(eager, compiled) -> None:
                 assert abs(ra[col] - rb[col]) < TOL, (col, ra[col], rb[col])
 
 
-def _run(model, method, batched: bool, mode: str, seeds=(0, 1)):
-    updates = [_update(model, s) for s in seeds]
+def _run(model, method, batched: bool, mode: str, seeds=(0, 1), optimizer=None, sparse=False, **options):
+    updates = [_update(model, s, optimizer, sparse) for s in seeds]
+    options = {**FAST, **options}
     if batched:
-        return reconstruct_batch(updates, method, labels=LABELS, compile=mode, model=model, **FAST)
-    return [reconstruct(updates[0], method, labels=LABELS[0], compile=mode, model=model, **FAST)]
+        return reconstruct_batch(updates, method, labels=LABELS, compile=mode, model=model, **options)
+    return [reconstruct(updates[0], method, labels=LABELS[0], compile=mode, model=model, **options)]
 
 
 @pytest.mark.heavy
@@ -105,6 +109,20 @@ def test_compiled_equals_eager_on_the_generic_path():
 def test_compiled_equals_eager_on_the_generic_path_batched():
     model = MaxPoolNet()
     _same(_run(model, "pisme", True, "off"), _run(model, "pisme", True, "on"))
+
+
+@pytest.mark.heavy
+def test_compiled_equals_eager_for_a_momentum_client_with_weight_decay_and_a_sparse_update():
+    """The optimizer-aware surrogate (momentum's weights along the path, the weight-decay term) and
+    observed_only's mask, on the structured path (T = 2 local steps: k=2, B=1)."""
+    from fl_attack.config import ClientOptimizer
+
+    optimizer = ClientOptimizer("momentum", momentum=0.9, weight_decay=5e-4)
+    runs = [
+        _run(_tiny_cnn(), "pisme", False, mode, optimizer=optimizer, sparse=True, observed_only=True)
+        for mode in ("off", "on")
+    ]
+    _same(*runs)
 
 
 @pytest.mark.heavy

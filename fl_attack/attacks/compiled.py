@@ -201,7 +201,12 @@ def _surrogate(static, anchors, basis, coeffs, x, y, buffers):
 
 
 def _objective(static: _Static, x, y, variables: dict, consts: dict) -> tuple[torch.Tensor, dict]:
-    """(sum of the clients' losses, the terms) of ``Attack.objective`` (eq. 10), as a pure function."""
+    """(sum of the clients' losses, the terms) of ``Attack.objective`` (eq. 10), as a pure function.
+
+    x: (k,C,H,W) or (N,k,C,H,W); y: (k,) or (N,k); variables: the attack's (``VARIABLES``), P1 and d
+    (P,) or (N,P), SME's alpha and NL-SME's t () or (N,); consts: ``Step``'s. Terms: loss, lsim_honest,
+    lsim_calibrated (in [0, 2]) and tv, each () or (N,), detached.
+    """
     w0, wT = consts["w0"], consts["wT"]
     method = static.method
     if method == "ig":
@@ -315,6 +320,10 @@ def _key(attack, static: _Static, x: torch.Tensor, consts: dict) -> tuple:
 class Step:
     """The compiled step of one attack: ``step(x, y)`` sets ``.grad`` of X_hat and of the attack's
     variables and returns the objective's terms (each () or (N,)), as the eager step's backward would.
+    x: X_hat, (k,C,H,W) normalised images, or (N,k,C,H,W) batched, float32 or float64; y: (k,) or
+    (N,k) int64 labels. Built once per attack (``prepare_step``): it reads the attack's constants
+    (w0, wT, delta_w (P,) or (N,P), the midpoint, the quadrature coefficients weighted by the client's
+    optimizer, the buffers, the observed mask) and its variables by name (``VARIABLES``).
 
     ``note``: "compiled", or after a failed compile "eager (compile failed: ...)"; ``failed`` then
     says the caller must take the eager step (this one and every later one).
@@ -372,6 +381,8 @@ class Step:
         if self.failed:
             return None
         variables = tuple(v.detach() for v in self.variables)
+        if x.device.type == "cuda":  # CUDA graphs: the last step's outputs (the .grad Adam used) may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         try:
             gx, gv, terms = _STEPS[self.key](x.detach(), variables, y, self.consts)
         except Exception as exc:  # the compiler's failure: remembered for the key, reported, eager from here
