@@ -232,3 +232,20 @@ def test_run_forms_whole_batches_from_interleaved_jobs_and_never_stalls():
     done = list(Pipeline(workers, batch=2).run(lonely, ahead=1))
     assert sorted(j.job_id for j, _ in done) == list(range(20))
     assert all(not j.batch for j in workers.sent)
+
+
+@pytest.mark.runtime
+def test_a_batch_crosses_to_a_worker_process_and_back():
+    """The batch job and its outcome (with the other jobs' outcomes in ``batched``) pickle to and from
+    a spawned attack process."""
+    from fl_attack.workers import ProcessWorkers
+
+    pipeline = Pipeline(ProcessWorkers(1, threads=1, device="cpu"), batch=2)
+    try:
+        for job in (_job(0, 0), _job(1, 1)):
+            pipeline.submit(job)
+        done = pipeline.drain(300)
+    finally:
+        pipeline.shutdown()
+    assert sorted((j.job_id, o.status, o.batch) for j, o in done) == [(0, "ok", 2), (1, "ok", 2)]
+    assert all(o.job_id == j.job_id and o.batched is None for j, o in done)
