@@ -7,7 +7,7 @@ which scores it and returns THE row (``attack_row``: the columns of attacks.csv,
 experiments' CSVs).
 
 * ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
-  label-count accuracy; ``save_grid``: originals over their matched reconstructions;
+  label-count accuracy;
   ``psnr_trace``: the evaluator's PSNR in an in-process attack's trace.
 * the verdict (``fl_attack.verdict``, when the evaluator is given one): how many of the client's
   images were recovered, singled out and recognized, against the best guess without the update.
@@ -30,7 +30,7 @@ from .metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
 from .runs import ATTACK_COLUMNS
 from .verdict import VERDICT_COLUMNS, Verdict
 
-__all__ = ["Evaluator", "score", "save_grid", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
+__all__ = ["Evaluator", "score", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
 
 _SCORES = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
 # results.csv (fl-attack attack; the experiments' CSVs take nodes..seconds): ATTACK_COLUMNS names but for these two.
@@ -85,12 +85,6 @@ def psnr_trace(truth: torch.Tensor) -> Callable[[int, torch.Tensor], dict]:
         return {"psnr": float(psnr(images[torch.as_tensor(recon_idx)], truth).double().mean())}
 
     return callback
-
-
-def save_grid(truth_images: torch.Tensor, scores: dict, path: str | Path, columns: int = 16) -> Path:
-    """PNG of the originals (N,C,H,W in [0,1]) over their matched reconstructions (``score``'s
-    matched_recon), in bands of ``columns`` pairs; written atomically."""
-    return save_comparison_grid(truth_images, scores["matched_recon"].cpu(), path, columns=columns)
 
 
 # -------------------------------------------------------------------------------------- rows
@@ -169,6 +163,17 @@ class Evaluator:
             raise ValueError(f"the verdict is for {verdict.dataset}, the evaluator for {self.dataset}")
         self.verdict = verdict
 
+    def _save(self, recon, truth, target, method: str, image, row: dict) -> None:
+        """The row's image grid (originals over their matched reconstructions, or the
+        reconstructions alone without a truth) under ``folder``; its path goes in ``row``."""
+        if self.folder is None:
+            return
+        if image is None:
+            image = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
+        with self._measure("images"):
+            save_comparison_grid(truth, recon, self.folder / image, columns=self.grid_columns)
+        row["image"] = Path(image).as_posix()
+
     def _measure(self, phase: str):
         return self.timings.measure(phase) if self.timings is not None else nullcontext()
 
@@ -182,7 +187,8 @@ class Evaluator:
         epsilon: float | None = None,
     ) -> dict:
         """Score ``outcome`` (if it succeeded) against ``truth`` = (images (N,C,H,W) in [0,1],
-        labels (N,)) and store its row; returns the row.
+        labels (N,)) and store its row; returns the row. truth None: the row of a successful
+        attack is stored unscored (an audit without the ground truth), its grid the reconstructions.
 
         image: the grid's path under ``folder`` (default images/round-R/METHOD/NAME.png). A scoring
         or grid failure makes the row status "failed" with the cause ("evaluation: ..."); it never
@@ -204,7 +210,12 @@ class Evaluator:
             epsilon=epsilon,
             **{column: getattr(outcome, column) for column in _FROM_OUTCOME},
         )
-        if outcome.status == "ok":
+        if outcome.status == "ok" and truth is None:  # an audit without the ground truth: kept, unscored
+            try:
+                self._save(outcome.images.detach().cpu(), None, target, outcome.method, image, row)
+            except Exception as exc:
+                row.update(status="failed", error=f"images: {type(exc).__name__}: {exc}")
+        elif outcome.status == "ok":
             try:
                 with self._measure("scoring"):
                     scores = score(outcome.images, outcome.labels, *truth, self.dataset)
@@ -220,12 +231,7 @@ class Evaluator:
                         scores.update(judged)
                 row.update({m: float(scores[m]) for m in _SCORES})
                 row.update({c: scores.get(c) for c in VERDICT_COLUMNS})
-                if self.folder is not None:
-                    if image is None:
-                        image = Path("images") / f"round-{target.round}" / outcome.method / f"{target.name}.png"
-                    with self._measure("images"):
-                        save_grid(truth[0], scores, self.folder / image, columns=self.grid_columns)
-                    row["image"] = Path(image).as_posix()
+                self._save(scores["matched_recon"].cpu(), truth[0], target, outcome.method, image, row)
             except Exception as exc:  # a scoring bug must not lose the run either
                 row.update(status="failed", error=f"evaluation: {type(exc).__name__}: {exc}")
         if self.table is not None:

@@ -17,15 +17,18 @@ PAD_VALUE = 0.5  # grey gaps, and grey cells where the last band has fewer pairs
 
 
 def save_comparison_grid(
-    truth: torch.Tensor, recon: torch.Tensor, path: str | os.PathLike, columns: int = 16, scale: int = 2
+    truth: torch.Tensor | None, recon: torch.Tensor, path: str | os.PathLike, columns: int = 16, scale: int = 2
 ) -> Path:
     """Save a PNG of every pair: ``truth`` (N,C,H,W) in [0,1] above ``recon`` (matched order, same shape).
+    truth None (an audit without the ground truth): the reconstructions alone, in bands of ``columns``.
 
     Pairs fill bands of ``columns``; each band is a row of originals over the row of their
     reconstructions, 2 px grey gaps. Each pixel is enlarged ``scale`` times; NaN pixels show black.
     Written atomically. Raises ValueError, before writing, when the shapes differ, the tensors are
     not floating point with 1 or 3 channels, N is 0, or columns or scale is not an int >= 1.
     """
+    alone = truth is None
+    truth = recon if alone else truth
     if truth.shape != recon.shape or truth.dim() != 4 or truth.shape[1] not in (1, 3):
         raise ValueError(
             f"truth and recon must be (N,C,H,W) of one shape with C = 1 or 3, got "
@@ -48,7 +51,7 @@ def save_comparison_grid(
     truth, recon = both[:n], both[n:]
     bands = []
     for start in range(0, n, per_band):
-        rows = [truth[start : start + per_band], recon[start : start + per_band]]
+        rows = [truth[start : start + per_band], recon[start : start + per_band]][alone:]
         missing = per_band - rows[0].shape[0]
         if missing:
             blank = torch.full((missing, *truth.shape[1:]), PAD_VALUE)

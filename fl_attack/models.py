@@ -237,3 +237,42 @@ def output_bias_key(state: dict, num_classes: int) -> str:
         f"entry of size {num_classes}) in the update; there is none (give the output layer a bias, "
         "or use oracle labels)"
     )
+
+
+class InputNormalization:
+    """A forward pre-hook that feeds a model normalised its own way from the attack's input space.
+
+    The attacks and ``check_model`` feed a victim images normalised per ``get_spec(dataset)``
+    (``DatasetSpec.normalize``); a user's app may normalise otherwise (e.g. Flower's quickstart:
+    mean 0.5, std 0.5). The hook maps x -> ((x * spec_std + spec_mean) - mean) / std, so the
+    model sees exactly what its app gave it for the same pixels in [0,1]. A plain class (not a
+    closure): models travel to attack workers by pickling. mean, std: one value per channel.
+    """
+
+    def __init__(self, dataset: str, mean, std):
+        spec = get_spec(dataset)
+        c = spec.image_shape[0]
+        self.mean, self.std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+        if len(self.mean) != c or len(self.std) != c or min(self.std) <= 0:
+            raise ValueError(
+                f"input normalisation for {spec.name} needs {c} mean(s) and {c} std(s) > 0, got {mean} / {std}"
+            )
+        self.spec_mean, self.spec_std = spec.mean, spec.std
+
+    def __call__(self, module: nn.Module, args: tuple):
+        x, *rest = args
+        view = (1, -1, 1, 1)
+
+        def as_tensor(values):
+            return torch.tensor(values, dtype=x.dtype, device=x.device).view(view)
+
+        pixels = x * as_tensor(self.spec_std) + as_tensor(self.spec_mean)
+        return ((pixels - as_tensor(self.mean)) / as_tensor(self.std), *rest)
+
+
+def with_input_normalization(model: nn.Module, dataset: str, mean, std) -> nn.Module:
+    """``model`` (changed in place and returned) fed through an ``InputNormalization`` hook; its
+    parameter and buffer names stay the model's own (the update's keys). Raises ValueError for a
+    normalisation that does not fit the dataset's channels."""
+    model.register_forward_pre_hook(InputNormalization(dataset, mean, std))
+    return model

@@ -28,6 +28,7 @@ The run config is read back with the federation's own parser (fl_attack.run_conf
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import sys
 import time
@@ -40,7 +41,6 @@ import torch
 from .api import resolve_device
 from .attacks import AttackConfig
 from .config import parse_key_values
-from .evaluator import Evaluator
 from .labels import NEEDS_AUX, AuxiliaryData
 from .memory import MEMORY_SUFFIX, AttackMemory, memory_methods
 from .precision import resolve_precision
@@ -48,10 +48,11 @@ from .privacy import PrivacyLedger
 from .records import header_mismatch, read_csv, write_bytes_atomic
 from .run_config import RunSettings
 from .runs import ATTACK_COLUMNS, RunFolder
+from .service import AuditService
 from .update import AttackTarget, load_update, read_update_index, verify_update
-from .verdict import Verdict, verdict_line, verdict_summary
+from .verdict import verdict_line, verdict_summary
 from .victims import ground_truth
-from .workers import AttackJob, Pipeline, RayWorkers, make_workers, memory_key, outcomes, remember
+from .workers import RayWorkers, make_workers
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -390,13 +391,6 @@ def prepare_replay(
     )
 
 
-def _verdict(settings: RunSettings) -> Verdict:
-    """The run's verdict (fl_attack.verdict): its held-out pool, its seed's distractors."""
-    test_set = settings.server_test_set()
-    public = (test_set.images, test_set.labels) if test_set is not None else None
-    return Verdict.from_data(settings.dataset, data_dir=settings.data_dir or None, seed=settings.seed, public=public)
-
-
 def _label_aux(settings: RunSettings, config: AttackConfig):
     """The server's held-out pool as label_estimator=aux's public data, as in the run; None otherwise."""
     if config.label_estimator not in NEEDS_AUX:
@@ -474,12 +468,14 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
     (``ATTACK_COLUMNS``) to ``replay.out``/attacks.csv as it finishes; images under
     ``replay.out``/images/.
 
-    Jobs go to the workers at most 2 x workers ahead (one at a time in this process); the workers
-    get the recorded update (and the true labels only with labels=oracle), and each outcome is
-    scored here against the ground truth. A failing attack is a row with status "failed" and its
-    error; the others go on. An interrupt stops the workers and leaves no row for the attacks it
-    cut short (``missing=True`` completes them). Returns the rows, in the order they finished.
-    ReplayError, before anything is written, when the Ray cluster cannot be joined.
+    The recorded updates are fed, in the record's order, to an ``fl_attack.service.AuditService``
+    (the federation's own: the same jobs, memory, scoring and rows), at most 2 x workers attacks
+    ahead (one at a time in this process); the workers get the recorded update (and the true labels
+    only with labels=oracle), and each outcome is scored here against the ground truth. A failing
+    attack is a row with status "failed" and its error; the others go on. An interrupt stops the
+    workers and leaves no row for the attacks it cut short (``missing=True`` completes them).
+    Returns the rows, in the order they finished. ReplayError, before anything is written, when the
+    Ray cluster cannot be joined.
     """
     log = sys.stderr if log is None else log
     workers = make_workers(
@@ -491,13 +487,12 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
         except Exception as exc:
             workers.shutdown()
             raise ReplayError(f"cannot join the Ray cluster at {replay.ray_address}: {exc}") from None
-    pipeline = Pipeline(workers)
     previous_threads = torch.get_num_threads()
     if replay.threads:  # this process's attacks (workers=0) and the scoring
         torch.set_num_threads(replay.threads)
     started, out = time.time(), RunFolder(replay.out)
     what = "missing attacks" if replay.missing else f"replay '{replay.name}'"
-    rows = []
+    service = None
     try:
         if not replay.missing:
             _start_record(replay)
@@ -507,37 +502,26 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
             f"precision {replay.config.precision}, "
             f"{replay.threads or torch.get_num_threads()} torch thread(s) on {replay.device}, in {replay.where()}",
         )
-        evaluator = Evaluator(
-            replay.run.data.dataset,
-            defense=replay.run.defense,
-            folder=replay.out,
-            table=out.append_attack,
-            verdict=_verdict(replay.run.settings),
-        )
+        service = _service(replay, workers, log)
         ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
-        if replay.memory is not None:  # each job starts from the memory the one before left
-            ahead = 1
-        for job, done in pipeline.run(_jobs(replay), ahead):
-            if done.candidates:
-                remember(replay.memory, done)
-                replay.memory.save(out.memory_file)
-            for outcome in outcomes(job, done):
-                outcome.device = outcome.device or replay.device.type
-                row = evaluator.record(
-                    outcome, replay.truths[job.target.partition_ids], epsilon=replay.run.epsilon(job.target)
-                )
-                rows.append(row)
-                target, method = job.target, outcome.method
-                text = (
-                    f"{target.describe()} {method}: {verdict_line(row)} ({row['attack_seconds']:.1f} s)"
-                    if row["status"] == "ok"
-                    else f"{target.describe()} {method} failed: {row['error']}"
-                )
-                out.event(f"attack done: {text}")
-                print(f"fl-attack: {text}", file=log, flush=True)
+        for index_row, target, methods in replay.work:
+            service.wait_below(ahead)
+            update, _ = load_update(replay.run.updates, index_row)
+            pid = "" if target.partition_id is None else str(target.partition_id)
+            labels = "recovered"
+            if replay.labels == "oracle":  # an explicit leak the replay asked for, recorded as such
+                labels = replay.truths[target.partition_ids][1].clone()
+            threads = None if replay.threads else replay.run.threads.get((target.round, pid))  # the run's, by default
+            service.observe(target, lambda update=update: update, labels=labels, methods=methods, threads=threads)
+            service.collect()
+        service.drain(math.inf)
     finally:
-        pipeline.shutdown()  # an interrupt: pipeline.run stopped the attacks in flight, with no row
+        if service is not None:
+            service.pipeline.shutdown()  # an interrupt: the attacks in flight are stopped, with no row
+        else:
+            workers.shutdown()
         torch.set_num_threads(previous_threads)
+        rows = service.rows if service is not None else []
         if not replay.missing and (replay.out / "config.json").is_file():
             ok = sum(r["status"] == "ok" for r in rows)
             out.write_summary(
@@ -556,36 +540,33 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
     return rows
 
 
-def _jobs(replay: Replay):
-    """(AttackJob, index row) of every attack of the replay, in the record's order; each update is
-    read from disk when its first job is made."""
-    job_id = 0
-    for index_row, target, methods in replay.work:
-        update, _ = load_update(replay.run.updates, index_row)
-        for method in methods:
-            if method + MEMORY_SUFFIX in methods:  # its "+memory" twin runs it and yields its row
-                continue
-            if replay.labels == "oracle":  # an explicit leak the replay asked for, recorded as such
-                labels = replay.truths[target.partition_ids][1].clone()
-            else:
-                labels = "recovered"
-            pid = "" if target.partition_id is None else str(target.partition_id)
-            threads = None if replay.threads else replay.run.threads.get((target.round, pid))  # the run's, by default
-            job = AttackJob(
-                job_id,
-                update,
-                method,
-                replay.config,
-                target,
-                labels=labels,
-                model=replay.run.model,
-                threads=threads,
-                label_aux=replay.label_aux,
-                with_memoryless=method.endswith(MEMORY_SUFFIX) and method.removesuffix(MEMORY_SUFFIX) in methods,
-            )
-            if method.endswith(MEMORY_SUFFIX):  # made when submitted: after the previous job's merge
-                key = memory_key(target, method)
-                replay.memory.observe(key, target.round, update)
-                job.memory = replay.memory.inputs(key, target.round)
-            yield job
-            job_id += 1
+def _service(replay: Replay, workers, log: TextIO) -> AuditService:
+    """The audit service a replay feeds: the run's settings with the replay's attack settings,
+    memory and ground truth; no update recorded again, no time limit, rows echoed to ``log``."""
+    settings = replay.run.settings
+    service = AuditService(
+        settings,
+        replay.out,
+        workers=workers,
+        test_set=settings.server_test_set(),
+        privacy=replay.run.privacy,
+        truth=lambda partition_ids: replay.truths[partition_ids],
+        memory=replay.memory,
+        record_updates=False,
+        attack_config=replay.config,
+        defense=replay.run.defense,
+        time_limit=None,
+        device=replay.device.type,
+    )
+
+    def echo(row: dict, outcome) -> None:
+        target = outcome.target
+        text = (
+            f"{target.describe()} {row['method']}: {verdict_line(row)} ({row['attack_seconds']:.1f} s)"
+            if row["status"] == "ok"
+            else f"{target.describe()} {row['method']} failed: {row['error']}"
+        )
+        print(f"fl-attack: {text}", file=log, flush=True)
+
+    service.on_row = echo
+    return service

@@ -31,6 +31,19 @@ def _parse_overrides(text: str) -> dict:
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds take 32-bit values
 
 
+# The audit's keys: what the honest-but-curious server attacks and how, and where it records it.
+# The other keys describe the simulated federation (data, model, client training, defenses); an
+# audited Flower app has its own for those, which the audit does not read (strategies/audit.py).
+AUDIT_KEYS = ("num-server-rounds", "record-updates", "server-test-samples", "results-dir", "run-name", "seed")
+
+
+def audit_run_config(run_config) -> dict:
+    """The audit's keys of a Flower run config (every "attack-..." key and ``AUDIT_KEYS``); the
+    app's own keys are left out, so that a name the app uses for something else (its ``lr``, its
+    ``fraction-train``) is never read as the simulated federation's."""
+    return {k: v for k, v in dict(run_config).items() if k.startswith("attack-") or k in AUDIT_KEYS}
+
+
 def usable_cpus() -> int:
     """The cores this process may use: its CPU affinity (taskset, cpusets), capped by a cgroup v2 CPU
     quota (``docker --cpus``), else os.cpu_count(); at least 1."""

@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     _print_verdict(summary)
     if summary.get("writes_refused") or summary.get("attacks_unwritten"):
-        from .server_app import incomplete
+        from fl_attack.service import incomplete
 
         return _error(f"the disk refused part of the record: {incomplete(summary)}", code=1)
     if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)

@@ -106,8 +106,8 @@ class RecordingWorkers(InlineWorkers):
 
 def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, random_node_ids=False, **overrides):
     """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
-    server side of server_app.build_strategy, the in-process workers); returns (settings, tracking
-    strategy, Flower's result, the attack jobs). torch_threads: run it with that many torch threads
+    server side of server_app.build_strategy, the in-process workers); returns (settings, the run's
+    AuditService, Flower's result, the attack jobs). torch_threads: run it with that many torch threads
     (restored after), as the Ray workers would. random_node_ids: as ``serve``'s."""
     if torch_threads is not None:
         before = torch.get_num_threads()
@@ -121,13 +121,13 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
     settings = RunSettings.from_run_config(run_config)
     check_defense(settings, len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
-    runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    strategy.pipeline = Pipeline(dispatcher := RecordingWorkers())
+    runner, service, evaluate = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
+    service.pipeline = Pipeline(dispatcher := RecordingWorkers())
     grid = InProcessGrid(run_config, partitions, random_node_ids)
     result = None
     if settings.defense.secagg:
         server = Context(1, 0, {}, RecordDict(), run_config)
-        run_secagg(grid, server, strategy, settings)
+        run_secagg(grid, server, runner, settings)
     else:
         result = runner.start(
             grid=grid,
@@ -135,10 +135,10 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
             num_rounds=num_rounds,
             train_config=ConfigRecord({}),
             timeout=600,
-            evaluate_fn=strategy.evaluate_global,
+            evaluate_fn=evaluate,
         )
-    strategy.drain(120)
-    return settings, strategy, result, dispatcher.jobs
+    service.drain(120)
+    return settings, service, result, dispatcher.jobs
 
 
 def serve(tmp_path, partitions=(0, 1), num_rounds=1, random_node_ids=False, **overrides) -> Path:
@@ -146,18 +146,18 @@ def serve(tmp_path, partitions=(0, 1), num_rounds=1, random_node_ids=False, **ov
     summary.json and its last console lines) on an InProcessGrid, with the attacks run in this process
     (``InlineWorkers``: no Ray, no spawned process). The run is ``tmp_path``/run, which it returns.
     random_node_ids: node ids new and random per call, as Flower's simulation gives them."""
-    import strategies.strategy as strategy_module
+    import fl_attack.service as service_module
     from strategies import server_app
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = flower_run_config(num_rounds, results_dir=str(tmp_path), run_name="run", **overrides)
     grid = InProcessGrid(run_config, partitions, random_node_ids)
-    chosen = strategy_module.federation_workers
-    strategy_module.federation_workers = lambda settings, threads: InlineWorkers("cpu", threads)
+    chosen = service_module.federation_workers
+    service_module.federation_workers = lambda settings, threads: InlineWorkers("cpu", threads)
     try:
         server_app.main(grid, Context(1, 0, {}, RecordDict(), run_config))
     finally:
-        strategy_module.federation_workers = chosen
+        service_module.federation_workers = chosen
     return tmp_path / "run"
 
 

@@ -285,7 +285,7 @@ def test_client_app_and_evaluator_cut_the_same_data(tmp_path):
     assert torch.equal(client.images, truth.images) and torch.equal(client.labels, truth.labels)
     assert client.client_id == "cifar100-dirichlet-2"
     # the server's strategy carries its node count
-    _, strategy = build_strategy(settings, tmp_path / "run", 6, settings.new_model(seed=0).state_dict())
+    _, strategy, _ = build_strategy(settings, tmp_path / "run", 6, settings.new_model(seed=0).state_dict())
     assert strategy.settings.num_partitions == 6
     assert torch.equal(private_samples(strategy.settings.data, 2).images, truth.images)
     # a replay reads the node count back from config.json

@@ -194,7 +194,7 @@ def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
     figure = tmp_path / "report" / "figures" / "leakage_vs_epsilon.png"
     assert figure.read_bytes().startswith(b"\x89PNG") and figure.stat().st_size > 10_000
 
-    _, resumed = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
+    _, resumed, _ = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
     assert resumed.privacy.rounds == {r: p for r, p in strategy.privacy.rounds.items() if r <= 2}
 
 

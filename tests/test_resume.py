@@ -333,17 +333,18 @@ def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp
     timestamped name, then -2 and -3; a named run never goes into a folder that holds a run."""
     from types import SimpleNamespace
 
-    from strategies import server_app
+    from fl_attack import service
+    from fl_attack.service import new_run_folder
 
-    monkeypatch.setattr(server_app, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
+    monkeypatch.setattr(service, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
     settings = RunSettings.from_run_config({"results-dir": str(tmp_path), "attack-method": "pisme"})
-    first = server_app.run_folder(settings)
+    first = new_run_folder(settings)
     first.write_config({})
-    second = server_app.run_folder(settings)
+    second = new_run_folder(settings)
     second.write_config({})
-    third = server_app.run_folder(settings)
+    third = new_run_folder(settings)
     assert first.path == tmp_path / "20250102-030405-femnist-pisme"
     assert (second.path.name, third.path.name) == (f"{first.path.name}-2", f"{first.path.name}-3")
     named = RunSettings.from_run_config({"results-dir": str(tmp_path), "run-name": first.path.name})
     with pytest.raises(ValueError, match="already holds a run; choose another run-name, or resume it"):
-        server_app.run_folder(named)
+        new_run_folder(named)

@@ -82,9 +82,9 @@ def test_first_rounds_and_a_full_backlog_skips(tmp_path):
     strategy.pipeline = Pipeline(HeldWorkers())  # workers that finish nothing: the jobs stay in flight
     for job in jobs[:3]:
         strategy.pipeline.submit(job)
-    assert strategy._plan(4, [0, 1, 2, 3]) == [0, 1, 2, 3]  # 3 in flight: below the backlog
+    assert strategy.plan(4, [0, 1, 2, 3]) == [0, 1, 2, 3]  # 3 in flight: below the backlog
     strategy.pipeline.submit(jobs[3])
-    assert strategy._plan(4, [0, 1, 2, 3]) == []
+    assert strategy.plan(4, [0, 1, 2, 3]) == []
     assert strategy._round[4]["skipped"] == 4
     assert "4 attack(s) skipped: 4 still in flight (attack-max-backlog=4)" in (tmp_path / "events.log").read_text()
 
@@ -178,7 +178,7 @@ def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_pat
     writer's retries) of every checkpoint and recorded update: the federation goes on, and
     summary.json's writes_refused and the ServerApp's last line name what is missing, instead of
     '2/2 attacks succeeded' alone."""
-    from strategies.server_app import incomplete
+    from fl_attack.service import incomplete
 
     _refuse_writes(monkeypatch, ".checkpoint.pt.", "/updates/")
     run = serve(tmp_path, num_rounds=2, **FAST)
@@ -245,7 +245,7 @@ def test_an_attack_memory_the_disk_refuses_is_counted_and_kept_in_the_process(tm
     import errno
     import os
 
-    from strategies.server_app import incomplete
+    from fl_attack.service import incomplete
 
     real_write = os.write
 
