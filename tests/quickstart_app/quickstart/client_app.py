@@ -8,8 +8,14 @@ from quickstart.task import Net, load_data
 from quickstart.task import test as test_fn
 from quickstart.task import train as train_fn
 
+# --- fl-attack audit: the public training metadata the server's attack needs (clients/mods.py) ---
+from clients.mods import leakage_metadata  # isort: skip
+
+audit_mod = leakage_metadata(optimizer={"name": "momentum", "momentum": 0.9})  # task.train's SGD
+# --- end of the audit block ---
+
 # Flower ClientApp
-app = ClientApp()
+app = ClientApp(mods=[audit_mod])
 
 
 def _data(context: Context):
