@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from strategies.launch import _environment, _stop_superlink
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "tests" / "quickstart_app"
+RUN_CONFIG = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
 def flwr_run_app(tmp_path: Path, run_config: str = "", nodes: int = 3, timeout: float = 300):
@@ -44,3 +46,26 @@ def test_quickstart_app_runs_through_flwr_run_with_fedavg(tmp_path):
     # the app's own metric, and the mod's metadata, which Flower's FedAvg averages like any metric
     final = re.search(r"Final train metrics: (\{.*\})", out)
     assert final and "'train_loss'" in final.group(1) and "'local-steps': 8.0" in final.group(1), out[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "setting"),
+    [
+        ("fedavg", "FedAvg", None),
+        ("fedprox", "FedProx", ("proximal_mu", 0.01)),
+        ("fedadam", "FedAdam", ("eta", 0.01)),
+        ("fedavgm", "FedAvgM", ("server_momentum", 0.9)),
+    ],
+)
+def test_the_app_s_strategy_is_flower_s_own_chosen_by_the_run_config(monkeypatch, name, cls, setting):
+    from flwr.serverapp import strategy as flower
+
+    monkeypatch.syspath_prepend(str(APP))
+    from quickstart.server_app import make_strategy
+
+    strategy = make_strategy({**RUN_CONFIG, "strategy": name})
+    assert type(strategy) is getattr(flower, cls)
+    assert (strategy.fraction_train, strategy.fraction_evaluate) == (1.0, 0.5)
+    assert setting is None or getattr(strategy, setting[0]) == setting[1]
+    with pytest.raises(ValueError, match="strategy must be one of fedavg, fedprox, fedadam, fedavgm; got 'fedsgd'"):
+        make_strategy({**RUN_CONFIG, "strategy": "fedsgd"})
