@@ -1,10 +1,13 @@
 """A Flower app that is not fl-attack's (tests/quickstart_app, laid out as Flower's
 quickstart-pytorch), run through ``flwr run`` as its user would: the proof that the audit plugs
-into someone else's app (issue 39). The server-side audit is wired in later; here the app runs,
-with the leakage_metadata mod in its ClientApp, and completes."""
+into someone else's app. Its two app files carry the audit's marked blocks (the leakage_metadata
+mod in the ClientApp, ``strategies.audit.audit`` around its strategy in the ServerApp); a run with
+Flower's FedAvg, FedProx or FedAdam leaves a scored leakage record."""
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 import subprocess
 import tomllib
@@ -39,11 +42,32 @@ def flwr_run_app(tmp_path: Path, run_config: str = "", nodes: int = 3, timeout: 
         _stop_superlink(env["FLWR_LOCAL_CONTROL_API_PORT"])
 
 
+AUDIT = 'attack-method="ig" attack-iterations=30 attack-clients="all" num-server-rounds=1'
+
+
 @pytest.mark.runtime
-def test_quickstart_app_runs_through_flwr_run_with_fedavg(tmp_path):
-    status, out = flwr_run_app(tmp_path, 'strategy="fedavg"')
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedadam"])
+def test_the_quickstart_app_is_audited_through_flwr_run(tmp_path, strategy):
+    results = tmp_path / "results"
+    run_config = f'strategy="{strategy}" {AUDIT} results-dir="{results}" run-name="audit"'
+    status, out = flwr_run_app(tmp_path, run_config, nodes=2)
     assert status == "finished:completed", out[-4000:]
-    # the app's own metric, and the mod's metadata, which Flower's FedAvg averages like any metric
+    record = results / "audit"
+    config = json.loads((record / "config.json").read_text())
+    assert config["audit"]["strategy"] == {"fedavg": "FedAvg", "fedprox": "FedProx", "fedadam": "FedAdam"}[strategy]
+    rows = list(csv.DictReader((record / "attacks.csv").open()))
+    # both clients of the one round attacked, each row scored against that client's training images
+    assert sorted(r["partition_id"] for r in rows) == ["0", "1"], out[-4000:]
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        assert row["local_steps"] == "8" and row["optimizer"].startswith("momentum")
+        assert 0 < float(row["psnr"]) < 60 and row["recovered"] != ""
+        assert (record / row["image"]).is_file()
+    (round_row,) = list(csv.DictReader((record / "rounds.csv").open()))
+    assert round_row["participants"] == "0,1" and round_row["attacks_dispatched"] == "2"
+    summary = json.loads((record / "summary.json").read_text())
+    assert summary["attacks"] == summary["attacks_ok"] == 2
+    # the app's own training ran as before: its metric, and the mod's metadata averaged by Flower
     final = re.search(r"Final train metrics: (\{.*\})", out)
     assert final and "'train_loss'" in final.group(1) and "'local-steps': 8.0" in final.group(1), out[-4000:]
 

@@ -4,7 +4,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from quickstart.task import Net
+from quickstart.task import Net, training_images
 
 # Create ServerApp
 app = ServerApp()
@@ -40,7 +40,13 @@ def main(grid: Grid, context: Context) -> None:
     # Initialize the strategy
     strategy = make_strategy(context.run_config)
 
-    # audit: wrap the strategy here
+    # --- fl-attack audit: the honest-but-curious server wraps the strategy (strategies/audit.py) ---
+    from strategies.audit import audit  # isort: skip
+
+    nodes, rc, norm = len(list(grid.get_node_ids())), context.run_config, ((0.5,) * 3, (0.5,) * 3)
+    truth = lambda p: training_images(p, nodes, rc["examples-per-partition"], rc["data-file"])  # noqa: E731
+    strategy = audit(strategy, context, model=Net, dataset="cifar100", normalize=norm, truth=truth)
+    # --- end of the audit block ---
 
     # Start strategy, run for `num_rounds`
     result = strategy.start(

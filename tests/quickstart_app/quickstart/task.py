@@ -70,6 +70,12 @@ def load_partition(partition_id: int, num_partitions: int, examples: int = 0, da
     return {"train": (images[train], labels[train]), "test": (images[test], labels[test])}
 
 
+def training_images(partition_id: int, num_partitions: int, examples: int = 0, data_file: str = ""):
+    """Partition ``partition_id``'s training images as float (N, 3, 32, 32) in [0, 1] and its labels."""
+    images, labels = load_partition(partition_id, num_partitions, examples, data_file)["train"]
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, torch.from_numpy(labels)
+
+
 class ImageDataset(Dataset):
     """Raw images and labels, as quickstart's transformed batches: {"img": tensor, "label": int}."""
 
