@@ -15,7 +15,7 @@ fixes. The optimizer, its settings and the train/eval mode are what the app's co
 ``num-examples`` the app already reports in its reply.
 
 The mod writes, into the reply's one MetricRecord, exactly the keys
-``fl_attack.update.TrainingMetadata.from_metrics`` reads (num-examples, local-steps, lr,
+``fl_attack.federation.update.TrainingMetadata.from_metrics`` reads (num-examples, local-steps, lr,
 batch-size, local-epochs, the optimizer keys of ``ClientOptimizer.to_metrics`` and train-mode),
 with local-steps T = E * ceil(k/B), or E * floor(k/B) for a loader that drops the last batch
 (``drop_last=True``). It never overwrites a key the app already set: the app's own value wins.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from fl_attack.config import ClientOptimizer
+from fl_attack.federation.config import ClientOptimizer
 
 SIMULATION_RECORD = "simulation"  # the reply's ConfigRecord only the evaluator reads
 
@@ -177,7 +177,7 @@ def leakage_metadata(
     lr, batch_size, local_epochs: the key the server prescribes each under (the train message's
     config, then the run config; defaults as in Flower's quickstart-pytorch: "lr", "batch-size",
     "local-epochs"), or the number the app fixes. optimizer: the app's local optimizer, a
-    ``fl_attack.config.ClientOptimizer``, a dict of its fields (``{"name": "momentum", "momentum":
+    ``fl_attack.federation.config.ClientOptimizer``, a dict of its fields (``{"name": "momentum", "momentum":
     0.9}`` for quickstart-pytorch's ``torch.optim.SGD(..., momentum=0.9)``) or a name without
     settings ("sgd", "adam", "adamw"). train_mode: the app trains after ``model.train()`` (as Flower's
     examples do). drop_last: the app's train loader drops the last incomplete batch. Raises

@@ -13,12 +13,12 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from .attacks import AttackConfig
-from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
-from .data import PARTITIONERS, get_spec
-from .defenses import weight_matrices
-from .precision import PRECISIONS
-from .privacy import ACCOUNTANTS, gaussian_noise_multiplier
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.precision import PRECISIONS
+from fl_attack.federation.config import TrainingProtocol, check_field_types, parse_key_values, typed_value
+from fl_attack.federation.data import PARTITIONERS, get_spec
+from fl_attack.federation.defenses import weight_matrices
+from fl_attack.privacy.accountant import ACCOUNTANTS, gaussian_noise_multiplier
 
 
 def _parse_overrides(text: str) -> dict:
@@ -77,7 +77,7 @@ def _cgroup_cpu_quota() -> int | None:
 # --- The run's defense: "defense", "defense-*" and "secagg-*". The DP and secure aggregation
 # defenses themselves are Flower's (LocalDpMod, the DP strategy wrappers, SecAgg+), wired in by
 # clients/defenses.py, strategies/server_app.py and strategies/secagg.py; the compression transforms
-# are the library's (fl_attack/defenses.py).
+# are the library's (fl_attack/federation/defenses.py).
 DEFENSES = ("none", "local-dp", "central-dp", "secagg", "topk", "low-rank", "quantize")
 CLIPPING_SIDES = ("server", "client")
 # The run-config keys a DefenseSettings owns: "defense" itself, "defense-*" and "secagg-*".
@@ -109,7 +109,7 @@ class DefenseSettings:
     noise_multiplier ["defense-noise-multiplier"]: central-dp's z; Flower adds noise of std z*C/n to
         the aggregate of n clients.
     accountant ["defense-accountant"]: the DP accountant of the ε recorded for local-dp and central-dp
-        (fl_attack.privacy): "rdp" (dp_accounting's RdpAccountant) or "pld" (PLDAccountant, tighter).
+        (fl_attack.privacy.accountant): "rdp" (dp_accounting's RdpAccountant) or "pld" (PLDAccountant, tighter).
     target_delta ["defense-target-delta"]: the δ at which the spent ε is given.
     clipping ["defense-clipping"]: central-dp's clipping side, "server" (DifferentialPrivacyServer-
         SideFixedClipping) or "client" (DifferentialPrivacyClientSideFixedClipping + fixedclipping_mod).
@@ -378,7 +378,7 @@ class DefenseSettings:
         }
 
     def update_transforms(self) -> dict:
-        """The keyword arguments of ``fl_attack.defenses.transform_update`` for this defense."""
+        """The keyword arguments of ``fl_attack.federation.defenses.transform_update`` for this defense."""
         return {
             "rank": self.rank if self.low_rank else None,
             "bits": self.bits if self.quantize else None,
@@ -411,7 +411,7 @@ class RunSettings:
     defaults are pyproject.toml's ``[tool.flwr.app.config]`` (tests/test_config.py keeps them equal).
 
     It composes the library's vocabulary: ``protocol`` is the clients' TrainingProtocol
-    (fl_attack.config), ``attack_config()`` the AttackConfig of every attack. The defense keys
+    (fl_attack.federation.config), ``attack_config()`` the AttackConfig of every attack. The defense keys
     ("defense", "defense-*", "secagg-*") are parsed into ``defense``, a DefenseSettings
     (below). Ready-made run configs: strategies/run_configs/*.toml (``strategies.run_configs.load``).
     """
@@ -482,10 +482,10 @@ class RunSettings:
 
     @property
     def data(self):
-        """The run's data settings (fl_attack.data.DataSettings): how its clients' private samples
+        """The run's data settings (fl_attack.federation.data.DataSettings): how its clients' private samples
         are drawn (partitioner, dirichlet-alpha and the federation's num_partitions included);
         the evaluator's, never the attacker's."""
-        from .data import DataSettings
+        from fl_attack.federation.data import DataSettings
 
         return DataSettings(
             self.dataset,
@@ -515,10 +515,10 @@ class RunSettings:
     def max_client_samples(self) -> int:
         """The most samples one client trains on: samples-per-client, or with 0 (a Flower
         partitioner's whole partitions) the largest of the federation's num_partitions partitions.
-        ValueError as fl_attack.data.partition_sizes (e.g. num_partitions unknown)."""
+        ValueError as fl_attack.federation.data.partition_sizes (e.g. num_partitions unknown)."""
         if self.samples_per_client > 0:
             return self.samples_per_client
-        from .data import partition_sizes
+        from fl_attack.federation.data import partition_sizes
 
         sizes = partition_sizes(self.data)
         return int(sizes[: self.num_partitions].max(initial=0))
@@ -530,32 +530,32 @@ class RunSettings:
     @property
     def methods(self) -> list[str]:
         """attack-method's names; with attack-memory on, each memoryless method is followed by its
-        remembering twin "METHOD+memory" (fl_attack.memory.memory_methods)."""
-        from .memory import memory_methods
+        remembering twin "METHOD+memory" (fl_attack.attacker.memory.memory_methods)."""
+        from fl_attack.attacker.memory import memory_methods
 
         return list(memory_methods(self.attack_method, self.attack_memory))
 
     def server_test_set(self):
-        """The server's held-out test pool (fl_attack.data.ClientData: images in [0,1], labels),
+        """The server's held-out test pool (fl_attack.federation.data.ClientData: images in [0,1], labels),
         disjoint from every client's data, or None with server-test-samples = 0. Also the public
         data of label_estimator=aux."""
         if not self.server_test_samples:
             return None
-        from .data import load_pool, server_test_set
+        from fl_attack.federation.data import load_pool, server_test_set
 
         pool = load_pool(self.dataset, self.data_dir or None)
         return server_test_set(pool, self.server_test_samples, seed=self.seed)
 
     def attack_memory_state(self):
-        """A new fl_attack.memory.AttackMemory of attack-memory and attack-memory-rounds."""
-        from .memory import AttackMemory
+        """A new fl_attack.attacker.memory.AttackMemory of attack-memory and attack-memory-rounds."""
+        from fl_attack.attacker.memory import AttackMemory
 
         return AttackMemory(self.attack_memory, self.attack_memory_rounds)
 
     def new_model(self, seed: int | None = None):
         """A fresh victim model of the run config's ``model`` spec ("" = the paper's CNN for the
-        dataset; else "package.module:factory", fl_attack.models.resolve_model), in eval mode."""
-        from .models import resolve_model
+        dataset; else "package.module:factory", fl_attack.federation.models.resolve_model), in eval mode."""
+        from fl_attack.federation.models import resolve_model
 
         return resolve_model(self.model, self.dataset, seed=seed)
 
@@ -569,10 +569,10 @@ class RunSettings:
 
     @property
     def optimizer(self):
-        """The clients' local optimizer (fl_attack.config.ClientOptimizer): client-optimizer, with
+        """The clients' local optimizer (fl_attack.federation.config.ClientOptimizer): client-optimizer, with
         client-momentum for momentum and nesterov only, client-weight-decay and client-adam-betas
         ("beta1,beta2", adam and adamw only). ValueError "invalid run config: ..." for bad values."""
-        from .config import CLIENT_OPTIMIZERS, ClientOptimizer
+        from fl_attack.federation.config import CLIENT_OPTIMIZERS, ClientOptimizer
 
         name = self.client_optimizer
         if name not in CLIENT_OPTIMIZERS:
@@ -592,7 +592,7 @@ class RunSettings:
             raise ValueError(f"invalid run config: client-optimizer {name}: {exc}") from None
 
     def check_prescribed(self, metadata) -> None:
-        """ValueError unless a client's reply metadata (fl_attack.update.TrainingMetadata) is the
+        """ValueError unless a client's reply metadata (fl_attack.federation.update.TrainingMetadata) is the
         training this run config prescribes: lr, batch-size, local-epochs, samples-per-client (when
         > 0), the client optimizer and train mode. The attack models the update by them, so a client
         that trained otherwise (another app version, a deployment's own config) is not attacked as
@@ -635,7 +635,7 @@ class RunSettings:
 
     def _check_memory(self) -> None:
         """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
-        from .memory import memory_methods, parse_joint_rounds
+        from fl_attack.attacker.memory import memory_methods, parse_joint_rounds
 
         try:
             memory_methods(self.attack_method, self.attack_memory)
@@ -791,7 +791,7 @@ class RunSettings:
         and every node's partition is checked: "invalid run config: samples-per-client: partition P
         has only N samples, asked for k", and with samples-per-client = 0 (the whole partition) its
         size against batch-size; a partitioning the library refuses names the partitioner."""
-        from .data import load_pool, num_partitions, partition_sizes
+        from fl_attack.federation.data import load_pool, num_partitions, partition_sizes
 
         try:
             pool = load_pool(self.dataset, self.data_dir or None)
@@ -838,9 +838,9 @@ class RunSettings:
         (one line) naming what does not fit; None when resume is off. Nothing is changed on disk."""
         if not self.resume:
             return None
-        from .memory import AttackMemory
-        from .paths import resolve_in_project
-        from .runs import RunFolder
+        from fl_attack.attacker.memory import AttackMemory
+        from fl_attack.audit.runs import RunFolder
+        from fl_attack.paths import resolve_in_project
 
         folder = RunFolder(resolve_in_project(self.resume))
         refused = f"invalid run config: resume='{self.resume}' cannot be resumed"
@@ -1030,7 +1030,7 @@ class RunSettings:
             )
         self.defense.validate()
         if self.model.strip() or self.defense.low_rank:  # a user model: resolved once here, before round 1
-            from .models import output_bias_key
+            from fl_attack.federation.models import output_bias_key
 
             try:
                 state = self.new_model(seed=0).state_dict()

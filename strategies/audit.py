@@ -2,7 +2,7 @@
 
 ``AuditedStrategy(strategy, service)`` is itself a Flower ``Strategy``. It hands each round's w0 and
 every train reply (wT and the public metadata the ClientApp's ``clients.mods.leakage_metadata``
-adds) to the Flower-free ``fl_attack.service.AuditService``, then lets the wrapped strategy
+adds) to the Flower-free ``fl_attack.audit.service.AuditService``, then lets the wrapped strategy
 (FedAvg, FedProx, FedAdam, FedAvgM, the project's own ...) configure and aggregate exactly as it
 would alone. Two things change for the wrapped strategy: the replies reach it in partition order
 (their arrival order varies, and floating-point sums depend on it), and a reply with a non-finite
@@ -24,8 +24,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fl_attack import ObservedUpdate, TrainingMetadata
-from fl_attack.service import AuditService
-from fl_attack.update import AttackTarget
+from fl_attack.audit.service import AuditService
+from fl_attack.federation.update import AttackTarget
 
 
 def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
@@ -89,17 +89,17 @@ def audit(
     arguments), or a model. dataset: "cifar100" or "femnist": the images' shape (3x32x32, 1x28x28),
     classes and public pool. normalize: (mean, std) per channel, the app's own input normalisation
     (the attack reconstructs pixels in [0,1] and feeds the model what the app feeds it); None: the
-    dataset's (fl_attack.data.get_spec). truth: partition id -> (images (k,C,H,W) in [0,1], labels
+    dataset's (fl_attack.federation.data.get_spec). truth: partition id -> (images (k,C,H,W) in [0,1], labels
     (k,)), that client's training images, for scoring; only the evaluator calls it, never the
     attacker. None: the rows are recorded unscored (reconstructions, Lsim and labels).
     The clients' replies must carry clients.mods.leakage_metadata's metrics. Raises ValueError for
-    bad settings or a model that breaks fl_attack.models.check_model, before any round.
+    bad settings or a model that breaks fl_attack.federation.models.check_model, before any round.
     """
     import torch
 
-    from fl_attack.models import check_model, with_input_normalization
+    from fl_attack.audit.service import new_run_folder
+    from fl_attack.federation.models import check_model, with_input_normalization
     from fl_attack.run_config import RunSettings, audit_run_config
-    from fl_attack.service import new_run_folder
 
     settings = RunSettings.from_run_config({**audit_run_config(context.run_config), "dataset": dataset})
     settings.check_device()

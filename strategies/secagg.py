@@ -28,9 +28,9 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.audit.service import AuditService
+from fl_attack.federation.update import AttackTarget
 from fl_attack.run_config import RunSettings
-from fl_attack.service import AuditService
-from fl_attack.update import AttackTarget
 
 from .sampling import NodePartitions, SeededClients
 
@@ -74,7 +74,7 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, cli
 class SecAggLeakageFedAvg(LegacyFedAvg):
     """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the audit service.
 
-    service: the run's fl_attack.service.AuditService; evaluate: the server's own evaluation of the
+    service: the run's fl_attack.audit.service.AuditService; evaluate: the server's own evaluation of the
     global model (strategies.strategy.GlobalEvaluation), or None; kwargs: the legacy FedAvg's.
     """
 

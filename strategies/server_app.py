@@ -4,7 +4,7 @@ Run with ``flwr run .`` (see README). The run config is checked before the first
 to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.log, images/).
 
 The server is the project's FedAvg (strategies/strategy.py) audited by the plugin any Flower app
-can use (strategies/audit.py) over the run's fl_attack.service.AuditService. The run config's
+can use (strategies/audit.py) over the run's fl_attack.audit.service.AuditService. The run config's
 ``defense`` picks how it runs (fl_attack/run_config.py, DefenseSettings):
 - central-dp: the audited FedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
   DifferentialPrivacyClientSideFixedClipping; the attacker sees each clipped, noise-free update;
@@ -29,14 +29,14 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
-from fl_attack.participants import sample_size
-from fl_attack.privacy import PrivacyLedger
-from fl_attack.replay import ReplayError, prepare_replay, run_replay
+from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
+from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.service import AuditService, new_run_folder
+from fl_attack.audit.verdict import verdict_protocol
+from fl_attack.audit.victims import ground_truth
+from fl_attack.federation.participants import sample_size
+from fl_attack.privacy.accountant import PrivacyLedger
 from fl_attack.run_config import RunSettings
-from fl_attack.runs import RunFolder
-from fl_attack.service import AuditService, new_run_folder
-from fl_attack.verdict import verdict_protocol
-from fl_attack.victims import ground_truth
 
 from .audit import AuditedStrategy
 from .secagg import SecAggLeakageFedAvg, run_secagg
@@ -50,7 +50,7 @@ app = ServerApp()
 
 
 def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | None:
-    """The run's DP accounting (fl_attack.privacy): None without local-dp or central-dp."""
+    """The run's DP accounting (fl_attack.privacy.accountant): None without local-dp or central-dp."""
     return PrivacyLedger.for_defense(settings.defense, check_defense(settings, num_nodes), num_nodes)
 
 
@@ -242,7 +242,7 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         # Ray shuts down when main() returns: collect every attack first.
         service.timings.add("writing", config_seconds)
-        service.close(  # summary.json; where the time went (fl_attack/timings.py): the launcher adds its own clock
+        service.close(  # summary.json, with where the time went (fl_attack/audit/timings.py)
             started,
             summary={"resumed_after_round": done or None, "cuda": torch.cuda.is_available()},
             timings={"main_started": main_started},

@@ -23,8 +23,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from fl_attack.models import resolve_model
-from fl_attack.training import evaluate_model
+from fl_attack.federation.models import resolve_model
+from fl_attack.federation.training import evaluate_model
 
 from .sampling import NodePartitions
 

@@ -18,12 +18,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
-from fl_attack.data import client_partition, load_pool
-from fl_attack.models import build_model
+from fl_attack.attacker.workers import InlineWorkers, Pipeline
+from fl_attack.federation.data import client_partition, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
 from fl_attack.run_config import RunSettings
-from fl_attack.training import train_local
-from fl_attack.update import ObservedUpdate, TrainingMetadata
-from fl_attack.workers import InlineWorkers, Pipeline
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy, check_defense
 
@@ -93,7 +93,7 @@ class InProcessGrid:
 
 
 class RecordingWorkers(InlineWorkers):
-    """In-process workers (fl_attack.workers), keeping every job they were given."""
+    """In-process workers (fl_attack.attacker.workers), keeping every job they were given."""
 
     def __init__(self):
         super().__init__(device="cpu")
@@ -146,7 +146,7 @@ def serve(tmp_path, partitions=(0, 1), num_rounds=1, random_node_ids=False, **ov
     summary.json and its last console lines) on an InProcessGrid, with the attacks run in this process
     (``InlineWorkers``: no Ray, no spawned process). The run is ``tmp_path``/run, which it returns.
     random_node_ids: node ids new and random per call, as Flower's simulation gives them."""
-    import fl_attack.service as service_module
+    import fl_attack.audit.service as service_module
     from strategies import server_app
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
@@ -175,7 +175,7 @@ def femnist_update(partition: int, k: int, batch_size: int, local_epochs: int, l
     """(update, the client's train split) of a real FEMNIST writer: ``partition``'s first k
     samples, trained from the paper CNN (seed 0) at the paper's lr 0.004 (or ``lr``) by fl_attack's
     own client training (T = local_epochs x ceil(k / batch_size) steps of plain SGD, or of
-    ``optimizer``, a fl_attack.config.ClientOptimizer)."""
+    ``optimizer``, a fl_attack.federation.config.ClientOptimizer)."""
     split = client_partition(load_pool("femnist"), partition, k)
     result = train_local(
         build_model("femnist", seed=0),

@@ -16,8 +16,8 @@ from flwr.app.error import Error
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.mods import leakage_metadata
-from fl_attack.config import ClientOptimizer
-from fl_attack.update import TrainingMetadata
+from fl_attack.federation.config import ClientOptimizer
+from fl_attack.federation.update import TrainingMetadata
 
 APP = Path(__file__).resolve().parent / "quickstart_app"
 RUN_CONFIG = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]

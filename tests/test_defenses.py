@@ -22,12 +22,12 @@ import torch
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import local_training
-from fl_attack.attacks import AttackConfig, get_attack
-from fl_attack.attacks.base import lsim, node_gradients
-from fl_attack.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
-from fl_attack.models import build_model
+from fl_attack.attacker.attacks import AttackConfig, get_attack
+from fl_attack.attacker.attacks.base import lsim, node_gradients
+from fl_attack.federation.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import flatten, layout
 from fl_attack.run_config import DefenseSettings, RunSettings
-from fl_attack.update import flatten, layout
 from strategies.server_app import check_defense
 from tests.inprocess import BASE, federate
 

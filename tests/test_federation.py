@@ -12,15 +12,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from fl_attack.config import ClientOptimizer
-from fl_attack.data import client_partition, load_pool
-from fl_attack.models import build_model
+from fl_attack.attacker.workers import AttackJob, InlineWorkers, RayWorkers
+from fl_attack.audit.service import AuditService
+from fl_attack.audit.victims import ground_truth
+from fl_attack.federation.config import ClientOptimizer
+from fl_attack.federation.data import client_partition, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import AttackTarget
 from fl_attack.run_config import RunSettings, usable_cpus
-from fl_attack.service import AuditService
-from fl_attack.training import train_local
-from fl_attack.update import AttackTarget
-from fl_attack.victims import ground_truth
-from fl_attack.workers import AttackJob, InlineWorkers, RayWorkers
 from strategies.audit import AuditedStrategy, observed_update
 from strategies.strategy import SeededFedAvg
 from tests.mounts import tmpfs
@@ -94,7 +94,7 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
 
 
 class RecordingWorkers(InlineWorkers):
-    """In-process workers (fl_attack.workers), keeping every job they were given."""
+    """In-process workers (fl_attack.attacker.workers), keeping every job they were given."""
 
     def __init__(self):
         super().__init__(device="cpu")
@@ -282,7 +282,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     assert {r["status"] for r in rows} == {"failed"}
     assert all("TimeoutError" in r["error"] for r in rows)
 
-    import fl_attack.workers as attacker
+    import fl_attack.attacker.workers as attacker
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
@@ -395,7 +395,7 @@ def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_pat
 
 
 def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
-    import fl_attack.workers as attacker
+    import fl_attack.attacker.workers as attacker
 
     seen = []
     monkeypatch.setattr(attacker, "run_job", lambda job, device: seen.append(torch.get_num_threads()))
@@ -445,7 +445,7 @@ def test_replies_without_timings_still_aggregate(tmp_path):
 
 
 def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
-    from fl_attack.timings import Timings, breakdown, table
+    from fl_attack.audit.timings import Timings, breakdown, table
 
     t = Timings()
     t.add("client_train", 6.0)

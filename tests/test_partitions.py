@@ -1,6 +1,6 @@
 """Flower Datasets partitioners (run config ``partitioner``) on the bundled real data: the partitions
 equal what flwr_datasets' own partitioners give, the k-sample draw, the server's held-out test set,
-data-dir datasets written by ``save_to_disk``, and the run-config checks (fl_attack/data.py,
+data-dir datasets written by ``save_to_disk``, and the run-config checks (fl_attack/federation/data.py,
 fl_attack/run_config.py)."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Path
 from PIL import Image
 
 from clients.client_app import _load_split, node_settings
-from fl_attack import data as D
-from fl_attack.data import (
+from fl_attack.audit.replay import open_run
+from fl_attack.audit.victims import private_samples
+from fl_attack.federation import data as D
+from fl_attack.federation.data import (
     DataSettings,
     client_partition,
     flower_partitions,
@@ -29,9 +31,7 @@ from fl_attack.data import (
     partition_sizes,
     server_test_set,
 )
-from fl_attack.replay import open_run
 from fl_attack.run_config import RunSettings
-from fl_attack.victims import private_samples
 from strategies.server_app import build_strategy, write_run_config
 
 HELD_OUT = 1000  # server-test-samples: the default

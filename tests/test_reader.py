@@ -1,4 +1,4 @@
-"""The shipped reader classifiers (fl_attack.reader): they load, classify the bundled clients' images
+"""The shipped reader classifiers (fl_attack.audit.reader): they load, classify the bundled clients' images
 far above chance, and their training sets are disjoint from the clients and the server's pool."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack import reader
-from fl_attack.data import client_partition, get_spec, load_bundled, partition_writers
+from fl_attack.audit import reader
+from fl_attack.federation.data import client_partition, get_spec, load_bundled, partition_writers
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

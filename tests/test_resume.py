@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
 from fl_attack.run_config import RunSettings
-from fl_attack.runs import ATTACK_COLUMNS, RunFolder
 from strategies.server_app import prepare_resume, write_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     """Also with a remembering server (attack-memory="keep"): the resumed run starts from the
     memory.pt the crash left, cut back to the checkpoint, and its history goes on from it."""
-    from fl_attack.memory import AttackMemory
+    from fl_attack.attacker.memory import AttackMemory
 
     whole = launch(tmp_path, 'run-name="whole" attack-memory="keep"')
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
@@ -275,7 +275,7 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     import signal
     import time
 
-    from fl_attack.workers import GATE_ENV
+    from fl_attack.attacker.workers import GATE_ENV
 
     gate = tmp_path / "attacks-may-end"
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), GATE_ENV: str(gate)}
@@ -334,7 +334,7 @@ def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp
     from types import SimpleNamespace
 
     from fl_attack import service
-    from fl_attack.service import new_run_folder
+    from fl_attack.audit.service import new_run_folder
 
     monkeypatch.setattr(service, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
     settings = RunSettings.from_run_config({"results-dir": str(tmp_path), "attack-method": "pisme"})
