@@ -23,7 +23,7 @@ from fl_attack.federation.data import (
     num_partitions,
 )
 
-ASSETS = Path(D.__file__).resolve().parent / "assets"
+ASSETS = Path(D.__file__).resolve().parents[1] / "assets"
 
 
 @pytest.fixture(scope="module")

@@ -333,7 +333,7 @@ def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp
     timestamped name, then -2 and -3; a named run never goes into a folder that holds a run."""
     from types import SimpleNamespace
 
-    from fl_attack import service
+    from fl_attack.audit import service
     from fl_attack.audit.service import new_run_folder
 
     monkeypatch.setattr(service, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
