@@ -16,6 +16,7 @@ so both handlers hand the message to ``LEGACY_APP``, a NumPyClient doing the sam
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 
@@ -46,12 +47,19 @@ def node_partition(context: Context) -> int:
         ) from None
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed(run_config: tuple) -> RunSettings:
+    """The run config parsed once per run and process: the server's pre-flight has checked it
+    (fl_attack.run_config.preflight); a client reads it, without checking it again per message."""
+    return RunSettings.from_run_config(dict(run_config))
+
+
 def node_settings(context: Context) -> RunSettings:
     """The run config's settings, with the federation's partition count from the node config's
     ``num-partitions``: the Flower Datasets partitioners cut the data into that many partitions, as
     the server does with its node count. ValueError for a num-partitions that is not a whole number
     >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = _parsed(tuple(sorted(dict(context.run_config).items())))
     found = context.node_config.get("num-partitions")
     try:
         return settings if found is None else settings.with_partitions(int(found))

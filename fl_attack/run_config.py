@@ -44,6 +44,27 @@ def audit_run_config(run_config) -> dict:
     return {k: v for k, v in dict(run_config).items() if k.startswith("attack-") or k in AUDIT_KEYS}
 
 
+def preflight(run_config, num_nodes: int | None = None) -> RunSettings:
+    """A run's settings, parsed and checked once before its first round: every value's type and
+    range, the device, and with ``num_nodes`` (the federation's node count) the data's partitions,
+    the attack-clients ids and the defense's clients per round. The launcher runs it before the
+    SuperLink starts, the ServerApp before round 1; the ClientApp and the strategies take the
+    settings it returns and check nothing again. ``preflight.runs`` counts the calls (tests).
+    Raises ValueError naming the key."""
+    preflight.runs += 1
+    settings = RunSettings.from_run_config(run_config)
+    settings.check_device()
+    if num_nodes is not None:
+        settings = settings.with_partitions(num_nodes)  # what the Flower partitioners cut the data by
+        settings.check_partitions(num_nodes)
+        settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
+        settings.clients_per_round(num_nodes)
+    return settings
+
+
+preflight.runs = 0
+
+
 def usable_cpus() -> int:
     """The cores this process may use: its CPU affinity (taskset, cpusets), capped by a cgroup v2 CPU
     quota (``docker --cpus``), else os.cpu_count(); at least 1."""
@@ -769,6 +790,17 @@ class RunSettings:
         if self.attack_clients.strip() in ("all", "none", ""):
             return None
         return self._client_spec()[0] or None
+
+    def clients_per_round(self, num_nodes: int) -> int:
+        """The clients sampled per round in a federation of ``num_nodes`` (at most that many):
+        Flower's count, at least SecAgg+'s minimum under secagg. ValueError when the defense
+        cannot run with that many (DefenseSettings.check_clients)."""
+        from fl_attack.federation.participants import sample_size
+
+        minimum = self.defense.secagg_min_clients if self.defense.secagg else 1
+        sampled = sample_size(num_nodes, self.fraction_train, minimum)
+        self.defense.check_clients(sampled)
+        return sampled
 
     def check_nodes(self, num_nodes: int) -> None:
         """Check the settings against the federation: its ``num_nodes`` partitions are 0..num_nodes-1.

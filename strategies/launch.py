@@ -119,7 +119,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     counts). ValueError naming the key."""
     import tomllib
 
-    from fl_attack.run_config import RunSettings
+    from fl_attack.run_config import preflight
 
     defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     unknown = sorted(set(pairs) - set(defaults))
@@ -129,15 +129,11 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
             "[tool.flwr.app.config] (README: Running federations)"
         )
     run_config = {**defaults, **pairs}  # what the ServerApp's context.run_config will be
-    settings = RunSettings.from_run_config(run_config)
-    settings.check_device()
-    settings.check_resumable(run_config)
-    if federation is None:
-        return
-    nodes = re.search(r"num-supernodes=(\d+)", federation)
-    num_nodes = int(nodes.group(1)) if nodes else 2  # Flower's default: 2 SuperNodes
-    settings.check_nodes(num_nodes)
-    settings.check_partitions(num_nodes)
+    num_nodes = None  # a SuperLink elsewhere: the ServerApp counts its nodes
+    if federation is not None:
+        nodes = re.search(r"num-supernodes=(\d+)", federation)
+        num_nodes = int(nodes.group(1)) if nodes else 2  # Flower's default: 2 SuperNodes
+    preflight(run_config, num_nodes).check_resumable(run_config)
 
 
 def _check_federation(federation: str) -> None:

@@ -36,7 +36,7 @@ from fl_attack.audit.verdict import verdict_protocol
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.participants import sample_size
 from fl_attack.privacy.accountant import PrivacyLedger
-from fl_attack.run_config import RunSettings
+from fl_attack.run_config import RunSettings, preflight
 
 from .audit import AuditedStrategy
 from .secagg import SecAggLeakageFedAvg, run_secagg
@@ -51,7 +51,7 @@ app = ServerApp()
 
 def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | None:
     """The run's DP accounting (fl_attack.privacy.accountant): None without local-dp or central-dp."""
-    return PrivacyLedger.for_defense(settings.defense, check_defense(settings, num_nodes), num_nodes)
+    return PrivacyLedger.for_defense(settings.defense, settings.clients_per_round(num_nodes), num_nodes)
 
 
 def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
@@ -121,16 +121,6 @@ def complete_kept_rounds(run_dir: RunFolder, settings: RunSettings, num_nodes: i
         return 0
 
 
-def check_defense(settings: RunSettings, num_nodes: int) -> int:
-    """Fail before round 1 when the federation cannot run the defense; returns the clients sampled
-    per round (at most ``num_nodes``)."""
-    defense = settings.defense
-    minimum = defense.secagg_min_clients if defense.secagg else 1
-    sampled = sample_size(num_nodes, settings.fraction_train, minimum)  # what the strategies sample per round
-    defense.check_clients(sampled)
-    return sampled
-
-
 def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict, round_offset: int = 0):
     """(the strategy that runs, the run's AuditService, the evaluate_fn that ends each round).
 
@@ -143,7 +133,7 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
     test_set = settings.server_test_set()
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
-    clients_per_round = check_defense(settings, num_nodes)
+    clients_per_round = settings.clients_per_round(num_nodes)
     service = AuditService(
         settings,
         run_dir,
@@ -199,13 +189,8 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     main_started = time.time()  # epoch seconds: the launcher subtracts its own launch time
-    settings = RunSettings.from_run_config(context.run_config)
-    settings.check_device()
     num_nodes = len(list(grid.get_node_ids()))
-    settings = settings.with_partitions(num_nodes)  # what the Flower partitioners cut the data by
-    settings.check_partitions(num_nodes)
-    settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
-    check_defense(settings, num_nodes)
+    settings = preflight(context.run_config, num_nodes)  # every check, once, before round 1
     run_config = dict(context.run_config)
     clock = time.perf_counter()
     if settings.resume:

@@ -25,7 +25,7 @@ from fl_attack.federation.training import train_local
 from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
 from fl_attack.run_config import RunSettings
 from strategies.secagg import run_secagg
-from strategies.server_app import build_strategy, check_defense
+from strategies.server_app import build_strategy
 
 BASE = {
     "dataset": "femnist",
@@ -119,7 +119,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
     settings = RunSettings.from_run_config(run_config)
-    check_defense(settings, len(partitions))
+    settings.clients_per_round(len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, service, evaluate = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
     service.pipeline = Pipeline(dispatcher := RecordingWorkers())

@@ -61,3 +61,27 @@ def test_the_project_federation_through_the_plugin_writes_the_rows_of_the_strate
             assert set(new) == set(old), name
             differ = {k: (old[k], new[k]) for k in old if k not in WALL_CLOCK and not _same(old[k], new[k])}
             assert not differ, (name, old["round"], old.get("method"), differ)
+
+
+@pytest.mark.heavy
+def test_the_preflight_runs_once_per_run_and_the_clients_parse_the_run_config_once(tmp_path, monkeypatch):
+    """The ServerApp checks the run config once (fl_attack.run_config.preflight) and hands the
+    settings down; each client process parses it once per run, not per message (here every node
+    shares this process: 3 nodes x 2 rounds x (train + evaluate) messages, one parse)."""
+    from clients import client_app
+    from fl_attack import run_config
+
+    parses = []
+    real = run_config.RunSettings.from_run_config.__func__
+
+    def counted(cls, config):
+        parses.append(dict(config))
+        return real(cls, config)
+
+    monkeypatch.setattr(run_config.RunSettings, "from_run_config", classmethod(counted))
+    client_app._parsed.cache_clear()
+    before = run_config.preflight.runs
+    run = serve(tmp_path, partitions=(0, 1, 2), num_rounds=2, attack_method="ig", attack_iterations=1)
+    assert (run / "summary.json").is_file()
+    assert run_config.preflight.runs - before == 1
+    assert len(parses) == 2  # the pre-flight's, and the clients' one
