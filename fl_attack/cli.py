@@ -148,6 +148,14 @@ def _add_attack_choice(
         "tf32 (CUDA only); auto = the fastest the device accelerates (fp32 on a CPU without native bf16) "
         f"(docs/performance.md, Mixed precision) (default: {precision_text})",
     )
+    parser.add_argument(
+        "--compile",
+        choices=("off", "on", "auto"),
+        default=None,
+        help="run each attack step as one torch.compile'd torch.func function (compiled once per process and "
+        "problem; eager with the reason where it cannot be); auto = on CUDA only, where it was measured faster "
+        f"(docs/performance.md, Compiled step) (default: {'auto' if precision_text == 'fp32' else precision_text})",
+    )
 
 
 def _add_flags(parser, *flags) -> None:
@@ -242,6 +250,10 @@ def _settings(args) -> AttackSettings:
         options = parse_key_values(",".join(args.option), asdict(AttackConfig()), "--option", "attack setting")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.compile is not None:  # an AttackConfig setting without a field of AttackSettings
+        if "compile" in options:
+            raise UsageError("--option compile and --compile both given; give one")
+        options["compile"] = args.compile
     given = {key: getattr(args, key) for key in ("samples", "batch_size", "local_epochs", "lr", *_OWN_FLAGS)}
     for key in sorted(options.keys() & given.keys()):
         if given[key] is not None:
@@ -361,6 +373,9 @@ def _add_replay_parser(sub) -> None:
         ("--ray-address", str, "", "ADDR", "run the attacks on the running Ray cluster at ADDR: auto, HOST:PORT or "
          "ray://HOST:PORT (from `ray start --head`) (default: none)"),
         ("--name", str, None, "NAME", "the replay's folder under RUN_DIR/replays/ (default: built from the settings)"),
+        ("--batch", str, None, "N", "run up to N attacks of one round (same method, model, k) as one batched attack "
+         "(reconstruct_batch), with the rows of the unbatched ones; auto = 16 on CUDA, 1 on the CPU "
+         "(default: the run's attack-batch)"),
     )
     r.add_argument("--memory", default=None, choices=("none", "labels", "keep", "joint"),
                    help="the replaying server remembers each client across its rounds (docs/attacker-memory.md): "
@@ -379,7 +394,7 @@ def _replay(args) -> int:
 
     try:  # every check before any attack
         keys = ("methods", "labels", "iterations", "nodes", "options", "rounds", "threads", "device", "name")
-        keys += ("missing", "workers", "ray_address", "memory", "memory_rounds", "precision")
+        keys += ("missing", "workers", "ray_address", "memory", "memory_rounds", "precision", "compile", "batch")
         replay = prepare_replay(args.run_dir, **{key: getattr(args, key) for key in keys})
     except ReplayError as exc:
         raise UsageError(str(exc)) from None

@@ -419,6 +419,8 @@ RESUMABLE_KEYS = {
     "attack-num-gpus",
     "attack-device",
     "attack-ray-address",
+    "attack-compile",  # the same attacks up to rounding, compiled or not, batched or not
+    "attack-batch",
     "client-num-cpus",
 }
 # Run-config keys added after runs were recorded, with the value such a run ran with: a run
@@ -468,6 +470,8 @@ class RunSettings:
     attack_timeout: float = 600.0
     attack_device: str = "auto"
     attack_precision: str = "fp32"
+    attack_compile: str = "auto"
+    attack_batch: str = "auto"
     attack_options: str = ""
     attack_rounds: str = "all"
     attack_budget: int = 0
@@ -688,6 +692,7 @@ class RunSettings:
             "nodes": "attack-nodes",
             "seed": "seed",
             "precision": "attack-precision",
+            "compile": "attack-compile",
         }
         clash = sorted(options.keys() & own.keys())
         if clash:
@@ -700,8 +705,16 @@ class RunSettings:
             nodes=self.attack_nodes,
             seed=self.seed,
             precision=self.attack_precision,
+            compile=self.attack_compile,
             **overrides,
         )
+
+    def attack_batch_size(self) -> int:
+        """The attacks of one round a worker runs as one ``reconstruct_batch`` (attack-batch: N, or
+        "auto": ``fl_attack.attacker.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1)."""
+        from fl_attack.attacker.workers import resolve_batch
+
+        return resolve_batch(self.attack_batch, self.attack_device)
 
     def attack_thread_count(self, clients_per_round: int | None = None, cpus: int | None = None) -> int:
         """Torch threads for an attack that runs while clients train: attack-threads when it is set,
@@ -1014,6 +1027,15 @@ class RunSettings:
             (
                 self.attack_precision in PRECISIONS,
                 f"attack-precision must be one of {', '.join(PRECISIONS)}, got {self.attack_precision!r}",
+            ),
+            (
+                self.attack_compile in ("off", "on", "auto"),
+                f"attack-compile must be one of off, on, auto, got {self.attack_compile!r}",
+            ),
+            (
+                self.attack_batch.strip() == "auto"
+                or (self.attack_batch.strip().isdigit() and int(self.attack_batch) >= 1),
+                f"attack-batch must be an integer >= 1 or 'auto', got {self.attack_batch!r}",
             ),
             (
                 not (self.attack_precision == "tf32" and self.attack_device == "cpu"),

@@ -122,7 +122,7 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
     settings.clients_per_round(len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
     runner, service, evaluate = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    service.pipeline = Pipeline(dispatcher := RecordingWorkers())
+    service.pipeline = Pipeline(dispatcher := RecordingWorkers(), batch=settings.attack_batch_size())
     grid = InProcessGrid(run_config, partitions, random_node_ids)
     result = None
     if settings.defense.secagg:

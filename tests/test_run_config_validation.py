@@ -85,6 +85,10 @@ BAD = [  # (run config, the key the message must name, more of the message)
     ({"attack-precision": "tf32", "attack-device": "cpu"}, "attack-precision", "'tf32' needs attack-device 'cuda'"),
     ({"attack-options": "precision=bf16"}, "attack-precision", "attack-options sets precision"),
     ({"attack-options": "nodes=5"}, "attack-nodes", "attack-options sets nodes"),
+    ({"attack-compile": "yes"}, "attack-compile", "must be one of off, on, auto, got 'yes'"),
+    ({"attack-options": "compile=on"}, "attack-compile", "attack-options sets compile"),
+    ({"attack-batch": "0"}, "attack-batch", "must be an integer >= 1 or 'auto', got '0'"),
+    ({"attack-batch": "many"}, "attack-batch", "must be an integer >= 1 or 'auto'"),
     ({"dataset": "mnist"}, "dataset", "unknown dataset 'mnist'"),
     ({"run-name": "../elsewhere"}, "run-name", "must be a plain folder name"),
     ({"run-name": ".."}, "run-name", "must be a plain folder name"),
@@ -146,3 +150,10 @@ def test_attack_clients_are_checked_against_the_federations_nodes():
         settings.check_nodes(3)
     for spec in ("all", "none", "fraction:0.5"):
         RunSettings.from_run_config({"attack-clients": spec}).check_nodes(1)
+
+
+def test_attack_compile_and_batch_reach_the_attacks_and_the_pipeline():
+    settings = RunSettings.from_run_config({"attack-compile": "on", "attack-batch": 4})  # TOML may give an int
+    assert settings.attack_config().compile == "on" and settings.attack_batch_size() == 4
+    default = RunSettings.from_run_config({"attack-device": "cpu"})
+    assert default.attack_config().compile == "auto" and default.attack_batch_size() == 1  # auto on a CPU: 1

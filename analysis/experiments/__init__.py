@@ -60,6 +60,8 @@ def run_experiment(
     ray_address: str = "",
     threads: int = 1,
     precision: str = "fp32",
+    compile: str = "auto",
+    batch: int | str = 1,
 ) -> Path:
     """Run one experiment; returns the output folder. ValueError for bad options, before any work
     (``common.make_context``; the precision experiment sets its own arms' precision).
@@ -89,6 +91,8 @@ def run_experiment(
         ray_address,
         threads,
         precision,
+        compile,
+        batch,
     )
     ctx.command = command
     ctx.out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="fp32",
         help="the attacks' arithmetic: fp32, bf16, tf32 (CUDA) or auto (docs/performance.md, Mixed precision; "
         "the precision experiment compares its own arms) (default: fp32)",
+    )
+    parser.add_argument(
+        "--compile",
+        default="auto",
+        choices=("off", "on", "auto"),
+        help="each attack step as one torch.compile'd torch.func function; auto = on CUDA only "
+        "(docs/performance.md, Compiled step) (default: auto)",
+    )
+    parser.add_argument(
+        "--batch",
+        default="1",
+        metavar="N",
+        help="run up to N attacks of one method and k as one batched attack (reconstruct_batch), with the "
+        "rows of unbatched ones; auto = 16 on CUDA, 1 on the CPU (default: 1)",
     )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per client (default: the scale's)")
     parser.add_argument("--clients", type=int, default=None, help="clients per cell (default: the scale's)")
@@ -189,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             ray_address=args.ray_address,
             threads=args.threads or torch.get_num_threads(),
             precision=args.precision,
+            compile=args.compile,
+            batch=args.batch,
             command="python -m analysis.experiments " + " ".join(sys.argv[1:] if argv is None else argv),
         )
     except (ValueError, FileNotFoundError) as exc:

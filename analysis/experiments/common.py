@@ -26,7 +26,7 @@ import torch
 from fl_attack.attacker.api import resolve_device
 from fl_attack.attacker.attacks import AttackConfig, get_attack
 from fl_attack.attacker.precision import resolve_precision
-from fl_attack.attacker.workers import Pipeline, make_workers, run_job
+from fl_attack.attacker.workers import Pipeline, make_workers, resolve_batch, run_job
 from fl_attack.audit import victims as victims_module
 from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, results_row
 from fl_attack.audit.victims import Victim
@@ -64,6 +64,8 @@ class Context:
     ray_address: str = ""  # a Ray cluster to run the attacks on ("" = none)
     threads: int = 1  # torch threads per worker
     precision: str = "fp32"  # the attacks' arithmetic, --precision (an experiment's own arms may set theirs)
+    compile: str = "auto"  # the attacks' compiled step, --compile (fl_attack.attacker.attacks.compiled)
+    batch: int = 1  # attacks run as one reconstruct_batch, --batch (fl_attack.attacker.workers.Pipeline)
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
     invocation: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="microseconds"))
@@ -126,13 +128,18 @@ def make_context(
     ray_address: str = "",
     threads: int = 1,
     precision: str = "fp32",
+    compile: str = "auto",
+    batch: int | str = 1,
 ) -> Context:
     """Validate the command's options (ValueError before any work) and build its Context.
 
     grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
     experiment's ``GRID``) and its values valid for ``AXES``. workers, ray_address, threads: where
     the attacks run (``fl_attack.attacker.workers.make_workers``). precision: the attacks' arithmetic
-    (``fl_attack.attacker.precision.PRECISIONS``; ValueError for another value, and for tf32 off CUDA)."""
+    (``fl_attack.attacker.precision.PRECISIONS``; ValueError for another value, and for tf32 off CUDA).
+    compile: off, on or auto (``AttackConfig.compile``). batch: N or "auto"
+    (``fl_attack.attacker.workers.resolve_batch``): the attacks of a grid a worker runs as one
+    ``reconstruct_batch``, with the rows of unbatched ones."""
     if scale not in PRESETS:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(PRESETS)}")
     sc = PRESETS[scale]
@@ -154,6 +161,8 @@ def make_context(
     make_workers(workers, address=ray_address, threads=max(1, threads))  # ValueError for bad counts; starts nothing
     dev = resolve_device(device)
     resolve_precision(precision, dev)
+    AttackConfig(compile=compile)  # ValueError for a bad value
+    batch = resolve_batch(batch, dev)
     return Context(
         name=name,
         scale=sc,
@@ -166,6 +175,8 @@ def make_context(
         ray_address=ray_address,
         threads=max(1, int(threads)),
         precision=precision,
+        compile=compile,
+        batch=batch,
     )
 
 
@@ -264,7 +275,12 @@ def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recover
     "recovered" or "oracle"."""
     sc = ctx.scale
     settings = dict(
-        iterations=sc.iterations, nodes=sc.nodes, trace_every=sc.trace_every, seed=victim.seed, precision=ctx.precision
+        iterations=sc.iterations,
+        nodes=sc.nodes,
+        trace_every=sc.trace_every,
+        seed=victim.seed,
+        precision=ctx.precision,
+        compile=ctx.compile,
     )
     config = AttackConfig.from_overrides(None, **{**settings, **overrides})
     return victim.attack_job(method, config, labels, job_id)
@@ -376,7 +392,8 @@ def run_tasks(ctx: Context, columns: list[str], key: tuple, tasks: list[Task]) -
     todo = [t for t in tasks if not recorder.done(**t.key)]
     if len(todo) < len(tasks):
         ctx.log(f"{len(tasks) - len(todo)} of {len(tasks)} attacks already recorded in {recorder.path.name}")
-    pipeline = Pipeline(make_workers(ctx.workers, address=ctx.ray_address, threads=ctx.threads, device=str(ctx.device)))
+    workers = make_workers(ctx.workers, address=ctx.ray_address, threads=ctx.threads, device=str(ctx.device))
+    pipeline = Pipeline(workers, batch=ctx.batch)
     jobs = (
         attack_job(ctx, task.victim(), task.method, task.labels, job_id=job_id, **task.overrides)
         for job_id, task in enumerate(todo)

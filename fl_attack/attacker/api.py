@@ -25,6 +25,7 @@ import torch
 from fl_attack.attacker.attacks import AttackConfig, get_attack
 from fl_attack.attacker.attacks.base import JointAttack, build_optimizers, lr_milestones
 from fl_attack.attacker.attacks.batchnorm import check_statistics_use, surrogate_mode
+from fl_attack.attacker.attacks.compiled import prepare_step
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from fl_attack.attacker.precision import autocast, precision_scope, resolve_precision
 from fl_attack.federation.data import get_spec
@@ -45,6 +46,10 @@ class Reconstruction:
     seconds: wall time of the attack; from ``reconstruct_batch``, the batch's wall time / N.
     precision: the arithmetic precision the attack ran with, "fp32", "bf16" or "tf32" (its
     ``AttackConfig.precision`` resolved on its device, "auto" included; ``fl_attack.attacker.precision``).
+    compile: how its steps ran (``AttackConfig.compile``): "compiled" (one ``torch.compile``d
+    ``torch.func`` step, ``fl_attack.attacker.attacks.compiled``), "eager", or "eager (<reason>)" where
+    compiling was asked for and not possible (an attack without a compiled form, or a compile that
+    failed: then its one-line error).
     """
 
     method: str
@@ -58,6 +63,7 @@ class Reconstruction:
     trace: list = field(default_factory=list)
     lsim_per_update: list = field(default_factory=list)  # honest Lsim on each given update, in their order
     precision: str = "fp32"
+    compile: str = "eager"  # "compiled", "eager", or "eager (<why>)" (fl_attack.attacker.attacks.compiled)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -121,6 +127,14 @@ def reconstruct(
     "auto" (the fastest one the device really accelerates, probed once per process; fp32 on a CPU
     without native bf16). The label recovery, the final Lsim and every metric are float32 whatever
     it is; ``Reconstruction.precision`` says which one ran. bf16 and tf32 need dtype torch.float32.
+    compile (an AttackConfig field too): "off", "on" or "auto" (default): each step's objective and
+    gradient as one ``torch.compile``d ``torch.func`` function (``fl_attack.attacker.attacks.compiled``: the
+    structured form for the paper's CNNs, the generic one for any model), compiled once per process
+    and problem (method, architecture, shapes, dtype, device) and reused by later attacks; "auto"
+    compiles on CUDA only (docs/performance.md, "Compiled step"). The same numbers up to rounding
+    (tests/test_compiled.py: 1e-9 in float64). ig, sme, nlsme and pisme in fp32 or float64 have a
+    compiled form; the others, bf16 / tf32, bn_stats_weight > 0 and the diffusion prior run eagerly,
+    and a compile that fails falls back to eager; ``Reconstruction.compile`` says which ran and why.
     update as a sequence of n ObservedUpdates of one client (one dataset, layout and k): one X_hat
     is fitted to all of them (``fl_attack.attacker.attacks.base.JointAttack``: the weighted sum of each
     update's own objective, each update with its own path variables); n = 1 is exactly the single
@@ -193,7 +207,7 @@ def reconstruct(
     def refine(x_now, y_now):  # once, on the current reconstruction (AttackConfig.label_refine)
         return refine_labels(update, x_now.detach().to(torch.float32), y_now, model)
 
-    y, (trace,), final = _optimise(
+    y, (trace,), final, compiled = _optimise(
         attack,
         x,
         y.to(dev),
@@ -219,6 +233,7 @@ def reconstruct(
         trace=trace,
         lsim_per_update=[float(v) for v in final.get("lsim_per_update", final["lsim_honest"].reshape(1))],
         precision=precision,
+        compile=compiled,
     )
 
 
@@ -252,7 +267,8 @@ def reconstruct_batch(
 
     updates: N >= 1 ObservedUpdates of one dataset and one state-dict layout, each with the same
     number of samples k. method, config, overrides (precision included), model, label_aux, device,
-    dtype, progress: as ``reconstruct`` (one value for all clients; pisme-adaptive cannot be batched).
+    dtype, progress, compile: as ``reconstruct`` (one value for all clients; pisme-adaptive cannot be
+    batched; the compiled step vmaps the one-client form over the N clients).
     labels: "recovered" (each client's own, from its update) or oracle labels for every client,
     an (N, k) int64 tensor, or N entries, each a (k,) tensor or "recovered".
     callback(iteration, images in [0,1], (N,k,C,H,W)) may return N dicts, one per client, to add to
@@ -362,7 +378,7 @@ def reconstruct_batch(
             ]
         )
 
-    y, traces, final = _optimise(
+    y, traces, final, compiled = _optimise(
         attack,
         x,
         torch.stack(ys).to(dev),
@@ -390,6 +406,7 @@ def reconstruct_batch(
             config=asdict(config),
             trace=traces[i],
             precision=precision,
+            compile=compiled,
         )
         for i in range(n)
     ]
@@ -536,13 +553,18 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     backward (``precision_scope``), "bf16" autocasts each step's objective, i.e. the forwards and node
     gradients whose graph the backward then follows in their dtypes (``autocast``). The labels'
     refinement, the trace's callback and the final objective (the returned Lsim) run in float32.
-    Returns (y, one trace per client, the final objective terms at the returned X_hat).
+    The step's objective and gradient run as one compiled ``torch.func`` function when
+    ``config.compile`` resolves to it on x's device and the attack has one
+    (``fl_attack.attacker.attacks.compiled.prepare_step``); a compile that fails falls back to this eager step.
+    Returns (y, one trace per client, the final objective terms at the returned X_hat, how the steps
+    ran: "compiled", "eager" or "eager (<reason>)").
     Raises TimeoutError past ``time_limit`` seconds since ``start``.
     """
     batched = bool(attack.batch_shape)
     clients = list(range(attack.batch_shape[0])) if batched else [None]
     lo, hi = (b.to(device=x.device, dtype=x.dtype) for b in spec.pixel_box())
     attack.prepare(x, y)
+    step, compiled = prepare_step(attack, x, config.compile, precision)
     optimizers = build_optimizers(x, attack, config)
     schedulers = (
         [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
@@ -563,11 +585,15 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
             raise TimeoutError(f"attack '{method}' exceeded its time limit of {time_limit:g} s at iteration {it}")
         for o in optimizers:
             o.zero_grad(set_to_none=True)
-        with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
-            with autocast(precision, x.device):  # bf16: the forwards and node gradients
-                shown = attack.images(x)  # X_hat itself, or a generator's output (ginas)
-                terms = attack.objective(shown, y)
-            terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
+        terms = step(x, y) if step is not None else None  # the compiled step sets the .grad itself
+        if terms is None and step is not None:  # its compile failed: eager from here, the reason recorded
+            step, compiled = None, step.note
+        if terms is None:
+            with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
+                with autocast(precision, x.device):  # bf16: the forwards and node gradients
+                    shown = attack.images(x)  # X_hat itself, or a generator's output (ginas)
+                    terms = attack.objective(shown, y)
+                terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
         for o in optimizers:
             o.step()
         for s in schedulers:
@@ -598,4 +624,4 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
         with torch.no_grad():
             x.copy_(attack.images(x))  # the generator's output at its final weights
     final = attack.objective(x, y)
-    return y, traces, final
+    return y, traces, final, compiled

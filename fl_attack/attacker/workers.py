@@ -12,10 +12,15 @@ places to run an ``AttackJob``:
   pool takes its place and the jobs it held are resubmitted once.
 - ``InlineWorkers``: this process, at submit time (tests, debugging; it blocks the caller).
 
-``make_workers`` chooses. Every outcome names where it ran (``worker_node``: the Ray node id or the
-host name; ``worker_id``: the Ray worker id or the process id), so a record shows which machine
-attacked. Workers see only what the attacker sees (the update and public metadata), never the
-clients' data. No Flower import here.
+``make_workers`` chooses. ``Pipeline`` batches: with ``batch`` > 1 it holds the jobs submitted
+together (one round's, in the federation) and sends those of one round, method, architecture, k
+and settings as one job whose worker runs them as one ``fl_attack.reconstruct_batch`` (``batch_key``;
+rows equal to the unbatched ones, ``batch`` column N).
+
+Every outcome names where it ran (``worker_node``: the Ray node id or the host name;
+``worker_id``: the Ray worker id or the process id), so a record shows which machine attacked.
+Workers see only what the attacker sees (the update and public metadata), never the clients' data.
+No Flower import here.
 """
 
 from __future__ import annotations
@@ -30,17 +35,17 @@ import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from fl_attack.attacker.api import reconstruct
+from fl_attack.attacker.api import reconstruct, reconstruct_batch
 from fl_attack.attacker.attacks import ATTACKS, AttackConfig
 from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, MemoryInputs, attack_with_memory
 from fl_attack.attacker.precision import resolve_precision
-from fl_attack.federation.update import AttackTarget, ObservedUpdate
+from fl_attack.federation.update import AttackTarget, ObservedUpdate, layout
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,8 @@ class AttackJob:
     )
     label_aux: AuxiliaryData | None = None  # the server's public labelled data, for label_estimator "aux"
     with_memoryless: bool = False  # a "+memory" job that also yields its METHOD's memoryless row (``outcomes``)
+    # the other jobs run with this one as one reconstruct_batch (Pipeline, ``batch_key``); () alone
+    batch: tuple = ()
 
     def described(self, trace: list | None = None) -> dict:
         """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
@@ -169,6 +176,9 @@ class AttackOutcome:
     candidates: list | None = None  # a "+memory" job's fl_attack.attacker.memory.Candidates, for the server's memory
     memory: str = ""  # a "+memory" job's attack memory mode
     memoryless: AttackOutcome | None = None  # a "+memory" job's memoryless attack of the round (its METHOD row)
+    compile: str = ""  # how its steps ran (Reconstruction.compile: compiled, eager, "eager (<why>)")
+    batch: int | None = None  # the attacks of the reconstruct_batch it ran in (1: alone); None: no attack ran
+    batched: list | None = None  # a batch job's outcomes of its other jobs, in ``AttackJob.batch``'s order
 
     @classmethod
     def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
@@ -214,6 +224,8 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
             label_aux=job.label_aux,
         )
         where = dict(device=_device_name(device), threads=torch.get_num_threads(), worker_node=node, worker_id=worker)
+        if job.batch:
+            return _run_batch(job, device, where)
         if job.memory is None:
             rec = reconstruct(job.update, job.method, labels=job.labels, **options)
             return _succeeded(job, job.method, rec, **where)
@@ -235,6 +247,8 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
             memory=job.memory.mode,
             memoryless=_succeeded(job, base, rec, **where),
             precision=rec.precision,
+            compile=rec.compile,
+            batch=1,
             **job.described(),
             **where,
         )
@@ -246,8 +260,40 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
         return outcome
 
 
-def _succeeded(job: AttackJob, method: str, rec, **where) -> AttackOutcome:
-    """The outcome of ``job``'s reconstruction ``rec`` (fl_attack.Reconstruction) by ``method``."""
+def _run_batch(job: AttackJob, device: str, where: dict) -> AttackOutcome:
+    """``job`` and its ``batch`` as one ``reconstruct_batch`` (they share the method, settings,
+    architecture, k and mode: ``batch_key``); returns ``job``'s outcome with the others' in ``batched``.
+    Time limit: the sum of theirs (none if one has none). A batch that fails for another reason than
+    its time (e.g. one client's update the model refuses) is attacked one by one, so each job gets the
+    row it would get alone; a timeout fails them all (``Pipeline`` expands the failure)."""
+    members = [replace(job, batch=()), *job.batch]
+    limits = [m.time_limit for m in members]
+    labels = [m.labels for m in members]
+    try:
+        recs = reconstruct_batch(
+            [m.update for m in members],
+            job.method,
+            labels="recovered" if all(isinstance(y, str) for y in labels) else labels,
+            config=job.config,
+            device=device,
+            time_limit=None if None in limits else sum(limits),
+            model=job.model,
+            label_aux=job.label_aux,
+        )
+    except TimeoutError:
+        raise
+    except Exception as exc:
+        log.warning("a batch of %d %s attacks failed (%s); attacking them one by one", len(members), job.method, exc)
+        done = [run_job(m, device) for m in members]
+    else:
+        done = [_succeeded(m, m.method, rec, batch=len(members), **where) for m, rec in zip(members, recs)]
+    done[0].batched = done[1:]
+    return done[0]
+
+
+def _succeeded(job: AttackJob, method: str, rec, batch: int = 1, **where) -> AttackOutcome:
+    """The outcome of ``job``'s reconstruction ``rec`` (fl_attack.Reconstruction) by ``method``, run in a
+    ``reconstruct_batch`` of ``batch`` attacks (1: alone)."""
     return AttackOutcome(
         job.job_id,
         method,
@@ -261,6 +307,8 @@ def _succeeded(job: AttackJob, method: str, rec, **where) -> AttackOutcome:
         seconds=rec.seconds,
         trace=rec.trace,
         precision=rec.precision,
+        compile=rec.compile,
+        batch=batch,
         **job.described(rec.trace),
         **where,
     )
@@ -284,6 +332,14 @@ def _precision_name(config: AttackConfig | None, device: str) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _failed_like(job: AttackJob, outcome: AttackOutcome) -> AttackOutcome:
+    """``job``'s failed outcome when the batch it ran in failed as a whole with ``outcome``."""
+    failed = AttackOutcome.failed(job, outcome.error, outcome.seconds)
+    failed.worker_node, failed.worker_id, failed.device = outcome.worker_node, outcome.worker_id, outcome.device
+    failed.precision, failed.threads = outcome.precision, outcome.threads
+    return failed
 
 
 def _died(job: AttackJob, deaths: int, cause: str, error: str, worker: str) -> AttackOutcome:
@@ -860,6 +916,51 @@ def make_workers(
 # -------------------------------------------------------------------------------- pipeline
 
 
+BATCH_ON_CUDA = 16  # attack-batch "auto" on CUDA: 4.42x the throughput of single attacks at N=16 on an H200
+# (CIFAR-100, k=50, m=7; docs/gpu-check/); on a CPU 1: N sequential attacks were faster there
+# (docs/performance.md, "Batched attacks")
+
+
+def resolve_batch(setting: int | str, device: str | torch.device = "auto") -> int:
+    """The attacks a worker runs as one ``reconstruct_batch``: ``setting`` N >= 1 (an int or its text),
+    or "auto": ``BATCH_ON_CUDA`` when the attacks run on CUDA (``device`` "cuda", or "auto" with a
+    GPU here), else 1. ValueError for anything else."""
+    text = str(setting).strip()
+    if text == "auto":
+        return BATCH_ON_CUDA if _device_name(str(device)).startswith("cuda") else 1
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"attack batch must be an integer >= 1 or 'auto', got {setting!r}")
+    return int(text)
+
+
+def batch_key(job: AttackJob) -> tuple | None:
+    """What jobs must share to run as one ``reconstruct_batch``: the round, method, settings,
+    architecture, the update's training metadata (dataset, k, T, optimizer, mode: the batch's attack
+    reads its optimizer weights from the first update's) and state-dict layout, the threads, the
+    public auxiliary data. None for a job that runs alone: a "+memory" job (its attacks start from the
+    server's remembered estimates (``init``) and may fit several updates of the client at once, which
+    ``reconstruct_batch`` does not take; and each waits for its client's previous one), a method that
+    cannot be batched (pisme-adaptive, ginas: ``Attack.batchable``), an attack with the diffusion prior
+    (its noise is drawn per attack, so a batch would not reproduce the single rows), a job without an
+    update (it failed before), or one that is already a batch."""
+    attack = ATTACKS.get(job.method)
+    if (
+        job.update is None
+        or job.batch
+        or job.memory is not None
+        or attack is None
+        or not attack.batchable
+        or attack.uses_prior
+        or job.config.image_prior != "none"
+    ):
+        return None
+    meta = job.update.metadata
+    shapes = tuple((k, tuple(s)) for k, s in layout(job.update.w0))
+    settings = tuple(sorted(asdict(job.config).items()))
+    where = (job.target.round, job.threads, id(job.label_aux))
+    return (*where, job.method, job.model, settings, repr(meta), shapes)
+
+
 class Pipeline:
     """Attack jobs kept submitted ahead to workers and collected as they finish: the one
     submit-ahead / poll / drain loop of the federation, ``fl-attack replay`` and the experiments.
@@ -867,38 +968,91 @@ class Pipeline:
 
     workers: a ``Workers``, or a function that makes one at the first submit (the federation picks
     its workers once Flower's runtime is up). Job ids must be unique among the jobs in flight.
+    batch: N >= 1 (``resolve_batch``). With N > 1, submitted jobs are held until the next ``poll``,
+    ``drain`` or ``run`` step (the federation submits a round's jobs, then polls), and the held jobs
+    of one ``batch_key`` go to a worker in groups of at most N as one job (``AttackJob.batch``), which
+    runs them as one ``reconstruct_batch``; each comes back as its own (job, outcome) pair, in the
+    rows it would have alone but for ``batch`` and the timings. A job ``batch_key`` refuses goes alone.
     """
 
-    def __init__(self, workers):
+    def __init__(self, workers, batch: int = 1):
+        if isinstance(batch, bool) or int(batch) < 1:
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         self._make = workers if callable(workers) and not hasattr(workers, "submit") else None
         self.workers: Workers | None = None if self._make else workers
-        self.jobs: dict[int, AttackJob] = {}  # in flight, by job id
+        self.batch = int(batch)
+        self.jobs: dict[int, AttackJob] = {}  # in flight, by job id (a batch under its first job's id)
+        self._held: list[AttackJob] = []  # submitted, not yet sent (batch > 1)
 
     @property
     def in_flight(self) -> int:
-        return len(self.jobs)
+        """Jobs submitted and not yet collected (each job of a batch counts)."""
+        return sum(1 + len(job.batch) for job in self.jobs.values()) + len(self._held)
 
     def rounds_in_flight(self) -> list[int]:
         """The rounds of the jobs in flight, oldest first (one entry per job)."""
-        return sorted(job.target.round for job in self.jobs.values())
+        jobs = [j for job in self.jobs.values() for j in (job, *job.batch)] + self._held
+        return sorted(job.target.round for job in jobs)
 
     def submit(self, job: AttackJob) -> None:
+        if self.batch > 1 and batch_key(job) is not None:
+            self._held.append(job)
+            return
+        self._send(job)
+
+    def _send(self, job: AttackJob) -> None:
         if self.workers is None:
             self.workers = self._make()
         self.jobs[job.job_id] = job
         self.workers.submit(job)
 
+    def flush(self, full_only: bool = False) -> None:
+        """Send the held jobs: those of one ``batch_key`` in groups of at most ``batch``, in the order
+        they were submitted (a group of one goes as a plain job). full_only: send only whole groups of
+        ``batch`` and keep the rest held (``run``, while more jobs may come)."""
+        groups: dict[tuple, list[AttackJob]] = {}
+        for job in self._held:
+            groups.setdefault(batch_key(job), []).append(job)
+        self._held = []
+        for jobs in groups.values():
+            for i in range(0, len(jobs), self.batch):
+                first, *rest = chunk = jobs[i : i + self.batch]
+                if full_only and len(chunk) < self.batch:
+                    self._held += chunk
+                    continue
+                self._send(replace(first, batch=tuple(rest)) if rest else first)
+
+    def _sent(self) -> int:
+        return sum(1 + len(job.batch) for job in self.jobs.values())
+
+    def _whole_group_held(self) -> bool:
+        keys = [batch_key(job) for job in self._held]
+        return any(keys.count(k) >= self.batch for k in set(keys))
+
     def poll(self) -> list[tuple[AttackJob, AttackOutcome]]:
         """(job, outcome) of every job finished since the last call (does not wait)."""
+        self.flush()
         return self._paired(self.workers.poll() if self.workers else [])
 
     def _paired(self, outcomes: list[AttackOutcome]) -> list[tuple[AttackJob, AttackOutcome]]:
-        return [(self.jobs.pop(o.job_id), o) for o in outcomes]
+        """(job, outcome) pairs; a batch's outcome becomes one pair per job (a failed batch: each of its
+        jobs failed with its error)."""
+        pairs = []
+        for outcome in outcomes:
+            job = self.jobs.pop(outcome.job_id)
+            if not job.batch:
+                pairs.append((job, outcome))
+                continue
+            others = outcome.batched or [_failed_like(j, outcome) for j in job.batch]
+            outcome.batched = None
+            pairs += [(replace(job, batch=()), outcome), *zip(job.batch, others)]
+        return pairs
 
     def drain(self, timeout: float, on_done=None) -> list[tuple[AttackJob, AttackOutcome]]:
         """Wait up to ``timeout`` seconds for every job in flight, calling ``on_done(pairs)`` after each
         look (pairs may be empty: a chance to report progress); the jobs still running then come back
         as failed (their workers stop them). Returns every (job, outcome) pair."""
+        self.flush()
         out, deadline = [], time.monotonic() + timeout
         while self.jobs:
             late = time.monotonic() >= deadline
@@ -914,27 +1068,33 @@ class Pipeline:
 
     def run(self, jobs, ahead: int = 1):
         """Yield (job, outcome) for every job of the iterable ``jobs``, kept at most ``ahead`` in
-        flight; jobs are made only when submitted. An interrupt or a closed generator stops the jobs
-        in flight (no outcome for them)."""
-        jobs, more = iter(jobs), True
+        flight (``ahead`` batches of ``batch`` when batching, each group formed from the jobs taken
+        until one is whole); jobs are made only when submitted. An interrupt or a closed generator
+        stops the jobs in flight (no outcome for them)."""
+        jobs, more, limit = iter(jobs), True, max(1, ahead) * self.batch
         try:
-            while more or self.jobs:
-                while more and len(self.jobs) < max(1, ahead):
+            while more or self.jobs or self._held:
+                # with batch > 1, jobs are taken until one group is whole (or ``limit`` are sent): the
+                # jobs of one batch need not follow each other (a replay lists each update's methods)
+                while more and self._sent() < limit and not (self._held and self._whole_group_held()):
                     job = next(jobs, None)
                     if job is None:
                         more = False
                     else:
                         self.submit(job)
-                done = self.poll()
+                self.flush(full_only=more)  # the last, partial groups once no job is left to come
+                done = self._paired(self.workers.poll() if self.workers else [])
                 if not done and self.jobs:
                     time.sleep(0.05)
                 yield from done
         finally:
+            self._held.clear()
             if self.jobs:
                 self._paired(self.workers.drain(0))
 
     def shutdown(self) -> None:
-        """Stop the jobs still in flight (no outcome for them) and the workers."""
+        """Stop the jobs still in flight or held (no outcome for them) and the workers."""
+        self._held.clear()
         if self.workers is not None:
             if self.jobs:
                 self._paired(self.workers.drain(0))

@@ -93,12 +93,13 @@ def psnr_trace(truth: torch.Tensor) -> Callable[[int, torch.Tensor], dict]:
 # attack_row's columns that a row must be given, and the defaults of the others (None: an empty cell).
 _REQUIRED = ("method", "dataset", "local_steps", "nodes", "iterations", "labels", "partition_id", "label_estimator")
 _DEFAULTS = dict.fromkeys(("client_id", "error", "image", "worker_node", "worker_id", "device", "precision"), "")
+_DEFAULTS |= {"compile": ""}
 _DEFAULTS |= dict.fromkeys(("memory", "optimizer"), "") | {"defense": "none", "status": "ok"}
 _DEFAULTS |= dict.fromkeys(("lsim_honest", "lsim_calibrated", "attack_seconds"), math.nan)
 # The columns an AttackOutcome carries under the same name.
 _FROM_OUTCOME = ("method", "local_steps", "nodes", "iterations", "label_estimator", "lsim_honest", "lsim_calibrated")
 _FROM_OUTCOME += ("status", "error", "worker_node", "worker_id", "device", "precision", "threads", "memory")
-_FROM_OUTCOME += ("parameters", "unknowns", "optimizer")
+_FROM_OUTCOME += ("parameters", "unknowns", "optimizer", "compile", "batch")
 
 
 def attack_row(*, scores: dict | None = None, **columns) -> dict:

@@ -43,7 +43,7 @@ from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, memory_methods
 from fl_attack.attacker.precision import resolve_precision
-from fl_attack.attacker.workers import RayWorkers, make_workers
+from fl_attack.attacker.workers import RayWorkers, make_workers, resolve_batch
 from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
 from fl_attack.audit.service import AuditService
 from fl_attack.audit.verdict import verdict_line, verdict_summary
@@ -180,6 +180,8 @@ class Replay:
     ray_address: str = ""
     memory: AttackMemory | None = None  # the replaying server's memory of each client (attack-memory)
     label_aux: AuxiliaryData | None = None  # the server's held-out pool, for label_estimator=aux
+    batch: int = 1  # attacks of one round run as one reconstruct_batch (fl_attack.workers.Pipeline)
+    batch_given: str = ""  # --batch as given ("": the run's attack-batch), for the replay's run config
 
     @property
     def attacks(self) -> int:
@@ -253,6 +255,8 @@ def prepare_replay(
     memory: str | None = None,
     memory_rounds: str | None = None,
     precision: str | None = None,
+    compile: str | None = None,
+    batch: int | str | None = None,
 ) -> Replay:
     """Check everything a replay needs, before any attack: the run folder, the settings, the
     recorded updates' checksums and the ground truth of every target.
@@ -273,6 +277,9 @@ def prepare_replay(
     memory.pt is where it starts from; a new replay starts from none and saves its own memory.pt.
     precision: the attacks' arithmetic (``fl_attack.attacker.precision``: fp32, bf16, tf32 or auto; default:
     the run's attack-precision, fp32 for a run recorded before it existed), checked on ``device``.
+    compile: off, on or auto (``AttackConfig.compile``; default: the run's attack-compile). batch: the
+    attacks of one round a worker runs as one ``reconstruct_batch`` (N or "auto",
+    ``fl_attack.attacker.workers.resolve_batch`` on ``device``; default: the run's attack-batch); rows as unbatched.
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)
@@ -296,12 +303,14 @@ def prepare_replay(
     try:
         option_values = parse_key_values(options or "", asdict(AttackConfig()), "--options", "attack setting")
         overrides = dict(option_values)
-        for key, value in (("iterations", iterations), ("nodes", nodes), ("precision", precision)):
+        own = (("iterations", iterations), ("nodes", nodes), ("precision", precision), ("compile", compile))
+        for key, value in own:
             if value is not None:
                 overrides[key] = value
         config = AttackConfig.from_overrides(run.attack_config, **overrides)
         dev = resolve_device(device)
         resolve_precision(config.precision, dev)  # tf32 off CUDA, before any attack
+        batch_given, batch = batch, resolve_batch(run.settings.attack_batch if batch is None else batch, dev)
     except (TypeError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
     if remembers and labels == "oracle":
@@ -388,6 +397,8 @@ def prepare_replay(
         ray_address=ray_address or "",
         memory=state,
         label_aux=_label_aux(run.settings, config),
+        batch=batch,
+        batch_given="" if batch_given is None else str(batch_given),
     )
 
 
@@ -408,7 +419,7 @@ def _replay_run_config(replay: Replay) -> dict:
         str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options", "attack setting"
     )
     options.update(replay.options)
-    for key in ("iterations", "nodes", "precision"):  # their own run-config keys
+    for key in ("iterations", "nodes", "precision", "compile"):  # their own run-config keys
         options.pop(key, None)
     rc.update(
         {
@@ -417,9 +428,12 @@ def _replay_run_config(replay: Replay) -> dict:
             "attack-iterations": config.iterations,
             "attack-nodes": config.nodes,
             "attack-precision": config.precision,
+            "attack-compile": config.compile,
             "attack-options": ",".join(f"{k}={v}" for k, v in options.items()),
         }
     )
+    if replay.batch_given:
+        rc["attack-batch"] = replay.batch_given
     if replay.memory is not None:
         rc.update({"attack-memory": replay.memory.mode, "attack-memory-rounds": replay.memory.rounds})
         rc["attack-method"] = (
@@ -504,6 +518,7 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
         )
         service = _service(replay, workers, log)
         ahead = 2 * max(1, replay.workers) if replay.workers or replay.ray_address else 1
+        ahead = max(ahead, replay.batch * len(replay.methods))  # a batch's worth held before it is sent
         for index_row, target, methods in replay.work:
             service.wait_below(ahead)
             update, _ = load_update(replay.run.updates, index_row)
@@ -513,7 +528,6 @@ def run_replay(replay: Replay, log: TextIO | None = None) -> list[dict]:
                 labels = replay.truths[target.partition_ids][1].clone()
             threads = None if replay.threads else replay.run.threads.get((target.round, pid))  # the run's, by default
             service.observe(target, lambda update=update: update, labels=labels, methods=methods, threads=threads)
-            service.collect()
         service.drain(math.inf)
     finally:
         if service is not None:
@@ -557,6 +571,7 @@ def _service(replay: Replay, workers, log: TextIO) -> AuditService:
         defense=replay.run.defense,
         time_limit=None,
         device=replay.device.type,
+        batch=replay.batch,
     )
 
     def echo(row: dict, outcome) -> None:

@@ -85,6 +85,8 @@ ATTACKS: dict[str, type] = {
     "worker_id": str,
     "device": str,  # the torch device it ran on (cpu, cuda); empty where unknown
     "precision": str,  # the attack's arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs
+    "compile": str,  # how its steps ran: compiled, eager, "eager (<why>)" (attacker/attacks/compiled.py); empty: older
+    "batch": int,  # the attacks run as one reconstruct_batch with it (1: alone; attack-batch); empty in older runs
     "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
     "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.attacker.memory), else empty
     "epsilon": float,  # the DP budget the attacked client(s) had spent by the update's round; empty without DP

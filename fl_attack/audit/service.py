@@ -106,7 +106,8 @@ class AuditService:
     run's). attack_config, defense, time_limit: the attacks' AttackConfig, the rows' defense label and
     each attack's time limit in seconds (default "run": the run config's). device: the rows' device
     where a worker did not say. model: the victims' architecture, an nn.Module (an audited app's
-    own model) or a spec (default: the run config's ``model``).
+    own model) or a spec (default: the run config's ``model``). batch: the attacks of a round a
+    worker runs as one reconstruct_batch (``Pipeline``; default: the run config's attack-batch).
     """
 
     def __init__(
@@ -129,6 +130,7 @@ class AuditService:
         time_limit: float | None | str = "run",
         device: str = "",
         model=None,
+        batch: int | None = None,
     ) -> None:
         self.settings = settings
         self.folder = RunFolder(run_dir)  # every file of the run's record
@@ -143,7 +145,10 @@ class AuditService:
         self.attack_threads = settings.attack_thread_count(clients_per_round)
         self.drain_threads = settings.attack_drain_thread_count()
         # the attack workers, chosen at the first submit (Flower's Ray runtime is up by then)
-        self.pipeline = Pipeline(workers or (lambda: federation_workers(settings, self.attack_threads)))
+        self.pipeline = Pipeline(
+            workers or (lambda: federation_workers(settings, self.attack_threads)),
+            batch=settings.attack_batch_size() if batch is None else batch,
+        )
         self.timings = Timings()  # the evaluator's scoring, images and writing phases too
         public = (test_set.images, test_set.labels) if test_set is not None else None
         self.evaluator = Evaluator(

@@ -80,6 +80,11 @@ class AttackConfig:
     projection is made, so the last phase fits the update. ``prior_steps``: DDIM steps per projection.
     dggi always uses the prior; for the other attacks it is an option (docs/results.md, "the diffusion
     prior for the other attacks").
+    compile: "off", "on" or "auto" (default): whether the step (objective and gradient) runs as one
+    ``torch.compile``d ``torch.func`` function (``fl_attack.attacker.attacks.compiled``; not in the paper; the same
+    numbers up to rounding). "auto" compiles on CUDA, not on the CPU, as measured in
+    docs/performance.md ("Compiled step"); attacks without a compiled form run eagerly whatever it is,
+    and a compile that fails falls back to eager (``Reconstruction.compile`` says which ran).
     """
 
     iterations: int = 1000
@@ -114,6 +119,7 @@ class AttackConfig:
     prior_every: int = 10
     prior_strength: float = 0.3
     prior_steps: int = 10
+    compile: str = "auto"
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -166,6 +172,8 @@ class AttackConfig:
         from fl_attack.attacker.precision import check_precision
 
         check_precision(self.precision)
+        if self.compile not in ("off", "on", "auto"):
+            raise ValueError(f"compile must be one of off, on, auto, got {self.compile!r}")
 
     @classmethod
     def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:
