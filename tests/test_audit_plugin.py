@@ -58,7 +58,7 @@ def test_the_project_federation_through_the_plugin_writes_the_rows_of_the_strate
         golden, ours = _rows(GOLDEN / name), _rows(run / name)
         assert len(ours) == len(golden) and len(golden) in (2, 8), name
         for old, new in zip(golden, ours, strict=True):
-            assert set(new) == set(old), name
+            assert set(old) <= set(new), name  # columns added since (compile, batch) may follow
             differ = {k: (old[k], new[k]) for k in old if k not in WALL_CLOCK and not _same(old[k], new[k])}
             assert not differ, (name, old["round"], old.get("method"), differ)
 
