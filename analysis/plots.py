@@ -157,7 +157,7 @@ def plot_leakage(
 
 
 def plot_verdict(runs: Run | Sequence[Run]) -> Figure:
-    """The verdict against the round (fl_attack.verdict): the mean fraction of a client's images
+    """The verdict against the round (fl_attack.audit.verdict): the mean fraction of a client's images
     recovered (left) and singled out (right) per (run, method, defense, labels), with the best guess
     without the update (grey dashed: its recovered fraction) and chance (grey dotted: 1/(k+D)) drawn."""
     runs = _as_runs(runs)
@@ -283,7 +283,7 @@ def plot_utility_vs_leakage(runs: Sequence[Run]) -> Figure:
 
 
 def has_epsilon(run: Run) -> bool:
-    """True when the run recorded a finite DP budget spent (local-dp or central-dp, fl_attack.privacy)."""
+    """True when the run recorded a finite DP budget spent (local-dp or central-dp, fl_attack.privacy.accountant)."""
     spent = pd.concat(
         [run.attacks.get("epsilon", pd.Series(dtype=float)), run.rounds.get("epsilon", pd.Series(dtype=float))]
     )

@@ -141,7 +141,7 @@ def write_report(
                 "leakage_vs_epsilon",
                 figure_png(plot_leakage_vs_epsilon(runs)),
                 "Leakage (mean over the ok attacks on updates sent with the same budget spent) and model "
-                "accuracy against the DP budget spent (fl_attack.privacy; attacks.csv and rounds.csv "
+                "accuracy against the DP budget spent (fl_attack.privacy.accountant; attacks.csv and rounds.csv "
                 "'epsilon'); runs without DP as grey reference lines.",
             )
         )

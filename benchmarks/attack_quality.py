@@ -35,9 +35,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fl_attack.attacks import AttackConfig
-from fl_attack.config import PAPER, parse_key_values
-from fl_attack.evaluator import results_row
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.audit.evaluator import results_row
+from fl_attack.federation.config import PAPER, parse_key_values
 from fl_attack.standalone import (
     AttackSettings,
     attack_victim,

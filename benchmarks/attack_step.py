@@ -1,8 +1,8 @@
 """``python -m benchmarks.attack_step``: the cost of one PI-SME optimisation step, ours against the literal loop.
 
 One step = the m node gradients (eq. 8), the objective (eq. 10), its double backward to X_hat, P1 and
-d, and the Adam update, on a real client batch after a warm-up: "fast" is fl_attack.attacks.pisme
-(the structured path of fl_attack.attacks.gradients), "reference" the literal Algorithm-1 loop of
+d, and the Adam update, on a real client batch after a warm-up: "fast" is fl_attack.attacker.attacks.pisme
+(the structured path of fl_attack.attacker.attacks.gradients), "reference" the literal Algorithm-1 loop of
 tests/reference.py. Each benchmark alternates what it compares (a step of one, a step of the other),
 so a machine whose speed drifts biases none, and reports medians; docs/performance.md explains the
 columns (GFLOP/s from torch.utils.flop_counter, %peak against a GEMM peak measured in the same
@@ -12,13 +12,13 @@ float64 and float32).
 ``--batched N``: N whole attacks on N real clients of one FedAvg round (oracle labels), N sequential
 ``fl_attack.reconstruct`` calls against one ``fl_attack.reconstruct_batch`` call.
 
-``--compiled N``: eager against compiled (``fl_attack.attacks.compiled``), one client against N batched
+``--compiled N``: eager against compiled (``fl_attack.attacker.attacks.compiled``), one client against N batched
 (``reconstruct_batch``), for the paper's CNNs and a user model with max pooling (``MaxPoolCNN``, the
 generic path): the compile time (the first compiled attack's wall time less an eager one's) apart
 from the step time (each whole attack's wall time at ``--iterations`` less its time at 1 iteration,
 per iteration, median over the alternated repeats; per attack: a batched step's time / N).
 
-``--precisions fp32,bf16[,tf32]``: the shipped step in each precision (``fl_attack.precision``)
+``--precisions fp32,bf16[,tf32]``: the shipped step in each precision (``fl_attack.attacker.precision``)
 side by side, each against its own GEMM peak, its gradients against fp32's, and whole PI-SME attacks
 (``--iterations`` each, recovered labels) in each (docs/performance.md, "Mixed precision").
 """
@@ -38,15 +38,15 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fl_attack.api import reconstruct, reconstruct_batch, resolve_device
-from fl_attack.attacks import AttackConfig
-from fl_attack.attacks.pisme import PathIntegralSME
-from fl_attack.config import PAPER
-from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.models import build_model
-from fl_attack.precision import autocast, check_precision, gemm_gflops, precision_scope, resolve_precision
-from fl_attack.update import flatten, layout, unflatten
-from fl_attack.victims import train_victim
+from fl_attack.attacker.api import reconstruct, reconstruct_batch, resolve_device
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.attacks.pisme import PathIntegralSME
+from fl_attack.attacker.precision import autocast, check_precision, gemm_gflops, precision_scope, resolve_precision
+from fl_attack.audit.victims import train_victim
+from fl_attack.federation.config import PAPER
+from fl_attack.federation.data import client_partition, get_spec, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import flatten, layout, unflatten
 from tests.reference import pisme_objective_reference
 
 
@@ -70,7 +70,7 @@ def gemm_peak_gflops(
     device: torch.device, n: int = 2048, repeats: int = 5, precision: str = "fp32", max_seconds: float | None = None
 ) -> float:
     """GEMM throughput (GFLOP/s) of this process: the best of ``repeats`` n x n matmuls, in fp32, in
-    bf16 (precision "bf16") or in fp32 with TF32 allowed ("tf32"; ``fl_attack.precision.gemm_gflops``;
+    bf16 (precision "bf16") or in fp32 with TF32 allowed ("tf32"; ``fl_attack.attacker.precision.gemm_gflops``;
     max_seconds: its time bound)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     return gemm_gflops(device, dtype, n, repeats, tf32=precision == "tf32", max_seconds=max_seconds)
@@ -180,7 +180,7 @@ class _Problem:
 
     def grads(self, impl: str, precision: str = "fp32") -> list[torch.Tensor]:
         """dL/dX_hat, dL/dP1, dL/dd of one step, in ``precision`` (a resolved one), as the attack
-        loop computes them (``fl_attack.api._optimise``: autocast around the forward only)."""
+        loop computes them (``fl_attack.attacker.api._optimise``: autocast around the forward only)."""
         a, device = self.attack, self.x.device
         with precision_scope(precision, device):
             with autocast(precision, device):
@@ -532,7 +532,7 @@ class CompileRow:
 def _synthetic_updates(model, dataset: str, samples: int, clients: int):
     """N updates of ``model`` at its seeded initial weights: wT = w0 - 0.01 noise (the step's cost
     does not depend on the values), with oracle labels."""
-    from fl_attack.update import ObservedUpdate, TrainingMetadata
+    from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
 
     spec, updates = get_spec(dataset), []
     for n in range(clients):
@@ -548,7 +548,7 @@ def bench_compiled(
     model_name: str, nodes: int, samples: int, clients: int, iterations: int, device, repeats: int, peak: float = 0.0
 ):
     """Eager against compiled PI-SME attacks of one model, one client (clients 1) or N batched."""
-    from fl_attack.attacks import compiled as compiled_step
+    from fl_attack.attacker.attacks import compiled as compiled_step
 
     dataset, _, kind = model_name.partition("+")
     with torch.random.fork_rng(devices=[]):

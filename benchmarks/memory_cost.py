@@ -8,7 +8,7 @@ For one tracked client (``--partition``) of a run folder with updates/:
    time should grow at most linearly in n.
 2. warm start: a cold attack on the first round's update (from noise, K = the run's iterations)
    gives the estimate a ``keep`` server holds; a joint attack on the client's first ``--warm-updates``
-   updates started from it (weights 1 / each update's own fit, as fl_attack.memory does) is traced
+   updates started from it (weights 1 / each update's own fit, as fl_attack.attacker.memory does) is traced
    for PSNR against the truth (the evaluator's ``psnr_trace``; nothing goes back to the attack),
    and the figure is the first iteration where it reaches the kept estimate's PSNR, as a fraction
    of K. The fit of each update comes from its own cold attack.
@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from fl_attack import reconstruct
-from fl_attack.evaluator import psnr_trace, score
-from fl_attack.replay import open_run
-from fl_attack.update import AttackTarget, load_update
-from fl_attack.victims import ground_truth
+from fl_attack.audit.evaluator import psnr_trace, score
+from fl_attack.audit.replay import open_run
+from fl_attack.audit.victims import ground_truth
+from fl_attack.federation.update import AttackTarget, load_update
 
 
 def client_updates(run_dir, partition: int):

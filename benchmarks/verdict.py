@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from fl_attack.attacks import AttackConfig
-from fl_attack.data import load_bundled, server_test_set
-from fl_attack.evaluator import score
-from fl_attack.metrics import get_lpips, match_pairs
-from fl_attack.verdict import Verdict, pixel_l2
-from fl_attack.victims import train_victim
-from fl_attack.workers import run_job
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.workers import run_job
+from fl_attack.audit.evaluator import score
+from fl_attack.audit.metrics import get_lpips, match_pairs
+from fl_attack.audit.verdict import Verdict, pixel_l2
+from fl_attack.audit.victims import train_victim
+from fl_attack.federation.data import load_bundled, server_test_set
 
 DATASETS = ("femnist", "cifar100")
 HELD_OUT = 1000  # the federation's server-test-samples: the public pool
@@ -83,7 +83,7 @@ def _ssim(recon: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
 
 
 def _lpips_features(images: torch.Tensor) -> list[torch.Tensor]:
-    """LPIPS-alex's unit-normalised features of each layer (fl_attack.metrics.LPIPS's input handling)."""
+    """LPIPS-alex's unit-normalised features of each layer (fl_attack.audit.metrics.LPIPS's input handling)."""
     import lpips
 
     metric = get_lpips("cpu")

@@ -5,7 +5,7 @@ k-sample (optionally class-restricted) client, or (run config ``partitioner``) a
 Datasets' natural, iid, dirichlet or pathological partitioner over ``num-partitions`` nodes. The
 simulation sets both; on the deployment engine each SuperNode is started with
 ``--node-config "partition-id=i num-partitions=N"``. ``train`` runs E local epochs of plain
-SGD (or the run's client-optimizer) from the received global weights (fl_attack.training), in eval mode
+SGD (or the run's client-optimizer) from the received global weights (fl_attack.federation.training), in eval mode
 or with client-train-mode in train mode, and returns the new weights (batch norm's buffers included)
 plus public metrics. ``evaluate`` scores the global model on the client's held-out samples.
 
@@ -16,6 +16,7 @@ so both handlers hand the message to ``LEGACY_APP``, a NumPyClient doing the sam
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 
@@ -25,9 +26,9 @@ from flwr.client import ClientApp as LegacyClientApp
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
-from fl_attack.data import load_client_split
+from fl_attack.federation.data import load_client_split
+from fl_attack.federation.training import evaluate_model, train_local
 from fl_attack.run_config import RunSettings
-from fl_attack.training import evaluate_model, train_local
 
 from .defenses import TRAIN_MODS
 
@@ -46,12 +47,19 @@ def node_partition(context: Context) -> int:
         ) from None
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed(run_config: tuple) -> RunSettings:
+    """The run config parsed once per run and process: the server's pre-flight has checked it
+    (fl_attack.run_config.preflight); a client reads it, without checking it again per message."""
+    return RunSettings.from_run_config(dict(run_config))
+
+
 def node_settings(context: Context) -> RunSettings:
     """The run config's settings, with the federation's partition count from the node config's
     ``num-partitions``: the Flower Datasets partitioners cut the data into that many partitions, as
     the server does with its node count. ValueError for a num-partitions that is not a whole number
     >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = _parsed(tuple(sorted(dict(context.run_config).items())))
     found = context.node_config.get("num-partitions")
     try:
         return settings if found is None else settings.with_partitions(int(found))
@@ -63,7 +71,7 @@ def node_settings(context: Context) -> RunSettings:
 
 
 def _load_split(settings: RunSettings, partition_id: int):
-    """The node's data (fl_attack.data.load_client_split, the evaluator's too)."""
+    """The node's data (fl_attack.federation.data.load_client_split, the evaluator's too)."""
     return load_client_split(settings.data, partition_id)
 
 
@@ -80,7 +88,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     """E local epochs from ``w0``: returns (wT state dict, public metrics, simulation bookkeeping).
 
     The metrics include ``train-seconds`` (loading the partition and training), the bookkeeping
-    ``train-started`` (epoch seconds), for the run's time breakdown (fl_attack/timings.py).
+    ``train-started`` (epoch seconds), for the run's time breakdown (fl_attack/audit/timings.py).
     """
     started, clock = time.time(), time.perf_counter()
     split, model = _prepare(settings, partition_id, w0)

@@ -6,7 +6,7 @@ mod here reads the run's DefenseSettings from ``context.run_config`` and steps a
 defense is off. Outermost first:
 
 1. ``secagg_mod``: Flower's ``secaggplus_mod`` (SecAgg+ masking of the final update);
-2. ``update_transform_mod``: topk / low-rank / quantize (fl_attack.defenses), post-processing of
+2. ``update_transform_mod``: topk / low-rank / quantize (fl_attack.federation.defenses), post-processing of
    whatever the inner mods produced, so that DP noise is sparsified, not sparsity noised;
 3. ``local_dp_mod``: Flower's ``LocalDpMod`` (clip to C, Gaussian noise), seeded per client and round;
 4. ``central_clipping_mod``: Flower's ``fixedclipping_mod`` for central DP with client-side
@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 
-from fl_attack.defenses import transform_update
+from fl_attack.federation.defenses import transform_update
 from fl_attack.run_config import DefenseSettings
 
 

@@ -6,9 +6,12 @@ The library is usable without Flower:
     rec = reconstruct(update, method="pisme", iterations=300)
     recs = reconstruct_batch([update_1, update_2], method="pisme", iterations=300)  # one batched run
 
-Data flows one way: victim training (``training``, ``victims``) -> ObservedUpdate (``update``) ->
-attack (``attacks``, ``api``, ``workers``) -> evaluation against the ground truth (``evaluator``,
-``metrics``).
+Its packages, by role (each one's header says what it holds and who may import it):
+``federation`` (data, models, client training, the update a client returns), ``attacker`` (the
+attacks and what runs on an attack worker), ``audit`` (the audit service, the ground truth and the
+evaluator), ``privacy`` (the DP accountant). Data flows one way: client training -> ObservedUpdate ->
+attack -> evaluation against the ground truth. ``run_config`` parses a run's settings;
+``cli`` and ``standalone`` are the entry points; ``records`` and ``paths`` are shared helpers.
 """
 
 import importlib as _importlib
@@ -18,19 +21,19 @@ __version__ = "0.1.0"
 # The public names load on first use (PEP 562), so torch-free helpers such as fl_attack.records can
 # be imported by the analysis scripts without starting torch.
 _EXPORTS = {
-    "Reconstruction": "api",
-    "reconstruct": "api",
-    "reconstruct_batch": "api",
-    "resolve_device": "api",
-    "ATTACKS": "attacks",
-    "AttackConfig": "attacks",
-    "ObservedUpdate": "update",
-    "TrainingMetadata": "update",
-    "local_steps": "update",
-    "PAPER": "config",
-    "PRESETS": "config",
-    "Preset": "config",
-    "TrainingProtocol": "config",
+    "Reconstruction": "attacker.api",
+    "reconstruct": "attacker.api",
+    "reconstruct_batch": "attacker.api",
+    "resolve_device": "attacker.api",
+    "ATTACKS": "attacker.attacks",
+    "AttackConfig": "attacker.attacks",
+    "ObservedUpdate": "federation.update",
+    "TrainingMetadata": "federation.update",
+    "local_steps": "federation.update",
+    "PAPER": "federation.config",
+    "PRESETS": "federation.config",
+    "Preset": "federation.config",
+    "TrainingProtocol": "federation.config",
 }
 
 __all__ = [
@@ -54,7 +57,7 @@ __all__ = [
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(_importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    elif not name.startswith("_"):  # a submodule, e.g. fl_attack.api after a bare "import fl_attack"
+    elif not name.startswith("_"):  # a submodule, e.g. fl_attack.attacker.api after a bare "import fl_attack"
         try:
             value = _importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as error:

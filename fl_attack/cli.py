@@ -21,13 +21,19 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from .attacks import ATTACKS, AttackConfig
-from .config import PRESETS, parse_key_values
-from .data import DATASETS
-from .memory import MEMORY_SUFFIX, memory_methods
-from .precision import PRECISIONS
-from .standalone import DEFAULT_PRESET, RESULT_COLUMNS, AttackSettings, run_attack_experiment, validate_settings
-from .verdict import verdict_line
+from fl_attack.attacker.attacks import ATTACKS, AttackConfig
+from fl_attack.attacker.memory import MEMORY_SUFFIX, memory_methods
+from fl_attack.attacker.precision import PRECISIONS
+from fl_attack.audit.verdict import verdict_line
+from fl_attack.federation.config import PRESETS, parse_key_values
+from fl_attack.federation.data import DATASETS
+from fl_attack.standalone import (
+    DEFAULT_PRESET,
+    RESULT_COLUMNS,
+    AttackSettings,
+    run_attack_experiment,
+    validate_settings,
+)
 
 PROG = "fl-attack"
 EXIT_FAILED = 1
@@ -384,7 +390,7 @@ def _add_replay_parser(sub) -> None:
 
 
 def _replay(args) -> int:
-    from .replay import ReplayError, prepare_replay, run_replay
+    from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
 
     try:  # every check before any attack
         keys = ("methods", "labels", "iterations", "nodes", "options", "rounds", "threads", "device", "name")

@@ -13,12 +13,12 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from .attacks import AttackConfig
-from .config import TrainingProtocol, check_field_types, parse_key_values, typed_value
-from .data import PARTITIONERS, get_spec
-from .defenses import weight_matrices
-from .precision import PRECISIONS
-from .privacy import ACCOUNTANTS, gaussian_noise_multiplier
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.precision import PRECISIONS
+from fl_attack.federation.config import TrainingProtocol, check_field_types, parse_key_values, typed_value
+from fl_attack.federation.data import PARTITIONERS, get_spec
+from fl_attack.federation.defenses import weight_matrices
+from fl_attack.privacy.accountant import ACCOUNTANTS, gaussian_noise_multiplier
 
 
 def _parse_overrides(text: str) -> dict:
@@ -29,6 +29,40 @@ def _parse_overrides(text: str) -> dict:
 
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds take 32-bit values
+
+
+# The audit's keys: what the honest-but-curious server attacks and how, and where it records it.
+# The other keys describe the simulated federation (data, model, client training, defenses); an
+# audited Flower app has its own for those, which the audit does not read (strategies/audit.py).
+AUDIT_KEYS = ("num-server-rounds", "record-updates", "server-test-samples", "results-dir", "run-name", "seed")
+
+
+def audit_run_config(run_config) -> dict:
+    """The audit's keys of a Flower run config (every "attack-..." key and ``AUDIT_KEYS``); the
+    app's own keys are left out, so that a name the app uses for something else (its ``lr``, its
+    ``fraction-train``) is never read as the simulated federation's."""
+    return {k: v for k, v in dict(run_config).items() if k.startswith("attack-") or k in AUDIT_KEYS}
+
+
+def preflight(run_config, num_nodes: int | None = None) -> RunSettings:
+    """A run's settings, parsed and checked once before its first round: every value's type and
+    range, the device, and with ``num_nodes`` (the federation's node count) the data's partitions,
+    the attack-clients ids and the defense's clients per round. The launcher runs it before the
+    SuperLink starts, the ServerApp before round 1; the ClientApp and the strategies take the
+    settings it returns and check nothing again. ``preflight.runs`` counts the calls (tests).
+    Raises ValueError naming the key."""
+    preflight.runs += 1
+    settings = RunSettings.from_run_config(run_config)
+    settings.check_device()
+    if num_nodes is not None:
+        settings = settings.with_partitions(num_nodes)  # what the Flower partitioners cut the data by
+        settings.check_partitions(num_nodes)
+        settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
+        settings.clients_per_round(num_nodes)
+    return settings
+
+
+preflight.runs = 0
 
 
 def usable_cpus() -> int:
@@ -64,7 +98,7 @@ def _cgroup_cpu_quota() -> int | None:
 # --- The run's defense: "defense", "defense-*" and "secagg-*". The DP and secure aggregation
 # defenses themselves are Flower's (LocalDpMod, the DP strategy wrappers, SecAgg+), wired in by
 # clients/defenses.py, strategies/server_app.py and strategies/secagg.py; the compression transforms
-# are the library's (fl_attack/defenses.py).
+# are the library's (fl_attack/federation/defenses.py).
 DEFENSES = ("none", "local-dp", "central-dp", "secagg", "topk", "low-rank", "quantize")
 CLIPPING_SIDES = ("server", "client")
 # The run-config keys a DefenseSettings owns: "defense" itself, "defense-*" and "secagg-*".
@@ -96,7 +130,7 @@ class DefenseSettings:
     noise_multiplier ["defense-noise-multiplier"]: central-dp's z; Flower adds noise of std z*C/n to
         the aggregate of n clients.
     accountant ["defense-accountant"]: the DP accountant of the ε recorded for local-dp and central-dp
-        (fl_attack.privacy): "rdp" (dp_accounting's RdpAccountant) or "pld" (PLDAccountant, tighter).
+        (fl_attack.privacy.accountant): "rdp" (dp_accounting's RdpAccountant) or "pld" (PLDAccountant, tighter).
     target_delta ["defense-target-delta"]: the δ at which the spent ε is given.
     clipping ["defense-clipping"]: central-dp's clipping side, "server" (DifferentialPrivacyServer-
         SideFixedClipping) or "client" (DifferentialPrivacyClientSideFixedClipping + fixedclipping_mod).
@@ -365,7 +399,7 @@ class DefenseSettings:
         }
 
     def update_transforms(self) -> dict:
-        """The keyword arguments of ``fl_attack.defenses.transform_update`` for this defense."""
+        """The keyword arguments of ``fl_attack.federation.defenses.transform_update`` for this defense."""
         return {
             "rank": self.rank if self.low_rank else None,
             "bits": self.bits if self.quantize else None,
@@ -400,7 +434,7 @@ class RunSettings:
     defaults are pyproject.toml's ``[tool.flwr.app.config]`` (tests/test_config.py keeps them equal).
 
     It composes the library's vocabulary: ``protocol`` is the clients' TrainingProtocol
-    (fl_attack.config), ``attack_config()`` the AttackConfig of every attack. The defense keys
+    (fl_attack.federation.config), ``attack_config()`` the AttackConfig of every attack. The defense keys
     ("defense", "defense-*", "secagg-*") are parsed into ``defense``, a DefenseSettings
     (below). Ready-made run configs: strategies/run_configs/*.toml (``strategies.run_configs.load``).
     """
@@ -473,10 +507,10 @@ class RunSettings:
 
     @property
     def data(self):
-        """The run's data settings (fl_attack.data.DataSettings): how its clients' private samples
+        """The run's data settings (fl_attack.federation.data.DataSettings): how its clients' private samples
         are drawn (partitioner, dirichlet-alpha and the federation's num_partitions included);
         the evaluator's, never the attacker's."""
-        from .data import DataSettings
+        from fl_attack.federation.data import DataSettings
 
         return DataSettings(
             self.dataset,
@@ -506,10 +540,10 @@ class RunSettings:
     def max_client_samples(self) -> int:
         """The most samples one client trains on: samples-per-client, or with 0 (a Flower
         partitioner's whole partitions) the largest of the federation's num_partitions partitions.
-        ValueError as fl_attack.data.partition_sizes (e.g. num_partitions unknown)."""
+        ValueError as fl_attack.federation.data.partition_sizes (e.g. num_partitions unknown)."""
         if self.samples_per_client > 0:
             return self.samples_per_client
-        from .data import partition_sizes
+        from fl_attack.federation.data import partition_sizes
 
         sizes = partition_sizes(self.data)
         return int(sizes[: self.num_partitions].max(initial=0))
@@ -521,32 +555,32 @@ class RunSettings:
     @property
     def methods(self) -> list[str]:
         """attack-method's names; with attack-memory on, each memoryless method is followed by its
-        remembering twin "METHOD+memory" (fl_attack.memory.memory_methods)."""
-        from .memory import memory_methods
+        remembering twin "METHOD+memory" (fl_attack.attacker.memory.memory_methods)."""
+        from fl_attack.attacker.memory import memory_methods
 
         return list(memory_methods(self.attack_method, self.attack_memory))
 
     def server_test_set(self):
-        """The server's held-out test pool (fl_attack.data.ClientData: images in [0,1], labels),
+        """The server's held-out test pool (fl_attack.federation.data.ClientData: images in [0,1], labels),
         disjoint from every client's data, or None with server-test-samples = 0. Also the public
         data of label_estimator=aux."""
         if not self.server_test_samples:
             return None
-        from .data import load_pool, server_test_set
+        from fl_attack.federation.data import load_pool, server_test_set
 
         pool = load_pool(self.dataset, self.data_dir or None)
         return server_test_set(pool, self.server_test_samples, seed=self.seed)
 
     def attack_memory_state(self):
-        """A new fl_attack.memory.AttackMemory of attack-memory and attack-memory-rounds."""
-        from .memory import AttackMemory
+        """A new fl_attack.attacker.memory.AttackMemory of attack-memory and attack-memory-rounds."""
+        from fl_attack.attacker.memory import AttackMemory
 
         return AttackMemory(self.attack_memory, self.attack_memory_rounds)
 
     def new_model(self, seed: int | None = None):
         """A fresh victim model of the run config's ``model`` spec ("" = the paper's CNN for the
-        dataset; else "package.module:factory", fl_attack.models.resolve_model), in eval mode."""
-        from .models import resolve_model
+        dataset; else "package.module:factory", fl_attack.federation.models.resolve_model), in eval mode."""
+        from fl_attack.federation.models import resolve_model
 
         return resolve_model(self.model, self.dataset, seed=seed)
 
@@ -560,10 +594,10 @@ class RunSettings:
 
     @property
     def optimizer(self):
-        """The clients' local optimizer (fl_attack.config.ClientOptimizer): client-optimizer, with
+        """The clients' local optimizer (fl_attack.federation.config.ClientOptimizer): client-optimizer, with
         client-momentum for momentum and nesterov only, client-weight-decay and client-adam-betas
         ("beta1,beta2", adam and adamw only). ValueError "invalid run config: ..." for bad values."""
-        from .config import CLIENT_OPTIMIZERS, ClientOptimizer
+        from fl_attack.federation.config import CLIENT_OPTIMIZERS, ClientOptimizer
 
         name = self.client_optimizer
         if name not in CLIENT_OPTIMIZERS:
@@ -583,7 +617,7 @@ class RunSettings:
             raise ValueError(f"invalid run config: client-optimizer {name}: {exc}") from None
 
     def check_prescribed(self, metadata) -> None:
-        """ValueError unless a client's reply metadata (fl_attack.update.TrainingMetadata) is the
+        """ValueError unless a client's reply metadata (fl_attack.federation.update.TrainingMetadata) is the
         training this run config prescribes: lr, batch-size, local-epochs, samples-per-client (when
         > 0), the client optimizer and train mode. The attack models the update by them, so a client
         that trained otherwise (another app version, a deployment's own config) is not attacked as
@@ -626,7 +660,7 @@ class RunSettings:
 
     def _check_memory(self) -> None:
         """attack-method, attack-memory and attack-memory-rounds (ValueError, one line each)."""
-        from .memory import memory_methods, parse_joint_rounds
+        from fl_attack.attacker.memory import memory_methods, parse_joint_rounds
 
         try:
             memory_methods(self.attack_method, self.attack_memory)
@@ -677,8 +711,8 @@ class RunSettings:
 
     def attack_batch_size(self) -> int:
         """The attacks of one round a worker runs as one ``reconstruct_batch`` (attack-batch: N, or
-        "auto": ``fl_attack.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1)."""
-        from .workers import resolve_batch
+        "auto": ``fl_attack.attacker.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1)."""
+        from fl_attack.attacker.workers import resolve_batch
 
         return resolve_batch(self.attack_batch, self.attack_device)
 
@@ -770,6 +804,17 @@ class RunSettings:
             return None
         return self._client_spec()[0] or None
 
+    def clients_per_round(self, num_nodes: int) -> int:
+        """The clients sampled per round in a federation of ``num_nodes`` (at most that many):
+        Flower's count, at least SecAgg+'s minimum under secagg. ValueError when the defense
+        cannot run with that many (DefenseSettings.check_clients)."""
+        from fl_attack.federation.participants import sample_size
+
+        minimum = self.defense.secagg_min_clients if self.defense.secagg else 1
+        sampled = sample_size(num_nodes, self.fraction_train, minimum)
+        self.defense.check_clients(sampled)
+        return sampled
+
     def check_nodes(self, num_nodes: int) -> None:
         """Check the settings against the federation: its ``num_nodes`` partitions are 0..num_nodes-1.
         ValueError naming attack-clients for a listed id >= num_nodes (it would never be attacked)."""
@@ -791,7 +836,7 @@ class RunSettings:
         and every node's partition is checked: "invalid run config: samples-per-client: partition P
         has only N samples, asked for k", and with samples-per-client = 0 (the whole partition) its
         size against batch-size; a partitioning the library refuses names the partitioner."""
-        from .data import load_pool, num_partitions, partition_sizes
+        from fl_attack.federation.data import load_pool, num_partitions, partition_sizes
 
         try:
             pool = load_pool(self.dataset, self.data_dir or None)
@@ -838,9 +883,9 @@ class RunSettings:
         (one line) naming what does not fit; None when resume is off. Nothing is changed on disk."""
         if not self.resume:
             return None
-        from .memory import AttackMemory
-        from .paths import resolve_in_project
-        from .runs import RunFolder
+        from fl_attack.attacker.memory import AttackMemory
+        from fl_attack.audit.runs import RunFolder
+        from fl_attack.paths import resolve_in_project
 
         folder = RunFolder(resolve_in_project(self.resume))
         refused = f"invalid run config: resume='{self.resume}' cannot be resumed"
@@ -1039,7 +1084,7 @@ class RunSettings:
             )
         self.defense.validate()
         if self.model.strip() or self.defense.low_rank:  # a user model: resolved once here, before round 1
-            from .models import output_bias_key
+            from fl_attack.federation.models import output_bias_key
 
             try:
                 state = self.new_model(seed=0).state_dict()

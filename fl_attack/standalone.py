@@ -2,11 +2,11 @@
 
 The three roles of the threat model (docs/PISME.md) stay apart here as in the federation:
 
-* victim: ``train_victim`` runs one client's local epochs (``fl_attack.victims.train_victim``)
+* victim: ``train_victim`` runs one client's local epochs (``fl_attack.audit.victims.train_victim``)
   on its real private samples and keeps them, as the ground truth, in a ``Victim``;
 * attacker: ``fl_attack.reconstruct`` receives only ``Victim.update``, an ``ObservedUpdate``
   (w0, wT, public metadata), never the images or labels (oracle labels only when asked for);
-* evaluator: ``attack_victim`` hands the outcome to ``fl_attack.evaluator.Evaluator``, which scores
+* evaluator: ``attack_victim`` hands the outcome to ``fl_attack.audit.evaluator.Evaluator``, which scores
   the returned images against the truth after the attack; its trace callback reports PSNR during the
   attack without passing anything back to it.
 
@@ -15,7 +15,7 @@ benchmarks/attack_quality.py. It writes, under the output folder:
 
 * ``results.csv``: one row per (client, method), columns ``RESULT_COLUMNS``, rewritten atomically
   (temporary file + os.replace) after every attack, so a crash loses nothing already computed.
-  Each row is the federation's attacks.csv row (``fl_attack.evaluator.attack_row``) with
+  Each row is the federation's attacks.csv row (``fl_attack.audit.evaluator.attack_row``) with
   partition_id named ``client`` and attack_seconds ``seconds`` (``results_row``), without the
   federation's other columns (round, node_id, client_id, defense, status, error, image, ...);
 * ``trace-<client>-<method>.csv``: the attack's trace (iteration, loss, lsim_honest,
@@ -38,19 +38,19 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from .api import resolve_device
-from .attacks import AttackConfig, parse_methods
-from .config import PRESETS, TrainingProtocol
-from .data import Pool, client_partition, get_spec, load_pool, num_partitions
-from .evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
-from .models import resolve_model
-from .precision import resolve_precision
-from .records import CsvTable, csv_text, write_text_atomic
-from .update import AttackTarget, TrainingMetadata
-from .verdict import Verdict
-from .victims import Victim
-from .victims import train_victim as _train_victim
-from .workers import AttackJob, AttackOutcome, run_job
+from fl_attack.attacker.api import resolve_device
+from fl_attack.attacker.attacks import AttackConfig, parse_methods
+from fl_attack.attacker.precision import resolve_precision
+from fl_attack.attacker.workers import AttackJob, AttackOutcome, run_job
+from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
+from fl_attack.audit.verdict import Verdict
+from fl_attack.audit.victims import Victim
+from fl_attack.audit.victims import train_victim as _train_victim
+from fl_attack.federation.config import PRESETS, TrainingProtocol
+from fl_attack.federation.data import Pool, client_partition, get_spec, load_pool, num_partitions
+from fl_attack.federation.models import resolve_model
+from fl_attack.federation.update import AttackTarget, TrainingMetadata
+from fl_attack.records import CsvTable, csv_text, write_text_atomic
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -69,20 +69,21 @@ GRID_COLUMNS = 10
 
 @dataclass(frozen=True)
 class AttackSettings:
-    """One standalone experiment. Defaults are the "paper" preset (``fl_attack.config.PRESETS``, docs/PISME.md).
+    """One standalone experiment. Defaults are the "paper" preset (``fl_attack.federation.config.PRESETS``,
+    docs/PISME.md).
 
-    dataset: "femnist" or "cifar100". methods: attack names (fl_attack.attacks.ATTACKS).
-    clients: N victims, partition ids 0..N-1 of ``fl_attack.data.client_partition``.
+    dataset: "femnist" or "cifar100". methods: attack names (fl_attack.attacker.attacks.ATTACKS).
+    clients: N victims, partition ids 0..N-1 of ``fl_attack.federation.data.client_partition``.
     samples (k), batch_size (B), local_epochs (E), lr (eta): the victims' local training.
     iterations (K), nodes (m), trace_every, seed: the attack (AttackConfig); seed also fixes the
     victims' initial model w0 = build_model(dataset, seed) and their batch shuffling.
     classes: C classes per CIFAR-100 client (None: a uniform draw; not allowed for femnist).
     labels: "recovered" (from the update) or "oracle" (the true labels, given to the attack).
     device: "auto", "cpu" or "cuda". precision: the attacks' arithmetic, fp32 (default), bf16, tf32
-    (CUDA) or auto (``fl_attack.precision``). data_dir: None for the bundled real sample.
+    (CUDA) or auto (``fl_attack.attacker.precision``). data_dir: None for the bundled real sample.
     overrides: further AttackConfig fields for every method (e.g. {"lr_control_point": 1e-4}).
     model: the victims' architecture, "" (the paper's CNN) or "package.module:factory"
-    (fl_attack.models.resolve_model); the attacker knows it, as a federation's server does.
+    (fl_attack.federation.models.resolve_model); the attacker knows it, as a federation's server does.
     """
 
     dataset: str = "femnist"
@@ -100,7 +101,9 @@ class AttackSettings:
     device: str = "auto"
     data_dir: str | None = None
     trace_every: int = 10
-    preset: str = ""  # the fl_attack.config.PRESETS name the sizes came from ("" = none given), for the record
+    preset: str = (
+        ""  # the fl_attack.federation.config.PRESETS name the sizes came from ("" = none given), for the record
+    )
     overrides: dict = field(default_factory=dict)
     model: str = ""
     precision: str = "fp32"

@@ -14,7 +14,7 @@ Plain ``flwr run`` returns 0 even when the run failed and leaves a detached Supe
    group is killed, the reason printed, and the exit status is 1;
 3. stops the SuperLink it started and prints where the run folder is (as the ServerApp named it);
 4. adds its clock (launch, ``flwr run`` exit) to the run's summary.json timings and prints where the
-   time went (fl_attack/timings.py);
+   time went (fl_attack/audit/timings.py);
 5. exits 0 only when the run completed and wrote its leakage record.
 
 ``--deployment N`` runs on Flower's deployment engine instead of the simulation: a SuperLink and N
@@ -119,7 +119,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     counts). ValueError naming the key."""
     import tomllib
 
-    from fl_attack.run_config import RunSettings
+    from fl_attack.run_config import preflight
 
     defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     unknown = sorted(set(pairs) - set(defaults))
@@ -129,15 +129,11 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
             "[tool.flwr.app.config] (README: Running federations)"
         )
     run_config = {**defaults, **pairs}  # what the ServerApp's context.run_config will be
-    settings = RunSettings.from_run_config(run_config)
-    settings.check_device()
-    settings.check_resumable(run_config)
-    if federation is None:
-        return
-    nodes = re.search(r"num-supernodes=(\d+)", federation)
-    num_nodes = int(nodes.group(1)) if nodes else 2  # Flower's default: 2 SuperNodes
-    settings.check_nodes(num_nodes)
-    settings.check_partitions(num_nodes)
+    num_nodes = None  # a SuperLink elsewhere: the ServerApp counts its nodes
+    if federation is not None:
+        nodes = re.search(r"num-supernodes=(\d+)", federation)
+        num_nodes = int(nodes.group(1)) if nodes else 2  # Flower's default: 2 SuperNodes
+    preflight(run_config, num_nodes).check_resumable(run_config)
 
 
 def _check_federation(federation: str) -> None:
@@ -427,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     _print_verdict(summary)
     if summary.get("writes_refused") or summary.get("attacks_unwritten"):
-        from .server_app import incomplete
+        from fl_attack.audit.service import incomplete
 
         return _error(f"the disk refused part of the record: {incomplete(summary)}", code=1)
     if args.run_dir_file:  # for a caller that goes on with the run (make demo writes its report)
@@ -436,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_verdict(summary: dict) -> None:
-    """The launcher's last lines: each attack's verdict (summary.json "verdict", fl_attack.verdict)."""
+    """The launcher's last lines: each attack's verdict (summary.json "verdict", fl_attack.audit.verdict)."""
     lines = (summary.get("verdict") or {}).get("lines") or []
     if lines:
         print(
@@ -462,8 +458,8 @@ def _mkdir(folder: Path) -> Path:
 def _report_timings(run_dir: Path, launched: float, flwr_exited: float) -> dict | None:
     """Add the launcher's clock to summary.json's timings and print where the time went; returns
     summary.json, None when it cannot be read. A refused rewrite is reported, not raised."""
+    from fl_attack.audit.timings import table
     from fl_attack.records import write_json_atomic
-    from fl_attack.timings import table
 
     path = run_dir / "summary.json"
     try:

@@ -1,7 +1,7 @@
 """Same seed, same participants: the server's seeded draw of who trains and evaluates each round.
 
 Flower samples a round's nodes at random over node ids that are random per run. The strategies here
-draw partition ids instead (fl_attack.participants, from the run's seed and the round) and send to
+draw partition ids instead (fl_attack.federation.participants, from the run's seed and the round) and send to
 the nodes that hold them. A node's partition id is asked once, with a "query" message its ClientApp
 answers from its node config (the same on the simulation and the deployment engine). A node that
 does not answer with one is never sampled (events.log says so); with no partition known at all, the
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from fl_attack.participants import sample_participants
+from fl_attack.federation.participants import sample_participants
 
 QUERY_TIMEOUT = 600.0  # seconds to wait for the nodes' answers (a deployment's nodes may be slow to start)
 
@@ -48,7 +48,7 @@ class NodePartitions:
 
     def sample(self, node_ids, size: int, server_round: int, stage: str) -> list[int]:
         """``size`` of ``node_ids`` for ``stage`` of the run's ``server_round``: the nodes of the
-        partitions fl_attack.participants draws (a partition held by two nodes sends to both)."""
+        partitions fl_attack.federation.participants draws (a partition held by two nodes sends to both)."""
         nodes = [int(n) for n in node_ids]
         by_partition: dict[int, list[int]] = {}
         for node in nodes:

@@ -28,11 +28,11 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
+from fl_attack.audit.service import AuditService
+from fl_attack.federation.update import AttackTarget
 from fl_attack.run_config import RunSettings
-from fl_attack.update import AttackTarget
 
-from .sampling import SeededClients
-from .strategy import LeakageTracking
+from .sampling import NodePartitions, SeededClients
 
 
 def _weighted_mean(key: str):
@@ -71,16 +71,22 @@ def observed_aggregate(w0: ArrayRecord, results: list[FitRes], dataset: str, cli
     return ObservedUpdate(w0_state, wT, meta, client)
 
 
-class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
-    """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the attacker."""
+class SecAggLeakageFedAvg(LegacyFedAvg):
+    """Legacy FedAvg under SecAgg+ that hands each round's aggregate to the audit service.
 
-    def __init__(self, settings: RunSettings, run_dir, initial_state: dict, **kwargs):
-        """``kwargs``: LeakageTracking's arguments and the legacy FedAvg's."""
+    service: the run's fl_attack.audit.service.AuditService; evaluate: the server's own evaluation of the
+    global model (strategies.strategy.GlobalEvaluation), or None; kwargs: the legacy FedAvg's.
+    """
+
+    def __init__(self, service: AuditService, initial_state: dict, evaluate=None, **kwargs):
+        self.service = service
+        self.settings = service.settings
         self.keys = list(initial_state)
+        self.server_evaluation = evaluate
+        self.nodes = NodePartitions(service.settings.seed, service.folder.event)  # the seeded draw
+        self.global_arrays: dict[int, ArrayRecord] = {}
         self.grid = None  # run_secagg sets it
         super().__init__(
-            settings,
-            run_dir,
             initial_parameters=ndarrays_to_parameters([v.numpy() for v in initial_state.values()]),
             on_fit_config_fn=lambda server_round: {"server-round": server_round},
             evaluate_fn=self.evaluate_global,
@@ -91,11 +97,13 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
 
     def configure_fit(self, server_round, parameters, client_manager):
         start = time.perf_counter()
-        self._round_started(server_round, ArrayRecord(_state(self.keys, parameters_to_ndarrays(parameters))))
+        arrays = ArrayRecord(_state(self.keys, parameters_to_ndarrays(parameters)))
+        self.service.round_started(server_round)
+        self.global_arrays = {server_round: arrays}
         clients = SeededClients(client_manager, self.nodes, self.grid, server_round, "train")
         instructions = super().configure_fit(server_round, parameters, clients)
         if server_round > 1:  # round 1's configure belongs to the start-up span
-            self.timings.add("strategy", time.perf_counter() - start)
+            self.service.timings.add("strategy", time.perf_counter() - start)
         return instructions
 
     def configure_evaluate(self, server_round, parameters, client_manager):
@@ -104,52 +112,60 @@ class SecAggLeakageFedAvg(LeakageTracking, LegacyFedAvg):
 
     def aggregate_fit(self, server_round, results, failures):
         fits = [fit_res for _, fit_res in results]
-        self._training_received(
+        self.service.training_received(
             server_round,
             [int(r.metrics["partition-id"]) for r in fits if "partition-id" in r.metrics],
             [r.metrics.get("train-seconds") for r in fits],
             [r.metrics.get("train-started") for r in fits],
         )
-        with self.timings.measure("strategy"):
+        with self.service.timings.measure("strategy"):
             self._dispatch(server_round, fits)
             parameters, metrics = super().aggregate_fit(server_round, results, failures)
-        self._round_trained(server_round, len(results), metrics.get("train-loss"))
+        self.service.round_trained(server_round, len(results), metrics.get("train-loss"))
         return parameters, metrics
 
     def aggregate_evaluate(self, server_round, results, failures):
-        self._evaluation_received(server_round)
-        with self.timings.measure("strategy"):
+        self.service.evaluation_received(server_round)
+        with self.service.timings.measure("strategy"):
             loss, metrics = super().aggregate_evaluate(server_round, results, failures)
-        self._clients_evaluated(server_round, loss, metrics.get("eval-accuracy"))
-        self._finish_round(server_round, None)  # the legacy workflow evaluates centrally before this
+        self.service.clients_evaluated(server_round, loss, metrics.get("eval-accuracy"))
+        self.service.end_of_round(server_round, None)  # the legacy workflow evaluates centrally before this
         return loss, metrics
 
     def evaluate_global(self, server_round: int, parameters, config):
         """The legacy ``evaluate_fn``: the server's evaluation of the global model (round 0: the initial one)."""
-        metrics = self.global_evaluation(server_round, _state(self.keys, parameters))
-        return None if metrics is None else (metrics["global-loss"], metrics)
+        if self.server_evaluation is None:
+            return None
+        metrics = self.server_evaluation(server_round, ArrayRecord(_state(self.keys, parameters)))
+        if metrics is None:
+            return None
+        if server_round > 0:
+            self.service.global_evaluated(server_round, metrics["global-loss"], metrics["global-accuracy"])
+        return metrics["global-loss"], dict(metrics)
 
     def _dispatch(self, server_round: int, results: list[FitRes]) -> None:
         """One attack per method on the round's aggregate, when attack-clients selects anyone."""
         w0 = self.global_arrays.get(server_round)
         partitions = sorted(int(r.metrics["partition-id"]) for r in results if "partition-id" in r.metrics)
         if not results or not self.settings.select_clients(partitions, server_round):
-            self.folder.event(f"round {server_round}: no attack on the aggregate (attack-clients selects nobody)")
+            self.service.folder.event(
+                f"round {server_round}: no attack on the aggregate (attack-clients selects nobody)"
+            )
             return
         if not self.settings.attacks_round(server_round):
-            self.folder.event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
+            self.service.folder.event(
+                f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})"
+            )
             return
         target = AttackTarget(
             server_round, tuple(partitions), None, f"aggregate:{','.join(map(str, partitions))}", aggregate=True
         )
-        self._submit(
-            target,
-            lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round}),
-            lambda: self.truth(target)[1],
+        self.service.observe(
+            target, lambda: observed_aggregate(w0, results, self.settings.dataset, {"round": server_round})
         )
-        self.folder.event(
+        self.service.folder.event(
             f"round {server_round}: dispatched attacks on the SecAgg+ aggregate of partitions "
-            f"{partitions} ({self.pipeline.in_flight} in flight)"
+            f"{partitions} ({self.service.pipeline.in_flight} in flight)"
         )
 
 
@@ -160,7 +176,7 @@ def run_secagg(grid, context, strategy: SecAggLeakageFedAvg, settings: RunSettin
         fit_workflow=SecAggPlusWorkflow(
             num_shares=defense.secagg_num_shares,
             reconstruction_threshold=defense.secagg_reconstruction_threshold,
-            max_weight=defense.secagg_max_weight or float(strategy.settings.max_client_samples()),
+            max_weight=defense.secagg_max_weight or float(settings.max_client_samples()),
         )
     )
     strategy.grid = grid  # the seeded draw of participants asks the nodes their partition ids through it

@@ -3,18 +3,20 @@
 Run with ``flwr run .`` (see README). The run config is checked before the first round; results go
 to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.log, images/).
 
-The run config's ``defense`` picks how the server side runs (fl_attack/run_config.py, DefenseSettings):
-- central-dp: LeakageFedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
+The server is the project's FedAvg (strategies/strategy.py) audited by the plugin any Flower app
+can use (strategies/audit.py) over the run's fl_attack.audit.service.AuditService. The run config's
+``defense`` picks how it runs (fl_attack/run_config.py, DefenseSettings):
+- central-dp: the audited FedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
   DifferentialPrivacyClientSideFixedClipping; the attacker sees each clipped, noise-free update;
 - secagg: Flower's legacy SecAgg+ workflow with SecAggLeakageFedAvg (strategies/secagg.py); the
   attacker sees only the aggregate;
-- anything else: plain LeakageFedAvg; local-dp, topk, low-rank and quantize act on the clients.
+- anything else: the audited FedAvg; local-dp, topk, low-rank and quantize act on the clients.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -27,24 +29,29 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
-from fl_attack.participants import sample_size
-from fl_attack.paths import resolve_in_project
-from fl_attack.privacy import PrivacyLedger
-from fl_attack.replay import ReplayError, prepare_replay, run_replay
-from fl_attack.run_config import RunSettings
-from fl_attack.runs import RunFolder
-from fl_attack.verdict import verdict_protocol
+from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
+from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.service import AuditService, new_run_folder
+from fl_attack.audit.verdict import verdict_protocol
+from fl_attack.audit.victims import ground_truth
+from fl_attack.federation.participants import sample_size
+from fl_attack.privacy.accountant import PrivacyLedger
+from fl_attack.run_config import RunSettings, preflight
 
+from .audit import AuditedStrategy
 from .secagg import SecAggLeakageFedAvg, run_secagg
-from .strategy import LeakageFedAvg
+from .strategy import GlobalEvaluation, SeededFedAvg
+
+CRASH_ENV = "FL_ATTACK_CRASH_AFTER_ROUND"  # fault injection (tests): crash_hooks
+SETTLED = ":settled"
 
 log = logging.getLogger(__name__)
 app = ServerApp()
 
 
 def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | None:
-    """The run's DP accounting (fl_attack.privacy): None without local-dp or central-dp."""
-    return PrivacyLedger.for_defense(settings.defense, check_defense(settings, num_nodes), num_nodes)
+    """The run's DP accounting (fl_attack.privacy.accountant): None without local-dp or central-dp."""
+    return PrivacyLedger.for_defense(settings.defense, settings.clients_per_round(num_nodes), num_nodes)
 
 
 def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
@@ -65,27 +72,6 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
             "verdict": verdict_protocol(settings.server_test_samples),
         }
     )
-
-
-def run_folder(settings: RunSettings) -> RunFolder:
-    """The run's folder. A named run (run-name) must not exist yet, so that two runs never share
-    one record; an unnamed one gets a fresh name (timestamp-dataset-methods, with -2, -3 ... when
-    taken). Raises ValueError for a named folder that already holds a run."""
-    root = resolve_in_project(settings.results_dir)
-    if settings.run_name:
-        folder = RunFolder(root / settings.run_name)
-        if folder.holds_run:
-            raise ValueError(
-                f"invalid run config: run folder {folder} already holds a run; choose another "
-                f'run-name, or resume it with resume="{folder}"'
-            )
-        return folder
-    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
-    path, n = root / base, 1
-    while path.exists():
-        n += 1
-        path = root / f"{base}-{n}"
-    return RunFolder(path)
 
 
 def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, int, dict]:
@@ -135,75 +121,76 @@ def complete_kept_rounds(run_dir: RunFolder, settings: RunSettings, num_nodes: i
         return 0
 
 
-def check_defense(settings: RunSettings, num_nodes: int) -> int:
-    """Fail before round 1 when the federation cannot run the defense; returns the clients sampled
-    per round (at most ``num_nodes``)."""
-    defense = settings.defense
-    minimum = defense.secagg_min_clients if defense.secagg else 1
-    sampled = sample_size(num_nodes, settings.fraction_train, minimum)  # what the strategies sample per round
-    defense.check_clients(sampled)
-    return sampled
-
-
 def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state: dict, round_offset: int = 0):
-    """(the strategy that runs, the leakage-tracking strategy inside it). Its settings carry the
-    federation's ``num_nodes`` as num_partitions (the Flower partitioners' ground truth)."""
+    """(the strategy that runs, the run's AuditService, the evaluate_fn that ends each round).
+
+    Its settings carry the federation's ``num_nodes`` as num_partitions (the Flower partitioners'
+    ground truth). The project's FedAvg (strategies.strategy.SeededFedAvg) is audited like any
+    strategy (strategies.audit.AuditedStrategy); under central DP the audit sits inside Flower's DP
+    wrapper, so it sees each update after the clipping and before the noise; under SecAgg+ the
+    legacy strategy feeds the service the aggregate."""
     settings = settings.with_partitions(num_nodes)
     test_set = settings.server_test_set()
     defense = settings.defense
     min_evaluate = 1 if settings.fraction_evaluate > 0 else 0
-    clients_per_round = check_defense(settings, num_nodes)
-    privacy = privacy_ledger(settings, num_nodes)
-    tracking = {"clients_per_round": clients_per_round, "test_set": test_set, "privacy": privacy}
+    clients_per_round = settings.clients_per_round(num_nodes)
+    service = AuditService(
+        settings,
+        run_dir,
+        clients_per_round=clients_per_round,
+        round_offset=round_offset,
+        test_set=test_set,
+        privacy=privacy_ledger(settings, num_nodes),
+        truth=lambda partition_ids: ground_truth(settings.data, partition_ids),
+        hooks=crash_hooks(),
+    )
+    evaluate = GlobalEvaluation(settings, test_set, service.folder.event, service.timings)
     if defense.secagg:
         strategy = SecAggLeakageFedAvg(
-            settings,
-            run_dir,
+            service,
             initial_state,
-            **tracking,
+            evaluate,
             fraction_fit=settings.fraction_train,
             fraction_evaluate=settings.fraction_evaluate,
             min_fit_clients=defense.secagg_min_clients,
             min_evaluate_clients=min_evaluate,
             min_available_clients=defense.secagg_min_clients,
         )
-        return strategy, strategy
-    strategy = LeakageFedAvg(
-        settings,
-        run_dir,
+        return strategy, service, None
+    fedavg = SeededFedAvg(
+        settings.seed,
+        service.folder.event,
         round_offset=round_offset,
-        **tracking,
         fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate,
         min_train_nodes=1,
         min_evaluate_nodes=min_evaluate,
         min_available_nodes=1,
     )
+    audited = AuditedStrategy(
+        fedavg, service, round_offset=round_offset, finish_on_return=False, check=settings.check_prescribed
+    )
     if not defense.central_dp:
-        return strategy, strategy
+        return audited, service, audited.evaluate_fn(evaluate)
     wrapper = (
         DifferentialPrivacyServerSideFixedClipping
         if defense.clipping == "server"
         else DifferentialPrivacyClientSideFixedClipping
     )
-    return wrapper(
-        strategy,
+    dp = wrapper(
+        audited,
         noise_multiplier=defense.noise_multiplier,
         clipping_norm=defense.clip_norm,
         num_sampled_clients=clients_per_round,
-    ), strategy
+    )
+    return dp, service, audited.evaluate_fn(evaluate)
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     main_started = time.time()  # epoch seconds: the launcher subtracts its own launch time
-    settings = RunSettings.from_run_config(context.run_config)
-    settings.check_device()
     num_nodes = len(list(grid.get_node_ids()))
-    settings = settings.with_partitions(num_nodes)  # what the Flower partitioners cut the data by
-    settings.check_partitions(num_nodes)
-    settings.check_nodes(num_nodes)  # attack-clients ids must be < the federation's node count
-    check_defense(settings, num_nodes)
+    settings = preflight(context.run_config, num_nodes)  # every check, once, before round 1
     run_config = dict(context.run_config)
     clock = time.perf_counter()
     if settings.resume:
@@ -215,66 +202,58 @@ def main(grid: Grid, context: Context) -> None:
         run_dir.write_config(config)
         complete_kept_rounds(run_dir, settings, num_nodes)
     else:
-        run_dir, done, state = run_folder(settings), 0, settings.new_model(seed=settings.seed).state_dict()
+        run_dir, done, state = new_run_folder(settings), 0, settings.new_model(seed=settings.seed).state_dict()
         write_run_config(run_dir, settings, run_config, num_nodes)
     config_seconds = time.perf_counter() - clock
     print(f"fl-attack: leakage record in {run_dir}", flush=True)
     if done:
         print(f"fl-attack: resuming after round {done} of {settings.num_server_rounds}", flush=True)
 
-    runner, strategy = build_strategy(settings, run_dir, num_nodes, state, round_offset=done)
+    runner, service, evaluate = build_strategy(settings, run_dir, num_nodes, state, round_offset=done)
     if done:
-        strategy.folder.event(f"resumed after round {done}: rounds {done + 1}..{settings.num_server_rounds} follow")
+        service.folder.event(f"resumed after round {done}: rounds {done + 1}..{settings.num_server_rounds} follow")
     started = time.time()
     try:
         if settings.defense.secagg:
-            run_secagg(grid, context, strategy, settings)
+            run_secagg(grid, context, runner, settings)
         else:
             runner.start(
                 grid=grid,
                 initial_arrays=ArrayRecord(state),
                 num_rounds=settings.num_server_rounds - done,
                 train_config=ConfigRecord({}),
-                evaluate_fn=strategy.evaluate_global,
+                evaluate_fn=evaluate,
             )
     finally:
-        rounds_finished = time.time()
         # Ray shuts down when main() returns: collect every attack first.
-        waves = math.ceil(strategy.attacks_pending / max(1, settings.attack_actors))
-        counts = strategy.finish(timeout=settings.attack_timeout * waves + 60)
-        strategy.timings.add("writing", config_seconds)
-        # Where the time went (fl_attack/timings.py); the launcher adds its own clock and prints it.
-        timings = {
-            **strategy.timing_record(),
-            "main_started": main_started,
-            "rounds_finished": rounds_finished,
-            "main_finished": time.time(),
-        }
-        try:  # the shutdown path must not fail on the error that may have brought it here
-            run_dir.write_summary(
-                {
-                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "seconds": round(time.time() - started, 1),
-                    **counts,
-                    "resumed_after_round": done or None,
-                    "drain_seconds": round(time.time() - rounds_finished, 1),
-                    "cuda": torch.cuda.is_available(),
-                    "timings": timings,
-                },
-            )
-        except OSError as exc:
-            print(f"fl-attack: error: could not write {run_dir.summary_file}: {exc}", flush=True)
-    print(f"fl-attack: {counts['attacks_ok']}/{counts['attacks']} attacks succeeded; results in {run_dir}", flush=True)
-    if counts["writes_refused"] or counts["attacks_unwritten"]:
-        print(f"fl-attack: error: the disk refused part of the record: {incomplete(counts)}", flush=True)
+        service.timings.add("writing", config_seconds)
+        service.close(  # summary.json, with where the time went (fl_attack/audit/timings.py)
+            started,
+            summary={"resumed_after_round": done or None, "cuda": torch.cuda.is_available()},
+            timings={"main_started": main_started},
+        )
 
 
-def incomplete(counts: dict) -> str:
-    """What of a run's record the disk refused (summary.json's counts), in words."""
-    refused = counts.get("writes_refused") or {}
-    what = {"rounds": "rounds.csv rows", "checkpoints": "checkpoints", "updates": "recorded updates"}
-    what["memory"] = "the attack memory (memory.pt)"
-    parts = [f"{what[k]} of round(s) {','.join(map(str, sorted(set(v))))}" for k, v in refused.items()]
-    if counts.get("attacks_unwritten"):
-        parts.append(f"{counts['attacks_unwritten']} attacks.csv row(s) (kept in unwritten-*.pt)")
-    return "; ".join(parts) + " (see events.log): the run may not resume or replay in full"
+def crash_hooks() -> list:
+    """Fault injection for the tests, from the environment: with FL_ATTACK_CRASH_AFTER_ROUND=R the
+    ServerApp process exits abruptly (os._exit: no clean-up, no summary.json) right after round R's
+    checkpoint, or with "R:before-checkpoint" after its rounds.csv row but before its checkpoint (the
+    resume must then cut that row back). With ":settled" after either ("3:before-checkpoint:settled")
+    it first waits (at most 600 s) until every attack of the rounds before R is collected (its row
+    written, its memory saved), so that a test knows what the crash leaves on disk. Unset: none."""
+    value = os.environ.get(CRASH_ENV, "")
+    if not value:
+        return []
+    settled = value.endswith(SETTLED)
+    round_text, _, point = value.removesuffix(SETTLED).partition(":")
+    point = point or "round-end"
+
+    def crash(at: str, server_round: int, service) -> None:
+        if at != point or str(server_round) != round_text:
+            return
+        if settled:
+            service.settle(server_round, timeout=600)
+        service.folder.event(f"round {server_round}: {CRASH_ENV}={value}: the ServerApp dies here, as if killed")
+        os._exit(70)
+
+    return [crash]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_attack.data import load_bundled
+from fl_attack.federation.data import load_bundled
 
 # --- standard on-disk formats, written from the real bundled sample ------------------------------
 

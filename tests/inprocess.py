@@ -18,14 +18,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
-from fl_attack.data import client_partition, load_pool
-from fl_attack.models import build_model
+from fl_attack.attacker.workers import InlineWorkers, Pipeline
+from fl_attack.federation.data import client_partition, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
 from fl_attack.run_config import RunSettings
-from fl_attack.training import train_local
-from fl_attack.update import ObservedUpdate, TrainingMetadata
-from fl_attack.workers import InlineWorkers, Pipeline
 from strategies.secagg import run_secagg
-from strategies.server_app import build_strategy, check_defense
+from strategies.server_app import build_strategy
 
 BASE = {
     "dataset": "femnist",
@@ -93,7 +93,7 @@ class InProcessGrid:
 
 
 class RecordingWorkers(InlineWorkers):
-    """In-process workers (fl_attack.workers), keeping every job they were given."""
+    """In-process workers (fl_attack.attacker.workers), keeping every job they were given."""
 
     def __init__(self):
         super().__init__(device="cpu")
@@ -106,8 +106,8 @@ class RecordingWorkers(InlineWorkers):
 
 def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, random_node_ids=False, **overrides):
     """``num_rounds`` rounds of the real federation in process (the ClientApp with its mods, the
-    server side of server_app.build_strategy, the in-process workers); returns (settings, tracking
-    strategy, Flower's result, the attack jobs). torch_threads: run it with that many torch threads
+    server side of server_app.build_strategy, the in-process workers); returns (settings, the run's
+    AuditService, Flower's result, the attack jobs). torch_threads: run it with that many torch threads
     (restored after), as the Ray workers would. random_node_ids: as ``serve``'s."""
     if torch_threads is not None:
         before = torch.get_num_threads()
@@ -119,15 +119,15 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = {**BASE, "num-server-rounds": num_rounds, **{k.replace("_", "-"): v for k, v in overrides.items()}}
     settings = RunSettings.from_run_config(run_config)
-    check_defense(settings, len(partitions))
+    settings.clients_per_round(len(partitions))
     model = settings.new_model(seed=0)  # the run config's model ("" = the paper's CNN)
-    runner, strategy = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
-    strategy.pipeline = Pipeline(dispatcher := RecordingWorkers(), batch=settings.attack_batch_size())
+    runner, service, evaluate = build_strategy(settings, tmp_path, len(partitions), model.state_dict())
+    service.pipeline = Pipeline(dispatcher := RecordingWorkers(), batch=settings.attack_batch_size())
     grid = InProcessGrid(run_config, partitions, random_node_ids)
     result = None
     if settings.defense.secagg:
         server = Context(1, 0, {}, RecordDict(), run_config)
-        run_secagg(grid, server, strategy, settings)
+        run_secagg(grid, server, runner, settings)
     else:
         result = runner.start(
             grid=grid,
@@ -135,10 +135,10 @@ def federate(tmp_path, partitions=(0, 1), num_rounds=1, *, torch_threads=None, r
             num_rounds=num_rounds,
             train_config=ConfigRecord({}),
             timeout=600,
-            evaluate_fn=strategy.evaluate_global,
+            evaluate_fn=evaluate,
         )
-    strategy.drain(120)
-    return settings, strategy, result, dispatcher.jobs
+    service.drain(120)
+    return settings, service, result, dispatcher.jobs
 
 
 def serve(tmp_path, partitions=(0, 1), num_rounds=1, random_node_ids=False, **overrides) -> Path:
@@ -146,18 +146,18 @@ def serve(tmp_path, partitions=(0, 1), num_rounds=1, random_node_ids=False, **ov
     summary.json and its last console lines) on an InProcessGrid, with the attacks run in this process
     (``InlineWorkers``: no Ray, no spawned process). The run is ``tmp_path``/run, which it returns.
     random_node_ids: node ids new and random per call, as Flower's simulation gives them."""
-    import strategies.strategy as strategy_module
+    import fl_attack.audit.service as service_module
     from strategies import server_app
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     run_config = flower_run_config(num_rounds, results_dir=str(tmp_path), run_name="run", **overrides)
     grid = InProcessGrid(run_config, partitions, random_node_ids)
-    chosen = strategy_module.federation_workers
-    strategy_module.federation_workers = lambda settings, threads: InlineWorkers("cpu", threads)
+    chosen = service_module.federation_workers
+    service_module.federation_workers = lambda settings, threads: InlineWorkers("cpu", threads)
     try:
         server_app.main(grid, Context(1, 0, {}, RecordDict(), run_config))
     finally:
-        strategy_module.federation_workers = chosen
+        service_module.federation_workers = chosen
     return tmp_path / "run"
 
 
@@ -175,7 +175,7 @@ def femnist_update(partition: int, k: int, batch_size: int, local_epochs: int, l
     """(update, the client's train split) of a real FEMNIST writer: ``partition``'s first k
     samples, trained from the paper CNN (seed 0) at the paper's lr 0.004 (or ``lr``) by fl_attack's
     own client training (T = local_epochs x ceil(k / batch_size) steps of plain SGD, or of
-    ``optimizer``, a fl_attack.config.ClientOptimizer)."""
+    ``optimizer``, a fl_attack.federation.config.ClientOptimizer)."""
     split = client_partition(load_pool("femnist"), partition, k)
     result = train_local(
         build_model("femnist", seed=0),

@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-import fl_attack.api as api
+import fl_attack.attacker.api as api
 from fl_attack import ATTACKS, AttackConfig, ObservedUpdate, reconstruct
-from fl_attack.attacks import get_attack, parse_methods
-from fl_attack.attacks.base import lr_milestones
-from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.models import build_model
-from fl_attack.training import train_local
-from fl_attack.update import flatten, layout, unflatten
+from fl_attack.attacker.attacks import get_attack, parse_methods
+from fl_attack.attacker.attacks.base import lr_milestones
+from fl_attack.federation.data import client_partition, get_spec, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import flatten, layout, unflatten
 from tests.reference import pisme_objective_reference
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fl_attack.api as api
+import fl_attack.attacker.api as api
 from fl_attack import reconstruct, reconstruct_batch
-from fl_attack.attacks.gradients import path_gradient
-from fl_attack.config import PAPER
-from fl_attack.models import build_model
-from fl_attack.update import ObservedUpdate, flatten, layout
-from fl_attack.victims import train_victim
+from fl_attack.attacker.attacks.gradients import path_gradient
+from fl_attack.audit.victims import train_victim
+from fl_attack.federation.config import PAPER
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import ObservedUpdate, flatten, layout
 
 K = 6
 TOL = 1e-6  # float64; measured differences are ~1e-13

@@ -4,7 +4,7 @@ in train mode; the attacks match the parameters only, run their surrogate on X_h
 without ever updating a running statistic, and can match the client's feature statistics that the
 running statistics leak; the federation's aggregate keeps the counter an integer.
 
-Real FEMNIST samples (fl_attack.data.client_partition), tests.user_models.BatchNormNet (batch norm on
+Real FEMNIST samples (fl_attack.federation.data.client_partition), tests.user_models.BatchNormNet (batch norm on
 the input and after each conv, max pooling, dropout), fixed seeds, the CPU.
 """
 
@@ -22,14 +22,13 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fl_attack import reconstruct, reconstruct_batch
-from fl_attack.attacks import AttackConfig
-from fl_attack.attacks.base import lsim
-from fl_attack.attacks.batchnorm import client_statistics, statistics_loss, surrogate_mode
-from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.models import parameter_keys, resolve_model
-from fl_attack.run_config import RunSettings
-from fl_attack.training import train_local
-from fl_attack.update import (
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.attacks.base import lsim
+from fl_attack.attacker.attacks.batchnorm import client_statistics, statistics_loss, surrogate_mode
+from fl_attack.federation.data import client_partition, get_spec, load_pool
+from fl_attack.federation.models import parameter_keys, resolve_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import (
     AttackTarget,
     ObservedUpdate,
     TrainingMetadata,
@@ -40,6 +39,7 @@ from fl_attack.update import (
     save_update,
     verify_update,
 )
+from fl_attack.run_config import RunSettings
 from strategies.strategy import integer_arrays_as_max
 from tests.user_models import BatchNormNet, lenet
 
@@ -310,7 +310,7 @@ def test_the_estimated_feature_statistics_are_the_clients_when_every_batch_is_th
 
 
 def test_running_statistics_matching_is_refused_where_it_cannot_work(client, monkeypatch):
-    import fl_attack.api as api
+    import fl_attack.attacker.api as api
 
     monkeypatch.setattr(api, "recover_labels", lambda *a, **k: pytest.fail("work started before the check"))
     model, eval_update = _train(client, train_mode=False)

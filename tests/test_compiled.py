@@ -1,4 +1,4 @@
-"""The compiled step (``fl_attack.attacks.compiled``): the same attack as eager, compiled once per
+"""The compiled step (``fl_attack.attacker.attacks.compiled``): the same attack as eager, compiled once per
 process and problem, and eager with a one-line reason when compiling fails.
 
 Each compile costs 10-30 s here with inductor's on-disk cache cold (the module: about 2 minutes on 2
@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from fl_attack import reconstruct, reconstruct_batch
-from fl_attack.attacks import AttackConfig
-from fl_attack.attacks import compiled as compiled_step
-from fl_attack.models import build_model
-from fl_attack.update import ObservedUpdate, TrainingMetadata
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.attacks import compiled as compiled_step
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
 
 TOL = 1e-9
 FAST = dict(iterations=3, trace_every=1, device="cpu", dtype=torch.float64, nodes=2)
@@ -116,7 +116,7 @@ def test_compiled_equals_eager_on_the_generic_path_batched():
 def test_compiled_equals_eager_for_a_momentum_client_with_weight_decay_and_a_sparse_update():
     """The optimizer-aware surrogate (momentum's weights along the path, the weight-decay term) and
     observed_only's mask, on the structured path (T = 2 local steps: k=2, B=1)."""
-    from fl_attack.config import ClientOptimizer
+    from fl_attack.federation.config import ClientOptimizer
 
     optimizer = ClientOptimizer("momentum", momentum=0.9, weight_decay=5e-4)
     runs = [
@@ -146,7 +146,7 @@ def test_a_model_dynamo_cannot_trace_falls_back_to_eager_with_the_reason(caplog)
     compiled_step.reset()
     model = Untraceable()
     eager = _run(model, "ig", False, "off")
-    with caplog.at_level("WARNING", logger="fl_attack.attacks.compiled"):
+    with caplog.at_level("WARNING", logger="fl_attack.attacker.attacks.compiled"):
         fell_back = _run(model, "ig", False, "on")
     assert fell_back[0].compile.startswith("eager (compile failed: ")
     assert "\n" not in fell_back[0].compile

@@ -1,4 +1,4 @@
-"""One configuration vocabulary (fl_attack.config): the training protocol, the presets, and the
+"""One configuration vocabulary (fl_attack.federation.config): the training protocol, the presets, and the
 places that read them — the standalone CLI, the paper experiments' scales, the federation's
 RunSettings and its run-config preset files — checked so that no copy can drift."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from fl_attack.attacks import AttackConfig
-from fl_attack.config import PAPER, PRESETS, Preset, TrainingProtocol
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.federation.config import PAPER, PRESETS, Preset, TrainingProtocol
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import TrainingMetadata
 from fl_attack.run_config import DefenseSettings, RunSettings, _key_to_field
 from fl_attack.standalone import AttackSettings
-from fl_attack.training import train_local
-from fl_attack.update import TrainingMetadata
 from strategies import run_configs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""fl_attack.data: loaders of the standard formats, specs and client partitions, on real data."""
+"""fl_attack.federation.data: loaders of the standard formats, specs and client partitions, on real data."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack import data as D
-from fl_attack.data import (
+from fl_attack.federation import data as D
+from fl_attack.federation.data import (
     DATASETS,
     Pool,
     client_partition,
@@ -23,7 +23,7 @@ from fl_attack.data import (
     num_partitions,
 )
 
-ASSETS = Path(D.__file__).resolve().parent / "assets"
+ASSETS = Path(D.__file__).resolve().parents[1] / "assets"
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +320,7 @@ def test_partition_errors(femnist, cifar):
 
 
 def test_partition_writers_names_each_partitions_writer():
-    from fl_attack.data import partition_writers
+    from fl_attack.federation.data import partition_writers
 
     pool = load_pool("femnist")
     writers = partition_writers(pool, 10)

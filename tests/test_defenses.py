@@ -22,13 +22,12 @@ import torch
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import local_training
-from fl_attack.attacks import AttackConfig, get_attack
-from fl_attack.attacks.base import lsim, node_gradients
-from fl_attack.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
-from fl_attack.models import build_model
+from fl_attack.attacker.attacks import AttackConfig, get_attack
+from fl_attack.attacker.attacks.base import lsim, node_gradients
+from fl_attack.federation.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import flatten, layout
 from fl_attack.run_config import DefenseSettings, RunSettings
-from fl_attack.update import flatten, layout
-from strategies.server_app import check_defense
 from tests.inprocess import BASE, federate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -280,10 +279,10 @@ def test_secagg_with_fewer_clients_than_its_minimum_fails_before_round_one():
         {**BASE, "defense": "secagg", "secagg-num-shares": 5, "secagg-reconstruction-threshold": 3}
     )
     with pytest.raises(ValueError, match="secagg needs at least 3 clients per round.*only 2 take part"):
-        check_defense(settings, num_nodes=2)
-    assert check_defense(settings, num_nodes=3) == 3
+        settings.clients_per_round(2)
+    assert settings.clients_per_round(3) == 3
     with pytest.raises(ValueError, match="secagg needs at least 2 clients"):
-        check_defense(RunSettings.from_run_config({**BASE, "defense": "secagg"}), num_nodes=1)
+        RunSettings.from_run_config({**BASE, "defense": "secagg"}).clients_per_round(1)
 
 
 def test_defense_settings_describe_themselves_for_config_json():

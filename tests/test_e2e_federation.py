@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_attack.participants import sample_participants
-from fl_attack.verdict import DEFAULT_DISTRACTORS
+from fl_attack.audit.verdict import DEFAULT_DISTRACTORS
+from fl_attack.federation.participants import sample_participants
 from tests.gated import launch_gated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def test_tiny_federation_end_to_end(tmp_path):
     with open(run / "rounds.csv") as f:
         rounds = list(csv.DictReader(f))
     assert [r["round"] for r in rounds] == ["1", "2"] and all(r["clients"] == "2" for r in rounds)
-    # 2 of the 4 clients a round, drawn from the seed and the round (fl_attack.participants), not by
+    # 2 of the 4 clients a round, drawn from the seed and the round (fl_attack.federation.participants), not by
     # Flower's unseeded random.sample over the run's random node ids
     drawn = {r: sample_participants(range(4), 2, seed=3, server_round=r) for r in (1, 2)}
     assert [r["participants"] for r in rounds] == [",".join(map(str, drawn[r])) for r in (1, 2)]
@@ -82,7 +82,7 @@ def test_tiny_federation_end_to_end(tmp_path):
         for metric in ("psnr", "ssim", "lpips", "lsim_honest"):
             assert math.isfinite(float(row[metric])), (metric, row)
         assert (run / row["image"]).is_file()
-        # the verdict (fl_attack.verdict): k images, how many recovered, singled out against chance
+        # the verdict (fl_attack.audit.verdict): k images, how many recovered, singled out against chance
         assert row["k"] == "10" and 0 <= int(row["recovered"]) <= 10
         assert float(row["reid_chance"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
         assert int(row["recovered"]) <= round(float(row["reidentified"]) * 10)

@@ -20,7 +20,7 @@ from analysis.experiments import EXPERIMENTS, main
 from analysis.experiments.common import make_context, paired_differences, spread, wall_time
 from analysis.experiments.path_consistency import true_path_control_point
 from analysis.experiments.table1 import METHODS, paper_psnr
-from fl_attack.config import PRESETS
+from fl_attack.federation.config import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = list(EXPERIMENTS)

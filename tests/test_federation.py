@@ -12,14 +12,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from fl_attack.config import ClientOptimizer
-from fl_attack.data import client_partition, load_pool
-from fl_attack.models import build_model
+from fl_attack.attacker.workers import AttackJob, InlineWorkers, RayWorkers
+from fl_attack.audit.service import AuditService
+from fl_attack.audit.victims import ground_truth
+from fl_attack.federation.config import ClientOptimizer
+from fl_attack.federation.data import client_partition, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import AttackTarget
 from fl_attack.run_config import RunSettings, usable_cpus
-from fl_attack.training import train_local
-from fl_attack.update import AttackTarget
-from fl_attack.workers import AttackJob, InlineWorkers, RayWorkers
-from strategies.strategy import LeakageFedAvg, observed_update
+from strategies.audit import AuditedStrategy, observed_update
+from strategies.strategy import SeededFedAvg
 from tests.mounts import tmpfs
 
 SETTINGS = dict(
@@ -91,7 +94,7 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
 
 
 class RecordingWorkers(InlineWorkers):
-    """In-process workers (fl_attack.workers), keeping every job they were given."""
+    """In-process workers (fl_attack.attacker.workers), keeping every job they were given."""
 
     def __init__(self):
         super().__init__(device="cpu")
@@ -105,8 +108,20 @@ class RecordingWorkers(InlineWorkers):
 def _strategy(tmp_path, **overrides):
     settings = RunSettings(**{**SETTINGS, **overrides})
     dispatcher = RecordingWorkers()
-    strategy = LeakageFedAvg(settings, tmp_path, workers=dispatcher, min_train_nodes=1, min_available_nodes=1)
-    return settings, strategy, dispatcher
+    return settings, audited(settings, tmp_path, dispatcher), dispatcher
+
+
+def audited(settings, tmp_path, dispatcher, clients_per_round=None):
+    """The project's FedAvg audited as server_app.build_strategy audits it, attacking in process."""
+    service = AuditService(
+        settings,
+        tmp_path,
+        workers=dispatcher,
+        clients_per_round=clients_per_round,
+        truth=lambda partition_ids: ground_truth(settings.data, partition_ids),
+    )
+    fedavg = SeededFedAvg(settings.seed, service.folder.event, min_train_nodes=1, min_available_nodes=1)
+    return AuditedStrategy(fedavg, service, finish_on_return=False, check=settings.check_prescribed)
 
 
 def _rows(path):
@@ -159,7 +174,7 @@ def test_each_attack_is_scored_and_recorded(tmp_path):
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.drain(60)
+    strategy.service.drain(60)
     rows = _rows(tmp_path / "attacks.csv")
     assert sorted((r["partition_id"], r["method"]) for r in rows) == [
         ("0", "ig"),
@@ -186,7 +201,7 @@ def test_the_prior_based_baselines_run_in_a_federation(tmp_path):
     w0, replies, _ = _round(settings, partitions=(0,))
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.drain(60)
+    strategy.service.drain(60)
     rows = _rows(tmp_path / "attacks.csv")
     assert sorted(r["method"] for r in rows) == ["dggi", "ginas"]
     for r in rows:
@@ -224,8 +239,8 @@ def test_nan_update_is_recorded_as_failed_and_the_round_goes_on(tmp_path):
     # The poisoned update is left out of the aggregate: FedAvg of the one valid reply is that reply.
     aggregate, valid = arrays.to_torch_state_dict(), replies[1].content["arrays"].to_torch_state_dict()
     assert all(torch.isfinite(v).all() and torch.allclose(v, valid[k]) for k, v in aggregate.items())
-    strategy.evaluate_global(1, arrays)
-    strategy.drain(60)
+    strategy.evaluate_fn()(1, arrays)
+    strategy.service.drain(60)
     rows = {r["partition_id"]: r for r in _rows(tmp_path / "attacks.csv")}
     assert rows["0"]["status"] == "failed" and "NaN" in rows["0"]["error"]
     assert rows["1"]["status"] == "ok"
@@ -250,7 +265,7 @@ def test_a_reply_trained_otherwise_than_prescribed_is_not_attacked_as_if_it_were
     strategy.global_arrays = {1: w0}
     arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None
-    strategy.drain(60)
+    strategy.service.drain(60)
     rows = {r["partition_id"]: r for r in _rows(tmp_path / "attacks.csv")}
     assert rows["0"]["status"] == "failed"
     assert "reply says client-optimizer momentum 0.9, the run config prescribes sgd" in rows["0"]["error"]
@@ -262,12 +277,12 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.drain(60)
+    strategy.service.drain(60)
     rows = _rows(tmp_path / "attacks.csv")
     assert {r["status"] for r in rows} == {"failed"}
     assert all("TimeoutError" in r["error"] for r in rows)
 
-    import fl_attack.workers as attacker
+    import fl_attack.attacker.workers as attacker
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
@@ -276,7 +291,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     settings, strategy, _ = _strategy(tmp_path / "b")
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    strategy.drain(60)
+    strategy.service.drain(60)
     assert all(r["status"] == "failed" and "boom" in r["error"] for r in _rows(tmp_path / "b" / "attacks.csv"))
 
 
@@ -364,11 +379,10 @@ def test_attack_threads_default_to_the_cores_the_training_clients_leave_idle():
 def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_path):
     settings = RunSettings(**{**SETTINGS, "num_server_rounds": 2, "client_num_cpus": 1})
     dispatcher = RecordingWorkers()
-    strategy = LeakageFedAvg(
-        settings, tmp_path, workers=dispatcher, clients_per_round=2, min_train_nodes=1, min_available_nodes=1
-    )
+    strategy = audited(settings, tmp_path, dispatcher, clients_per_round=2)
     idle = settings.attack_thread_count(clients_per_round=2)
-    assert (strategy.attack_threads, strategy.drain_threads) == (idle, settings.attack_drain_thread_count())
+    service = strategy.service
+    assert (service.attack_threads, service.drain_threads) == (idle, settings.attack_drain_thread_count())
     w0, replies, _ = _round(settings)
     for server_round in (1, 2):
         strategy.global_arrays = {server_round: w0}
@@ -381,7 +395,7 @@ def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_pat
 
 
 def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
-    import fl_attack.workers as attacker
+    import fl_attack.attacker.workers as attacker
 
     seen = []
     monkeypatch.setattr(attacker, "run_job", lambda job, device: seen.append(torch.get_num_threads()))
@@ -399,12 +413,12 @@ def test_the_strategy_accumulates_the_rounds_timings(tmp_path):
     settings, strategy, _ = _strategy(tmp_path, attack_method="pisme")
     w0, replies, _ = _round(settings, timed={0: (1.5, 1000.0), 1: (2.5, 999.0)})
     strategy.global_arrays = {1: w0}
-    strategy.round_times[1] = {"configured": 990.0}
+    strategy.service.round_times[1] = {"configured": 990.0}
     strategy.aggregate_train(1, replies)
     strategy.aggregate_evaluate(1, [])
-    strategy.evaluate_global(1, w0)
-    strategy.drain(60)
-    record = strategy.timing_record()
+    strategy.evaluate_fn()(1, w0)
+    strategy.service.drain(60)
+    record = strategy.service.timing_record()
     seconds, counts = record["seconds"], record["counts"]
     assert seconds["client_train"] == pytest.approx(4.0) and counts["client_train"] == 2
     assert counts["attack"] == 2 and seconds["attack"] > 0  # the attacks' own seconds (AttackOutcome.seconds)
@@ -416,8 +430,8 @@ def test_the_strategy_accumulates_the_rounds_timings(tmp_path):
     assert times["fit_started"] == 999.0 and times["configured"] == 990.0  # the earliest client's start
     assert times["fit_started"] < times["trained"] <= times["aggregated"] <= times["evaluating"]
     assert record["attacker_threads"] == {
-        "while_training": strategy.attack_threads,
-        "last_round": strategy.drain_threads,
+        "while_training": strategy.service.attack_threads,
+        "last_round": strategy.service.drain_threads,
     }
 
 
@@ -426,12 +440,12 @@ def test_replies_without_timings_still_aggregate(tmp_path):
     w0, replies, _ = _round(settings)
     strategy.global_arrays = {1: w0}
     strategy.aggregate_train(1, replies)
-    record = strategy.timing_record()
+    record = strategy.service.timing_record()
     assert "client_train" not in record["seconds"] and "fit_started" not in record["rounds"]["1"]
 
 
 def test_the_breakdown_splits_the_wall_time_and_keeps_busy_sums_apart():
-    from fl_attack.timings import Timings, breakdown, table
+    from fl_attack.audit.timings import Timings, breakdown, table
 
     t = Timings()
     t.add("client_train", 6.0)
@@ -552,14 +566,15 @@ def test_a_refused_row_is_kept_and_written_once_the_disk_recovers(tmp_path, monk
 
     monkeypatch.setattr(os, "write", write)
     arrays, _ = strategy.aggregate_train(1, replies)  # the attack runs (in process) and its row is refused
-    assert arrays is not None and len(strategy.unwritten) == 1 and strategy.unwritten[0].images is not None
-    assert not strategy.rows
+    unwritten = strategy.service.unwritten
+    assert arrays is not None and len(unwritten) == 1 and unwritten[0].images is not None
+    assert not strategy.service.rows
     assert "kept in memory, tried again later" in (tmp_path / "events.log").read_text()
     full["on"] = False
-    strategy.drain(60)
+    strategy.service.drain(60)
     (row,) = _rows(tmp_path / "attacks.csv")
     assert row["status"] == "ok" and row["round"] == "1" and row["partition_id"] == "0"
-    assert not strategy.unwritten
+    assert not strategy.service.unwritten
 
 
 def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monkeypatch):
@@ -575,8 +590,8 @@ def test_results_the_disk_never_takes_are_saved_apart_at_shutdown(tmp_path, monk
 
     monkeypatch.setattr(os, "write", write)
     strategy.aggregate_train(1, replies)
-    strategy.drain(5)
-    strategy.keep_unwritten()  # does not raise
+    strategy.service.drain(5)
+    strategy.service.keep_unwritten()  # does not raise
     (saved,) = tmp_path.glob("unwritten-*.pt")
     (kept,) = torch.load(saved, weights_only=False)
     assert kept["target"].partition_id == 0 and kept["images"].shape[0] == settings.samples_per_client
@@ -616,17 +631,18 @@ def test_a_disk_full_before_shutdown_is_reported_and_never_raised(full_disk, cap
     strategy.global_arrays = {1: w0}
     fill()
     arrays, _ = strategy.aggregate_train(1, replies)  # the round goes on
-    assert arrays is not None and len(strategy.unwritten) == 1 and strategy.unwritten[0].images is not None
+    unwritten = strategy.service.unwritten
+    assert arrays is not None and len(unwritten) == 1 and unwritten[0].images is not None
     with caplog.at_level(logging.ERROR):
-        counts = strategy.finish(timeout=5)  # must not raise
+        counts = strategy.service.finish(timeout=5)  # must not raise
     assert counts["attacks"] == 0 and counts["attacks_unwritten"] == 1
     assert counts["writes_refused"]["updates"] == [1]
     assert "1 attack result(s) could not be written at all" in caplog.text
     assert not list(mount.glob("unwritten-*.pt"))
     assert not (mount / "attacks.csv").exists() or not _rows(mount / "attacks.csv")  # no row, not half of one
     with pytest.raises(OSError) as refused:  # what the ServerApp catches and prints in one line
-        strategy.folder.write_summary({"attacks": 0, **counts})
-    assert refused.value.errno == errno.ENOSPC and not strategy.folder.summary_file.exists()
+        strategy.service.folder.write_summary({"attacks": 0, **counts})
+    assert refused.value.errno == errno.ENOSPC and not strategy.service.folder.summary_file.exists()
 
 
 def test_the_aggregate_does_not_depend_on_the_order_replies_arrive_in(tmp_path):

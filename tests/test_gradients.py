@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_attack.attacks import gradients
-from fl_attack.attacks.gradients import avg_pool2, conv2d, path_gradient, relu
-from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.models import build_model
-from fl_attack.quadrature import bezier_coefficients, gauss_legendre
-from fl_attack.training import train_local
-from fl_attack.update import flatten, layout
+from fl_attack.attacker.attacks import gradients
+from fl_attack.attacker.attacks.gradients import avg_pool2, conv2d, path_gradient, relu
+from fl_attack.attacker.quadrature import bezier_coefficients, gauss_legendre
+from fl_attack.federation.data import client_partition, get_spec, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import flatten, layout
 from tests.user_models import PlainPaperCNN
 
 

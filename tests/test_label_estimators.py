@@ -1,4 +1,4 @@
-"""Label estimators for a model that has learned (fl_attack.labels.recover_counts; docs/label-recovery.md).
+"""Label estimators for a model that has learned (fl_attack.attacker.labels.recover_counts; docs/label-recovery.md).
 
 Real FEMNIST writers, fixed seeds: a small plain-Python FedAvg federation (the protocol of the
 label-recovery experiment: k=16, B=8, E=5, lr 0.05) gives updates at an untrained w0 (round 1) and
@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack.attacks import AttackConfig
-from fl_attack.data import client_partition, load_pool, partition_writers
-from fl_attack.labels import (
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.labels import (
     AuxiliaryData,
     class_support,
     recover_counts,
@@ -25,9 +24,10 @@ from fl_attack.labels import (
     round_counts_on_support,
     solve_counts,
 )
-from fl_attack.metrics import label_count_accuracy
-from fl_attack.models import build_model
-from fl_attack.training import train_local
+from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.federation.data import client_partition, load_pool, partition_writers
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
 
 K, B, E, LR = 16, 8, 5, 0.05
 FEDERATION, ROUNDS, TRACKED = 10, 6, 6  # updates of round 1 (untrained w0) and of round ROUNDS
@@ -229,13 +229,13 @@ def test_bad_estimator_and_missing_aux_raise_clear_errors(federation):
         ValueError, match=re.escape("label estimator 'aux' needs public auxiliary data (AuxiliaryData)")
     ):
         recover_counts(update, "aux")
-    from fl_attack.api import reconstruct
+    from fl_attack.attacker.api import reconstruct
 
     with pytest.raises(
         ValueError,
         match=re.escape(
             "label_estimator 'aux' needs public auxiliary data: pass "
-            "label_aux=fl_attack.labels.AuxiliaryData(images, labels)"
+            "label_aux=fl_attack.attacker.labels.AuxiliaryData(images, labels)"
         ),
     ):
         reconstruct(update, "ig", iterations=1, label_estimator="aux")
@@ -247,7 +247,7 @@ def test_bad_estimator_and_missing_aux_raise_clear_errors(federation):
     with pytest.raises(ValueError, match=re.escape("auxiliary images must be floats in [0,1] (not normalised)")):
         AuxiliaryData(torch.full((2, 1, 28, 28), -6.0), torch.zeros(2, dtype=torch.int64))
     w0 = {k: v for k, v in update.w0.items() if k != "fc2.weight"}
-    from fl_attack.update import ObservedUpdate
+    from fl_attack.federation.update import ObservedUpdate
 
     with pytest.raises(KeyError, match=re.escape("output-layer weight 'fc2.weight'")):
         class_support(ObservedUpdate(w0, {k: update.wT[k] for k in w0}, update.metadata))
@@ -257,7 +257,7 @@ def test_bad_estimator_and_missing_aux_raise_clear_errors(federation):
 def test_reconstruct_uses_the_configured_estimator(federation):
     updates, aux = federation
     update, _ = updates[ROUNDS][1]
-    from fl_attack.api import reconstruct
+    from fl_attack.attacker.api import reconstruct
 
     rec = reconstruct(update, "ig", iterations=1, label_estimator="aux", label_aux=aux, device="cpu")
     np.testing.assert_array_equal(np.bincount(rec.labels.numpy(), minlength=62), recover_counts(update, "aux", aux=aux))

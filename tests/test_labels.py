@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack.data import client_partition, load_pool
-from fl_attack.labels import estimate_class_counts, recover_labels, refine_labels, round_counts
-from fl_attack.metrics import label_count_accuracy
-from fl_attack.models import build_model
-from fl_attack.training import train_local
+from fl_attack.attacker.labels import estimate_class_counts, recover_labels, refine_labels, round_counts
+from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.federation.data import client_partition, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
 
 NUM_CLASSES = {"femnist": 62, "cifar100": 100}
 
@@ -57,7 +57,7 @@ def test_label_recovery_does_not_depend_on_the_dummy_seed_much():
 
 def test_label_recovery_needs_the_output_bias():
     update, _ = _victim("femnist", 0, k=10, batch_size=10, local_epochs=1)
-    from fl_attack.update import ObservedUpdate
+    from fl_attack.federation.update import ObservedUpdate
 
     w0 = {k: v for k, v in update.w0.items() if k != "fc2.bias"}
     wT = {k: v for k, v in update.wT.items() if k != "fc2.bias"}
@@ -100,7 +100,7 @@ def test_refining_on_the_data_itself_fixes_long_training():
     """T=250 on FEMNIST: p_bar on dummy inputs loses counts (docs/attack-core.md). Re-estimated on
     the client's own images (the best a reconstruction can do), the counts come back, and the
     matching hands most images their own label."""
-    from fl_attack.data import get_spec
+    from fl_attack.federation.data import get_spec
 
     update, truth = _victim("femnist", 0, local_epochs=50)
     dummy = recover_labels(update, estimator="paper")
@@ -119,8 +119,8 @@ def test_refining_on_the_data_itself_fixes_long_training():
 
 
 def test_label_refine_setting_is_validated_and_skips_oracle_labels():
-    from fl_attack.api import reconstruct
-    from fl_attack.attacks import AttackConfig
+    from fl_attack.attacker.api import reconstruct
+    from fl_attack.attacker.attacks import AttackConfig
 
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="label_refine"):
@@ -135,7 +135,7 @@ def test_label_refine_setting_is_validated_and_skips_oracle_labels():
 def test_label_refine_runs_once_at_its_fraction_and_its_labels_are_kept(monkeypatch):
     """Unit test of the wiring (a spy stands in for the re-estimation): label_refine=0.5 of 4
     iterations calls it once, and the attack goes on with, and returns, the labels it gave."""
-    import fl_attack.api as api
+    import fl_attack.attacker.api as api
 
     update, _ = _victim("femnist", 1, k=6, batch_size=3, local_epochs=1)
     calls = []

@@ -63,14 +63,19 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
 
 # The attacker's side of the library: what runs on a worker and what it imports.
 ATTACKER_SIDE = (
-    "fl_attack.api",
-    "fl_attack.workers",
-    "fl_attack.labels",
-    "fl_attack.attacks",
-    "fl_attack.memory",
-    "fl_attack.diffusion",  # the diffusion prior: trained on the server's public pool, loaded by dggi
+    "fl_attack.attacker.api",
+    "fl_attack.attacker.workers",
+    "fl_attack.attacker.labels",
+    "fl_attack.attacker.attacks",
+    "fl_attack.attacker.memory",
+    "fl_attack.attacker.diffusion",  # the diffusion prior: trained on the server's public pool, loaded by dggi
 )
-PRIVATE = ("fl_attack.victims", "fl_attack.evaluator", "fl_attack.verdict", "fl_attack.reader")  # truth, scoring
+PRIVATE = (
+    "fl_attack.audit.victims",
+    "fl_attack.audit.evaluator",
+    "fl_attack.audit.verdict",
+    "fl_attack.audit.reader",
+)  # truth, scoring
 
 
 def library_imports() -> dict[str, set[str]]:
@@ -114,8 +119,57 @@ def test_the_attacker_side_never_reaches_the_ground_truth(side):
 
 def test_the_reachability_check_can_fail():
     graph = library_imports()
-    assert "fl_attack.victims" in reachable(graph, "fl_attack.standalone")  # the harness does reach it
-    assert "fl_attack.victims" in reachable({**graph, "fl_attack.labels": {"fl_attack.victims"}}, "fl_attack.labels")
+    assert "fl_attack.audit.victims" in reachable(graph, "fl_attack.standalone")  # the harness does reach it
+    assert "fl_attack.audit.victims" in reachable(
+        {**graph, "fl_attack.attacker.labels": {"fl_attack.audit.victims"}}, "fl_attack.attacker.labels"
+    )
+
+
+# --- the library's packages, by role (each package's __init__ says the same) ------------------------
+# package -> what its modules may import of fl_attack (a module of the package, or one of these)
+PACKAGE_RULES = {
+    "fl_attack.privacy": (),
+    "fl_attack.federation": ("fl_attack.paths", "fl_attack.records"),
+    "fl_attack.attacker": ("fl_attack.federation", "fl_attack.paths", "fl_attack.records"),
+    "fl_attack.audit": (
+        "fl_attack.attacker",
+        "fl_attack.federation",
+        "fl_attack.privacy",
+        "fl_attack.run_config",
+        "fl_attack.paths",
+        "fl_attack.records",
+        "fl_attack.__version__",
+    ),
+    # the shared helpers import no other part of the library
+    "fl_attack.paths": (),
+    "fl_attack.records": (),
+}
+
+
+def package_offences(graph: dict[str, set[str]]) -> list[str]:
+    modules = set(graph)
+    offences = []
+    for module, imported in sorted(graph.items()):
+        rule = next((p for p in PACKAGE_RULES if module == p or module.startswith(p + ".")), None)
+        if rule is None:
+            continue
+        allowed = (rule, *PACKAGE_RULES[rule])
+        for name in sorted(imported):
+            if name == "fl_attack" or (name not in modules and name != "fl_attack.__version__"):
+                continue  # the top package (it imports nothing when loaded), or a name, not a module
+            if not any(name == a or name.startswith(a + ".") for a in allowed):
+                offences.append(f"{module} imports {name}")
+    return offences
+
+
+def test_each_library_package_imports_only_what_its_role_allows():
+    assert package_offences(library_imports()) == []
+
+
+def test_the_package_check_sees_a_forbidden_import():
+    graph = library_imports()
+    graph["fl_attack.federation.data"] = graph["fl_attack.federation.data"] | {"fl_attack.audit.victims"}
+    assert package_offences(graph) == ["fl_attack.federation.data imports fl_attack.audit.victims"]
 
 
 # --- no modules import each other in a circle ------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The server that remembers (fl_attack.memory): its choices on real updates, its record in a real
+"""The server that remembers (fl_attack.attacker.memory): its choices on real updates, its record in a real
 federation, and that it survives a replay and a resume. Unit tests (no attack) are named so."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import torch
 from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack import AttackConfig, ObservedUpdate, reconstruct
+from fl_attack.attacker.memory import AttackMemory, Candidate, attack_with_memory, memory_methods, parse_joint_rounds
 from fl_attack.cli import main
-from fl_attack.data import client_partition, load_pool
-from fl_attack.memory import AttackMemory, Candidate, attack_with_memory, memory_methods, parse_joint_rounds
-from fl_attack.models import build_model
+from fl_attack.federation.data import client_partition, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
 from fl_attack.records import read_csv
-from fl_attack.training import train_local
 from strategies.server_app import write_run_config
 from tests.inprocess import federate, flower_run_config
 

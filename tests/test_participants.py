@@ -1,5 +1,5 @@
 """Same seed, same study: who trains each round is drawn from the run's seed, not by Flower's
-unseeded ``random.sample`` over random node ids (fl_attack.participants, strategies/sampling.py).
+unseeded ``random.sample`` over random node ids (fl_attack.federation.participants, strategies/sampling.py).
 The real ``flwr run`` of tests/test_e2e_federation.py checks the same draw on Flower's runtime."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from fl_attack.participants import sample_participants, sample_size
+from fl_attack.federation.participants import sample_participants, sample_size
 from tests.inprocess import federate, serve
 
 # Columns that are wall-clock readings or the runtime's own ids, not the study's numbers.

@@ -1,6 +1,6 @@
 """Flower Datasets partitioners (run config ``partitioner``) on the bundled real data: the partitions
 equal what flwr_datasets' own partitioners give, the k-sample draw, the server's held-out test set,
-data-dir datasets written by ``save_to_disk``, and the run-config checks (fl_attack/data.py,
+data-dir datasets written by ``save_to_disk``, and the run-config checks (fl_attack/federation/data.py,
 fl_attack/run_config.py)."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Path
 from PIL import Image
 
 from clients.client_app import _load_split, node_settings
-from fl_attack import data as D
-from fl_attack.data import (
+from fl_attack.audit.replay import open_run
+from fl_attack.audit.victims import private_samples
+from fl_attack.federation import data as D
+from fl_attack.federation.data import (
     DataSettings,
     client_partition,
     flower_partitions,
@@ -29,9 +31,7 @@ from fl_attack.data import (
     partition_sizes,
     server_test_set,
 )
-from fl_attack.replay import open_run
 from fl_attack.run_config import RunSettings
-from fl_attack.victims import private_samples
 from strategies.server_app import build_strategy, write_run_config
 
 HELD_OUT = 1000  # server-test-samples: the default
@@ -285,7 +285,7 @@ def test_client_app_and_evaluator_cut_the_same_data(tmp_path):
     assert torch.equal(client.images, truth.images) and torch.equal(client.labels, truth.labels)
     assert client.client_id == "cifar100-dirichlet-2"
     # the server's strategy carries its node count
-    _, strategy = build_strategy(settings, tmp_path / "run", 6, settings.new_model(seed=0).state_dict())
+    _, strategy, _ = build_strategy(settings, tmp_path / "run", 6, settings.new_model(seed=0).state_dict())
     assert strategy.settings.num_partitions == 6
     assert torch.equal(private_samples(strategy.settings.data, 2).images, truth.images)
     # a replay reads the node count back from config.json

@@ -8,13 +8,18 @@ import pytest
 import torch
 
 from fl_attack import reconstruct
-from fl_attack.attacks import AttackConfig, get_attack
-from fl_attack.attacks.pisme_adaptive import choose_nodes, direction_error, quadrature_error, surrogate_at_order
-from fl_attack.data import client_partition, get_spec, load_bundled
-from fl_attack.models import build_model
-from fl_attack.quadrature import midpoint
-from fl_attack.training import train_local
-from fl_attack.update import flatten, layout
+from fl_attack.attacker.attacks import AttackConfig, get_attack
+from fl_attack.attacker.attacks.pisme_adaptive import (
+    choose_nodes,
+    direction_error,
+    quadrature_error,
+    surrogate_at_order,
+)
+from fl_attack.attacker.quadrature import midpoint
+from fl_attack.federation.data import client_partition, get_spec, load_bundled
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import flatten, layout
 
 
 @pytest.fixture(scope="module", autouse=True)

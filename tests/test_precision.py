@@ -1,4 +1,4 @@
-"""Mixed precision (fl_attack.precision, issue 26): bf16 steps against fp32 on a real update, the
+"""Mixed precision (fl_attack.attacker.precision, issue 26): bf16 steps against fp32 on a real update, the
 dtypes each operator runs in, fp32 unchanged bit for bit, "auto" and its probe, and the checks.
 
 The bf16 tests run on any CPU: torch emulates bf16 where the CPU has no native bf16 (slower than
@@ -14,15 +14,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import fl_attack.precision as precision
+import fl_attack.attacker.precision as precision
 from fl_attack import ATTACKS, AttackConfig, reconstruct, reconstruct_batch
-from fl_attack.attacks import gradients
-from fl_attack.attacks.pisme import PathIntegralSME
-from fl_attack.data import get_spec
-from fl_attack.models import build_model
-from fl_attack.precision import autocast, precision_scope, resolve_precision
-from fl_attack.update import AttackTarget, flatten, layout
-from fl_attack.workers import AttackJob, run_job
+from fl_attack.attacker.attacks import gradients
+from fl_attack.attacker.attacks.pisme import PathIntegralSME
+from fl_attack.attacker.precision import autocast, precision_scope, resolve_precision
+from fl_attack.attacker.workers import AttackJob, run_job
+from fl_attack.federation.data import get_spec
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import AttackTarget, flatten, layout
 from tests.inprocess import femnist_update
 from tests.user_models import PlainPaperCNN
 
@@ -69,7 +69,7 @@ def _state(update, labels, path: str, seed: int = 0, device: str = "cpu"):
 
 def _step(attack, x, y, name: str):
     """The objective's terms and dL/dX_hat, dL/dP1, dL/dd of one step, as the attack loop takes them
-    (fl_attack.api._optimise: autocast around the objective, the backward after it)."""
+    (fl_attack.attacker.api._optimise: autocast around the objective, the backward after it)."""
     with precision_scope(name, x.device):
         with autocast(name, x.device):
             terms = attack.objective(x, y)
@@ -244,7 +244,7 @@ def test_tf32_on_a_cpu_and_a_bad_value_are_refused_before_any_work(femnist, monk
     def no_work(*args, **kwargs):
         raise AssertionError("expensive work started")
 
-    monkeypatch.setattr("fl_attack.api.recover_labels", no_work)
+    monkeypatch.setattr("fl_attack.attacker.api.recover_labels", no_work)
     with pytest.raises(ValueError, match="precision 'tf32' needs a CUDA device .* the attack runs on 'cpu'"):
         reconstruct(update, precision="tf32", device="cpu")
     with pytest.raises(ValueError, match="precision 'tf32' needs a CUDA device"):
@@ -412,8 +412,8 @@ def test_the_command_lines_take_precision(tmp_path, capsys):
 
 
 def test_the_attack_row_has_the_precision_after_the_device():
-    from fl_attack.evaluator import attack_row
-    from fl_attack.runs import ATTACK_COLUMNS
+    from fl_attack.audit.evaluator import attack_row
+    from fl_attack.audit.runs import ATTACK_COLUMNS
 
     assert ATTACK_COLUMNS[ATTACK_COLUMNS.index("device") + 1] == "precision"
     row = attack_row(

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-import fl_attack.api as api
+import fl_attack.attacker.api as api
 from fl_attack import reconstruct, reconstruct_batch
-from fl_attack.attacks import ginas as ginas_module
-from fl_attack.attacks.base import lsim
-from fl_attack.data import client_partition, get_spec, load_bundled, num_partitions
-from fl_attack.diffusion import (
+from fl_attack.attacker.attacks import ginas as ginas_module
+from fl_attack.attacker.attacks.base import lsim
+from fl_attack.attacker.diffusion import (
     DIFFUSION_STEPS,
     PUBLIC_SAMPLES,
     Denoiser,
@@ -28,7 +27,8 @@ from fl_attack.diffusion import (
     public_pool,
     train_prior,
 )
-from fl_attack.metrics import evaluate_reconstruction
+from fl_attack.audit.metrics import evaluate_reconstruction
+from fl_attack.federation.data import client_partition, get_spec, load_bundled, num_partitions
 from tests.inprocess import femnist_update
 
 FAST = dict(device="cpu", trace_every=1, lr_decay=False)

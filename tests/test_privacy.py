@@ -1,4 +1,4 @@
-"""The privacy budget spent (fl_attack.privacy): against the closed form of the Gaussian mechanism
+"""The privacy budget spent (fl_attack.privacy.accountant): against the closed form of the Gaussian mechanism
 and against dp-accounting called directly, and as a real (in-process) federation records it in
 rounds.csv and attacks.csv under local-dp, central-dp and no DP.
 
@@ -21,7 +21,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from analysis.report import main as report
-from fl_attack.privacy import PrivacyLedger, composed_epsilon, parse_epsilons
+from fl_attack.privacy.accountant import PrivacyLedger, composed_epsilon, parse_epsilons
 from fl_attack.run_config import DefenseSettings, RunSettings
 from strategies.server_app import write_run_config
 from tests.inprocess import federate, flower_run_config
@@ -194,7 +194,7 @@ def test_replay_and_resume_carry_the_runs_spent_epsilon(tmp_path):
     figure = tmp_path / "report" / "figures" / "leakage_vs_epsilon.png"
     assert figure.read_bytes().startswith(b"\x89PNG") and figure.stat().st_size > 10_000
 
-    _, resumed = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
+    _, resumed, _ = build_strategy(settings, tmp_path, 4, settings.new_model(seed=0).state_dict(), round_offset=2)
     assert resumed.privacy.rounds == {r: p for r, p in strategy.privacy.rounds.items() if r <= 2}
 
 
@@ -212,8 +212,8 @@ def test_flowers_local_dp_mod_adds_the_noise_the_accountant_assumes():
     from flwr.supercore.task_identity import TaskIdentity
 
     from clients.defenses import local_dp_mod
-    from fl_attack.models import build_model
-    from fl_attack.update import flatten
+    from fl_attack.federation.models import build_model
+    from fl_attack.federation.update import flatten
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     clip, eps = 0.01, 4.0

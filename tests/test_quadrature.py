@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import grad
 
-from fl_attack.quadrature import bezier_coefficients, bezier_path, gauss_legendre, linear_path, midpoint
+from fl_attack.attacker.quadrature import bezier_coefficients, bezier_path, gauss_legendre, linear_path, midpoint
 
 ORDERS = list(range(1, 13))
 

@@ -1,4 +1,4 @@
-"""The shipped reader classifiers (fl_attack.reader): they load, classify the bundled clients' images
+"""The shipped reader classifiers (fl_attack.audit.reader): they load, classify the bundled clients' images
 far above chance, and their training sets are disjoint from the clients and the server's pool."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack import reader
-from fl_attack.data import client_partition, get_spec, load_bundled, partition_writers
+from fl_attack.audit import reader
+from fl_attack.federation.data import client_partition, get_spec, load_bundled, partition_writers
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -57,7 +57,7 @@ def test_the_shipped_files_are_small_and_described(dataset):
         assert key in info, key
     assert info["training_set"]["train"] + info["training_set"]["validation"] == info["training_set"]["size"]
     assert 0.0 < info["val_accuracy"] <= 1.0 and 0.0 < info["client_accuracy"] <= 1.0
-    weights = Path(reader.__file__).parent / "assets" / f"reader_{dataset}.pt"
+    weights = Path(reader.__file__).parents[1] / "assets" / f"reader_{dataset}.pt"
     assert weights.stat().st_size < 3_000_000
     params = sum(p.numel() for p in reader.load_reader(dataset).parameters())
     assert 200_000 <= params <= 1_500_000 and params == info["params"]
@@ -78,7 +78,9 @@ def test_a_missing_weights_file_is_one_clear_line(monkeypatch):
     monkeypatch.setattr(reader, "asset", missing)
     reader._cached_reader.cache_clear()
     try:
-        with pytest.raises(ValueError, match=r"reader_femnist\.pt.*python -m fl_attack\.reader --dataset femnist") as e:
+        with pytest.raises(
+            ValueError, match=r"reader_femnist\.pt.*python -m fl_attack\.audit\.reader --dataset femnist"
+        ) as e:
             reader.load_reader("femnist")
         assert "\n" not in str(e.value)
         with pytest.raises(ValueError, match=r"reader_cifar100\.json"):

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import fl_attack.api as api
+import fl_attack.attacker.api as api
 from fl_attack import AttackConfig, reconstruct
-from fl_attack.attacks import get_attack
-from fl_attack.attacks.base import lsim, total_variation
-from fl_attack.config import ClientOptimizer
-from fl_attack.data import get_spec
-from fl_attack.models import build_model
-from fl_attack.quadrature import gauss_legendre
-from fl_attack.training import train_local
-from fl_attack.update import flatten, layout
+from fl_attack.attacker.attacks import get_attack
+from fl_attack.attacker.attacks.base import lsim, total_variation
+from fl_attack.attacker.quadrature import gauss_legendre
+from fl_attack.federation.config import ClientOptimizer
+from fl_attack.federation.data import get_spec
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import flatten, layout
 from tests import reference as R
 from tests.inprocess import femnist_update
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 from flwr.supercore.task_identity import TaskIdentity
 
-import fl_attack.workers as workers_module
+import fl_attack.attacker.workers as workers_module
 from analysis.aggregate import differing_keys
 from analysis.load import load_run
 from analysis.report import main as report_main
+from fl_attack.audit.runs import ATTACK_COLUMNS
 from fl_attack.cli import main
 from fl_attack.records import read_csv
-from fl_attack.runs import ATTACK_COLUMNS
 from strategies.server_app import write_run_config
 from tests.inprocess import federate, flower_run_config
 

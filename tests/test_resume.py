@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
 from fl_attack.run_config import RunSettings
-from fl_attack.runs import ATTACK_COLUMNS, RunFolder
 from strategies.server_app import prepare_resume, write_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     """Also with a remembering server (attack-memory="keep"): the resumed run starts from the
     memory.pt the crash left, cut back to the checkpoint, and its history goes on from it."""
-    from fl_attack.memory import AttackMemory
+    from fl_attack.attacker.memory import AttackMemory
 
     whole = launch(tmp_path, 'run-name="whole" attack-memory="keep"')
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
@@ -275,7 +275,7 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     import signal
     import time
 
-    from fl_attack.workers import GATE_ENV
+    from fl_attack.attacker.workers import GATE_ENV
 
     gate = tmp_path / "attacks-may-end"
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), GATE_ENV: str(gate)}
@@ -333,17 +333,18 @@ def test_an_unnamed_run_gets_a_fresh_folder_and_a_named_one_never_reuses_one(tmp
     timestamped name, then -2 and -3; a named run never goes into a folder that holds a run."""
     from types import SimpleNamespace
 
-    from strategies import server_app
+    from fl_attack.audit import service
+    from fl_attack.audit.service import new_run_folder
 
-    monkeypatch.setattr(server_app, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
+    monkeypatch.setattr(service, "time", SimpleNamespace(strftime=lambda fmt: "20250102-030405"))
     settings = RunSettings.from_run_config({"results-dir": str(tmp_path), "attack-method": "pisme"})
-    first = server_app.run_folder(settings)
+    first = new_run_folder(settings)
     first.write_config({})
-    second = server_app.run_folder(settings)
+    second = new_run_folder(settings)
     second.write_config({})
-    third = server_app.run_folder(settings)
+    third = new_run_folder(settings)
     assert first.path == tmp_path / "20250102-030405-femnist-pisme"
     assert (second.path.name, third.path.name) == (f"{first.path.name}-2", f"{first.path.name}-3")
     named = RunSettings.from_run_config({"results-dir": str(tmp_path), "run-name": first.path.name})
     with pytest.raises(ValueError, match="already holds a run; choose another run-name, or resume it"):
-        server_app.run_folder(named)
+        new_run_folder(named)

@@ -1,5 +1,5 @@
 """Every run-config value is checked against its real range before round 1, and the error names the
-key (fl_attack/run_config.py, fl_attack/config.py)."""
+key (fl_attack/run_config.py, fl_attack/federation/config.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fl_attack.config import typed_value
+from fl_attack.federation.config import typed_value
 from fl_attack.run_config import DefenseSettings, RunSettings, _field_to_key
 
 INT_KEYS = [f.name.replace("_", "-") for f in dataclasses.fields(RunSettings) if type(f.default) is int]

@@ -11,12 +11,12 @@ import pytest
 import torch
 from flwr.supercore.task_identity import TaskIdentity
 
-from fl_attack.data import get_spec, load_pool, server_test_set
-from fl_attack.models import build_model
+from fl_attack.attacker.workers import Pipeline
+from fl_attack.audit.runs import RunFolder
+from fl_attack.federation.data import get_spec, load_pool, server_test_set
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import load_update, read_update_index
 from fl_attack.run_config import RunSettings
-from fl_attack.runs import RunFolder
-from fl_attack.update import load_update, read_update_index
-from fl_attack.workers import Pipeline
 from tests.inprocess import federate, serve
 
 FAST = dict(attack_iterations=1, partitions=(0, 1, 2, 3), server_test_samples=200)
@@ -82,9 +82,9 @@ def test_first_rounds_and_a_full_backlog_skips(tmp_path):
     strategy.pipeline = Pipeline(HeldWorkers())  # workers that finish nothing: the jobs stay in flight
     for job in jobs[:3]:
         strategy.pipeline.submit(job)
-    assert strategy._plan(4, [0, 1, 2, 3]) == [0, 1, 2, 3]  # 3 in flight: below the backlog
+    assert strategy.plan(4, [0, 1, 2, 3]) == [0, 1, 2, 3]  # 3 in flight: below the backlog
     strategy.pipeline.submit(jobs[3])
-    assert strategy._plan(4, [0, 1, 2, 3]) == []
+    assert strategy.plan(4, [0, 1, 2, 3]) == []
     assert strategy._round[4]["skipped"] == 4
     assert "4 attack(s) skipped: 4 still in flight (attack-max-backlog=4)" in (tmp_path / "events.log").read_text()
 
@@ -110,7 +110,7 @@ def test_each_round_is_evaluated_centrally_and_checkpointed(tmp_path):
 
 
 def test_the_server_test_set_is_disjoint_from_every_clients_training_data():
-    from fl_attack.data import client_partition, num_partitions
+    from fl_attack.federation.data import client_partition, num_partitions
 
     for dataset, k in (("femnist", 10), ("cifar100", 16)):
         pool = load_pool(dataset)
@@ -178,7 +178,7 @@ def test_checkpoints_and_updates_the_disk_refuses_are_counted_not_hidden(tmp_pat
     writer's retries) of every checkpoint and recorded update: the federation goes on, and
     summary.json's writes_refused and the ServerApp's last line name what is missing, instead of
     '2/2 attacks succeeded' alone."""
-    from strategies.server_app import incomplete
+    from fl_attack.audit.service import incomplete
 
     _refuse_writes(monkeypatch, ".checkpoint.pt.", "/updates/")
     run = serve(tmp_path, num_rounds=2, **FAST)
@@ -245,7 +245,7 @@ def test_an_attack_memory_the_disk_refuses_is_counted_and_kept_in_the_process(tm
     import errno
     import os
 
-    from strategies.server_app import incomplete
+    from fl_attack.audit.service import incomplete
 
     real_write = os.write
 

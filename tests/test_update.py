@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_attack.config import ClientOptimizer
-from fl_attack.data import client_partition, get_spec, load_pool
-from fl_attack.models import build_model
-from fl_attack.training import train_local
-from fl_attack.update import ObservedUpdate, TrainingMetadata, flatten, layout, local_steps, unflatten
+from fl_attack.federation.config import ClientOptimizer
+from fl_attack.federation.data import client_partition, get_spec, load_pool
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
+from fl_attack.federation.update import ObservedUpdate, TrainingMetadata, flatten, layout, local_steps, unflatten
 
 
 def _meta(**kw):
@@ -267,7 +267,7 @@ def test_a_missing_tensor_or_another_shape_is_rejected():
 
 
 def test_reconstruct_checks_the_update_against_the_model_before_any_work(monkeypatch):
-    import fl_attack.api as api
+    import fl_attack.attacker.api as api
     from fl_attack import reconstruct
 
     w0, wT = _state(0), _state(1)

@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from fl_attack import reconstruct
-from fl_attack.attacks import gradients
-from fl_attack.attacks.gradients import path_gradient
+from fl_attack.attacker.attacks import gradients
+from fl_attack.attacker.attacks.gradients import path_gradient
+from fl_attack.audit.evaluator import psnr_trace, score
+from fl_attack.audit.victims import train_victim
 from fl_attack.cli import main
-from fl_attack.evaluator import psnr_trace, score
-from fl_attack.models import OUTPUT_BIAS, build_model, check_model, output_bias_key, resolve_model
+from fl_attack.federation.models import OUTPUT_BIAS, build_model, check_model, output_bias_key, resolve_model
+from fl_attack.federation.update import flatten, layout
 from fl_attack.run_config import RunSettings
-from fl_attack.update import flatten, layout
-from fl_attack.victims import train_victim
 from tests.user_models import LeNet, TinyResNet, lenet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -336,7 +336,7 @@ def _flower_app_run(tmp_path, **changes):
 
 @pytest.mark.heavy
 def test_the_flower_app_recipe_attacks_a_max_pooling_model_trained_with_momentum(tmp_path):
-    from fl_attack.config import ClientOptimizer
+    from fl_attack.federation.config import ClientOptimizer
     from fl_attack.records import read_csv
     from tests.user_models import quickstart_net
 
@@ -361,8 +361,8 @@ def test_the_flower_app_recipe_attacks_a_max_pooling_model_trained_with_momentum
 def test_the_flower_app_recipe_with_a_batch_norm_model_in_train_mode(tmp_path):
     """The same recipe with the README's other kind of model: batch norm (and max pooling, dropout)
     trained in train mode on FEMNIST. The counters stay int64 through the record; the attack runs."""
+    from fl_attack.federation.update import load_update, read_update_index
     from fl_attack.records import read_csv
-    from fl_attack.update import load_update, read_update_index
 
     model = "tests.user_models:batch_norm_net"
     settings, jobs = _flower_app_run(tmp_path, dataset="femnist", model=model, client_train_mode=True)

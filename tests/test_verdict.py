@@ -1,4 +1,4 @@
-"""The verdict (fl_attack.verdict) on real bundled clients: the floor, singled out, recognized, recovered.
+"""The verdict (fl_attack.audit.verdict) on real bundled clients: the floor, singled out, recognized, recovered.
 
 Each property is checked on real data with fixed seeds, and the floor's PSNR against an independent
 computation (numpy means, scipy's assignment, PSNR written out) that imports nothing it checks.
@@ -13,9 +13,9 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from fl_attack.data import client_partition, load_bundled, server_test_set
-from fl_attack.metrics import get_lpips
-from fl_attack.verdict import VERDICT_COLUMNS, Verdict, pixel_l2, ssim_distance, verdict_line, verdict_summary
+from fl_attack.audit.metrics import get_lpips
+from fl_attack.audit.verdict import VERDICT_COLUMNS, Verdict, pixel_l2, ssim_distance, verdict_line, verdict_summary
+from fl_attack.federation.data import client_partition, load_bundled, server_test_set
 
 K = {"femnist": 32, "cifar100": 20}
 HELD_OUT = 1000  # the federation's server-test-samples default: the public pool

@@ -1,4 +1,4 @@
-"""Attack workers (fl_attack.workers): local processes, this process, and a real Ray cluster started
+"""Attack workers (fl_attack.attacker.workers): local processes, this process, and a real Ray cluster started
 with ``ray start --head``. Faults are injected on the real path: a worker process is SIGKILLed
 while it runs a job (as the OOM killer would)."""
 
@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from fl_attack import AttackConfig
-from fl_attack.update import AttackTarget
-from fl_attack.workers import (
+from fl_attack.attacker.workers import (
     GATE_ENV,
     AttackJob,
     InlineWorkers,
@@ -28,6 +27,7 @@ from fl_attack.workers import (
     make_workers,
     run_job,
 )
+from fl_attack.federation.update import AttackTarget
 from tests.inprocess import small_update
 
 REPO = Path(__file__).resolve().parents[1]

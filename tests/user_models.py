@@ -1,7 +1,7 @@
 """Architectures the project does not ship, for the "attack your own model" tests (run config
 ``model="tests.user_models:lenet"``, ``fl-attack attack --model tests.user_models:lenet``).
 
-All follow the contract of fl_attack.models.resolve_model: normalised (N,C,H,W) input of the
+All follow the contract of fl_attack.federation.models.resolve_model: normalised (N,C,H,W) input of the
 dataset's shape, (N, num_classes) logits, floating-point parameters. LeNet and TinyResNet have no
 buffers; BatchNormNet has batch norm (float running statistics, an int64 counter), max pooling and
 dropout. None names its output bias ``fc2.bias``: label recovery finds it as the last 1-D entry of
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_attack.data import get_spec
+from fl_attack.federation.data import get_spec
 
 
 class LeNet(nn.Module):
@@ -168,8 +168,8 @@ def broken(dataset: str):
 
 
 class PlainPaperCNN(nn.Module):
-    """The paper CNN's own layers (``fl_attack.models.PaperCNN``) as a plain module, same state-dict
-    keys: ``fl_attack.attacks.gradients.path_gradient`` does not recognise it and takes its generic
+    """The paper CNN's own layers (``fl_attack.federation.models.PaperCNN``) as a plain module, same state-dict
+    keys: ``fl_attack.attacker.attacks.gradients.path_gradient`` does not recognise it and takes its generic
     (autograd) path, so the two paths can be compared on one network."""
 
     def __init__(self, cnn):

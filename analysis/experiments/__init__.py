@@ -7,7 +7,7 @@
 NAME is one of ``EXPERIMENTS``: table1, node-sweep, class-deficiency, path-consistency,
 matched-compute, adaptive-nodes, label-recovery, client-optimizers, precision. Each writes DIR/NAME.csv (one row
 per measurement), DIR/NAME.png and DIR/NAME.md (a table whose caption states the scale, the command and its wall time).
-Scales (the presets of fl_attack.config.PRESETS): ``paper`` is the
+Scales (the presets of fl_attack.federation.config.PRESETS): ``paper`` is the
 paper's protocol (a GPU job), ``cpu`` finishes on a few CPU cores, ``tiny`` is a smoke test.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from fl_attack.config import PRESETS
+from fl_attack.federation.config import PRESETS
 
 from .common import make_context
 

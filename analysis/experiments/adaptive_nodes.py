@@ -1,6 +1,6 @@
 """Beyond the paper: choose PI-SME's number of nodes m from a quadrature-error tolerance.
 
-``pisme-adaptive`` (fl_attack.attacks.pisme_adaptive) estimates the error of the m-node rule at the
+``pisme-adaptive`` (fl_attack.attacker.attacks.pisme_adaptive) estimates the error of the m-node rule at the
 current X_hat and P1 as the distance between the unit vectors of G_m and G_(2m+1) and, at each phase
 of the learning-rate schedule, uses the smallest m <= 7 within the tolerance. This experiment attacks the same victims
 with fixed m=7 (the paper's choice), fixed m=2 (a cheap reference) and the adaptive rule at a loose
@@ -13,11 +13,11 @@ the midpoint, the quantity the rule thresholds (it should shrink with m).
 
 from __future__ import annotations
 
-from fl_attack.attacks.pisme_adaptive import quadrature_error
-from fl_attack.data import get_spec
-from fl_attack.models import build_model
-from fl_attack.quadrature import midpoint
-from fl_attack.update import flatten, layout
+from fl_attack.attacker.attacks.pisme_adaptive import quadrature_error
+from fl_attack.attacker.quadrature import midpoint
+from fl_attack.federation.data import get_spec
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import flatten, layout
 
 from .common import (
     ATTACK_ROW_COLUMNS,

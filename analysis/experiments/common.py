@@ -23,17 +23,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_attack import victims as victims_module
-from fl_attack.api import resolve_device
-from fl_attack.attacks import AttackConfig, get_attack
-from fl_attack.config import PRESETS, ClientOptimizer, Preset
-from fl_attack.data import load_pool, num_partitions
-from fl_attack.evaluator import RESULT_COLUMNS, Evaluator, results_row
-from fl_attack.precision import resolve_precision
+from fl_attack.attacker.api import resolve_device
+from fl_attack.attacker.attacks import AttackConfig, get_attack
+from fl_attack.attacker.precision import resolve_precision
+from fl_attack.attacker.workers import Pipeline, make_workers, resolve_batch, run_job
+from fl_attack.audit import victims as victims_module
+from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, results_row
+from fl_attack.audit.victims import Victim
+from fl_attack.federation.config import PRESETS, ClientOptimizer, Preset
+from fl_attack.federation.data import load_pool, num_partitions
 from fl_attack.records import CsvTable, write_text_atomic
 from fl_attack.run_config import usable_cpus
-from fl_attack.victims import Victim
-from fl_attack.workers import Pipeline, make_workers, resolve_batch, run_job
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
@@ -51,7 +51,7 @@ ATTACK_ROW_COLUMNS = [
 @dataclass
 class Context:
     """One command's settings: the scale (after --seeds/--clients/--iterations), device, precision
-    (the attacks' arithmetic, ``fl_attack.precision``; --precision), data, output."""
+    (the attacks' arithmetic, ``fl_attack.attacker.precision``; --precision), data, output."""
 
     name: str
     scale: Preset
@@ -64,8 +64,8 @@ class Context:
     ray_address: str = ""  # a Ray cluster to run the attacks on ("" = none)
     threads: int = 1  # torch threads per worker
     precision: str = "fp32"  # the attacks' arithmetic, --precision (an experiment's own arms may set theirs)
-    compile: str = "auto"  # the attacks' compiled step, --compile (fl_attack.attacks.compiled)
-    batch: int = 1  # attacks run as one reconstruct_batch, --batch (fl_attack.workers.Pipeline)
+    compile: str = "auto"  # the attacks' compiled step, --compile (fl_attack.attacker.attacks.compiled)
+    batch: int = 1  # attacks run as one reconstruct_batch, --batch (fl_attack.attacker.workers.Pipeline)
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
     invocation: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="microseconds"))
@@ -135,10 +135,11 @@ def make_context(
 
     grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
     experiment's ``GRID``) and its values valid for ``AXES``. workers, ray_address, threads: where
-    the attacks run (``fl_attack.workers.make_workers``). precision: the attacks' arithmetic
-    (``fl_attack.precision.PRECISIONS``; ValueError for another value, and for tf32 off CUDA).
-    compile: off, on or auto (``AttackConfig.compile``). batch: N or "auto" (``fl_attack.workers.resolve_batch``):
-    the attacks of a grid a worker runs as one ``reconstruct_batch``, with the rows of unbatched ones."""
+    the attacks run (``fl_attack.attacker.workers.make_workers``). precision: the attacks' arithmetic
+    (``fl_attack.attacker.precision.PRECISIONS``; ValueError for another value, and for tf32 off CUDA).
+    compile: off, on or auto (``AttackConfig.compile``). batch: N or "auto"
+    (``fl_attack.attacker.workers.resolve_batch``): the attacks of a grid a worker runs as one
+    ``reconstruct_batch``, with the rows of unbatched ones."""
     if scale not in PRESETS:
         raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(PRESETS)}")
     sc = PRESETS[scale]
@@ -250,7 +251,7 @@ def train_victim(
 ) -> Victim:
     """Train client ``partition`` (data seed DATA_SEED) for E local epochs from w0 =
     build_model(dataset, seed), on the CPU, with the scale's k, B and lr unless given, by plain SGD
-    or ``optimizer`` (a fl_attack.config.ClientOptimizer)."""
+    or ``optimizer`` (a fl_attack.federation.config.ClientOptimizer)."""
     sc = ctx.scale
     return victims_module.train_victim(
         dataset,
@@ -288,7 +289,7 @@ def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recover
 def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
     """The evaluator's side: score ``outcome`` (an ok ``AttackOutcome`` of ``job``) against the
     victim's private images on matched pairs. Returns one flat result row: the results.csv
-    columns (``fl_attack.evaluator.results_row``) with seed, classes, the costs, where it ran and the
+    columns (``fl_attack.audit.evaluator.results_row``) with seed, classes, the costs, where it ran and the
     precision it ran with."""
     config, method = job.config, job.method
     scored = Evaluator(victim.dataset).record(outcome, victim.truth)

@@ -4,9 +4,9 @@ A plain-Python FedAvg federation (no Flower): FEMNIST writers = partitions 0..N-
 sample, k=16, B=8, E=5, lr 0.05 (T=10 steps), all clients every round, w0 = build_model(seed 0),
 the new global = the mean of the clients' wT (equal k). Each round it records the global model's
 accuracy on the clients' held-out samples and, for every tracked client's update, the label-count
-accuracy (fl_attack.metrics.label_count_accuracy) of each estimator:
+accuracy (fl_attack.audit.metrics.label_count_accuracy) of each estimator:
 
-- paper, support, aux: fl_attack.labels.recover_counts (the attacker's view: w0, wT, metadata and,
+- paper, support, aux: fl_attack.attacker.labels.recover_counts (the attacker's view: w0, wT, metadata and,
   for aux, a public pool);
 - oracle: n = k * p_bar_true + r with p_bar_true the softmax of the victim's real batches along its
   real trajectory (the evaluator's ceiling; the attacker never has it);
@@ -34,15 +34,8 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fl_attack.api import reconstruct
-from fl_attack.data import (
-    client_partition,
-    get_spec,
-    load_pool,
-    num_partitions,
-    partition_writers,  # the writer of each partition, to keep aux disjoint
-)
-from fl_attack.labels import (
+from fl_attack.attacker.api import reconstruct
+from fl_attack.attacker.labels import (
     AuxiliaryData,
     endpoint_confusion,
     estimate_class_counts,
@@ -50,9 +43,16 @@ from fl_attack.labels import (
     recover_counts,
     round_counts,
 )
-from fl_attack.metrics import label_count_accuracy
-from fl_attack.models import build_model
-from fl_attack.training import train_local
+from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.federation.data import (
+    client_partition,
+    get_spec,
+    load_pool,
+    num_partitions,
+    partition_writers,  # the writer of each partition, to keep aux disjoint
+)
+from fl_attack.federation.models import build_model
+from fl_attack.federation.training import train_local
 
 from .common import Context, CsvTable, fmt, group, markdown_table, save_figure, write_markdown
 

@@ -36,13 +36,13 @@ import time
 import numpy as np
 import torch
 
-from fl_attack.attacks.base import node_gradients
-from fl_attack.attacks.gradients import path_gradient
-from fl_attack.config import PRESETS
-from fl_attack.data import get_spec
-from fl_attack.models import build_model
-from fl_attack.quadrature import bezier_coefficients, gauss_legendre
-from fl_attack.update import flatten, layout
+from fl_attack.attacker.attacks.base import node_gradients
+from fl_attack.attacker.attacks.gradients import path_gradient
+from fl_attack.attacker.quadrature import bezier_coefficients, gauss_legendre
+from fl_attack.federation.config import PRESETS
+from fl_attack.federation.data import get_spec
+from fl_attack.federation.models import build_model
+from fl_attack.federation.update import flatten, layout
 
 from .common import Context, CsvTable, figure, fmt, markdown_table, save_figure, train_victim, write_markdown
 
@@ -55,7 +55,7 @@ PAPER = {  # Table 3 of the paper: honest Lsim against the mean direction, one C
 
 
 def _victims(scale: str) -> dict:
-    """k, B and the (paper T, E) pairs of a scale of fl_attack.config.PRESETS."""
+    """k, B and the (paper T, E) pairs of a scale of fl_attack.federation.config.PRESETS."""
     return dict(samples=PRESETS[scale].samples, batch_size=PRESETS[scale].batch_size, epochs=PRESETS[scale].epochs)
 
 

@@ -3,7 +3,7 @@
 Each victim (FEMNIST writers and CIFAR-100 clients, the scale's protocol at the paper's T = 100) is
 attacked by IG, SME, NL-SME and PI-SME on the same update, from the same X_hat, once in fp32 and
 once in each lowered precision of the grid's ``precision`` axis (default bf16; tf32 on a CUDA
-device; ``fl_attack.precision``). Labels are recovered from the update, in float32 in every arm, and
+device; ``fl_attack.attacker.precision``). Labels are recovered from the update, in float32 in every arm, and
 every score is float32: PSNR, SSIM and LPIPS on Hungarian-matched pairs and the honest
 Lsim(G, delta_w) of the final X_hat. The table gives each precision's means and the paired
 difference lowered - fp32 over the victims (client, seed): the fidelity side of issue 26, the speed
@@ -16,7 +16,7 @@ iterations, or ``--iterations 300``) on a device with native bf16.
 
 from __future__ import annotations
 
-from fl_attack.precision import resolve_precision
+from fl_attack.attacker.precision import resolve_precision
 
 from .common import (
     ATTACK_ROW_COLUMNS,

@@ -3,8 +3,8 @@ T=100 and 250.
 
 Every attack gets only the observed update (w0, wT, public metadata), recovers the labels from it
 and runs the scale's iterations (paper: 1000, m=7). GI-NAS and DGGI, the paper's prior-enhanced
-single-step baselines, run on the multi-step update as is (``fl_attack.attacks.ginas``, ``dggi``; DGGI's
-diffusion prior is the server's, trained on its public pool, ``fl_attack.diffusion``). Scores are on
+single-step baselines, run on the multi-step update as is (``fl_attack.attacker.attacks.ginas``, ``dggi``; DGGI's
+diffusion prior is the server's, trained on its public pool, ``fl_attack.attacker.diffusion``). Scores are on
 Hungarian-matched pairs; the table gives PSNR as mean ± sample variance over (client, seed) attacks,
 the means of SSIM, FSIM, LPIPS and the honest Lsim(G, delta_w), and the paper's number beside ours.
 Resumable: a rerun skips the (dataset, T, client, seed, method) rows NAME.csv already holds, and a

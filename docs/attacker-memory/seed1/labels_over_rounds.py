@@ -9,16 +9,16 @@ import sys
 
 import numpy as np
 
-from fl_attack.labels import (
+from fl_attack.attacker.labels import (
     AuxiliaryData,
     class_support,
     estimate_class_counts,
     recover_counts,
     round_counts_on_support,
 )
+from fl_attack.audit.victims import ground_truth
+from fl_attack.federation.update import load_update, read_update_index
 from fl_attack.run_config import RunSettings
-from fl_attack.update import load_update, read_update_index
-from fl_attack.victims import ground_truth
 
 
 def accuracy(counts: np.ndarray, truth: np.ndarray) -> float:

@@ -1,0 +1,262 @@
+"""A run folder: every file of a federation's or a replay's record, and the typed row schema.
+
+    RUN/config.json     the run config, the AttackConfig, the defense, versions (``write_config``)
+    RUN/events.log      one timestamped line per event (``event``)
+    RUN/rounds.csv      one row per finished round (``ROUNDS``)
+    RUN/attacks.csv     one row per attack (``ATTACKS``; fl_attack.audit.evaluator.attack_row)
+    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack
+    RUN/updates/        the recorded updates (fl_attack.federation.update: index.csv, round-R/*.pt)
+    RUN/checkpoint.pt   the last finished round's global model (``save_checkpoint``)
+    RUN/memory.pt       the server's attack memory of its tracked clients (fl_attack.attacker.memory), if on
+    RUN/summary.json    written at the end (``write_summary``)
+    RUN/replays/NAME/   ``fl-attack replay``'s records, each a run folder of its own
+
+The writers (strategies/, fl_attack.audit.replay) and the reader (analysis/load.py) share ``ROUNDS`` and
+``ATTACKS``: each column with its type (int, float or str). New columns go at the end, except in
+ATTACKS where "image" stays last: the reader spots a cut-off last line by its image path. Every
+write is crash-safe (fl_attack.records). No torch at import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+from fl_attack.records import (
+    append_csv_row,
+    csv_text,
+    read_csv,
+    remove_temporaries,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+# Column -> type. node_id and client_id are text: Flower node ids are 64-bit and would lose digits as floats.
+ROUNDS: dict[str, type] = {
+    "round": int,
+    "clients": int,
+    "train_loss": float,
+    "eval_loss": float,
+    "eval_accuracy": float,
+    "attacks_in_flight": int,
+    "seconds": float,
+    "global_loss": float,
+    "global_accuracy": float,
+    "attack_lag_rounds": int,
+    "attacks_dispatched": int,
+    "attacks_skipped": int,
+    "excluded": str,  # "1,3": the partitions left out of the round
+    "participants": str,  # "0,1,2": the partitions whose updates the round received
+    "epsilon": float,  # DP budget spent by the round (fl_attack.privacy): the most any client spent; empty without DP
+    "epsilon_tracked": str,  # "0:1.2;1:0.9": each tracked client's (attack-clients ids) under local-dp
+}
+ATTACKS: dict[str, type] = {
+    "round": int,
+    "node_id": str,
+    "partition_id": int,
+    "client_id": str,
+    "method": str,
+    "dataset": str,
+    "defense": str,
+    "local_steps": int,
+    "nodes": float,  # gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME
+    "iterations": int,
+    "labels": str,
+    "psnr": float,
+    "ssim": float,
+    "fsim": float,
+    "lpips": float,
+    "lsim_honest": float,
+    "lsim_calibrated": float,
+    "label_accuracy": float,
+    "attack_seconds": float,  # the attack's wall time
+    "status": str,
+    "error": str,
+    "label_estimator": str,  # the AttackConfig's, recorded even with oracle labels (where it is unused)
+    "lag_rounds": int,  # how many rounds after its own the attack finished (the federation's attacker lag)
+    "worker_node": str,  # where the attack ran (fl_attack.attacker.workers.where_am_i)
+    "worker_id": str,
+    "device": str,  # the torch device it ran on (cpu, cuda); empty where unknown
+    "precision": str,  # the attack's arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs
+    "compile": str,  # how its steps ran: compiled, eager, "eager (<why>)" (attacker/attacks/compiled.py); empty: older
+    "batch": int,  # the attacks run as one reconstruct_batch with it (1: alone; attack-batch); empty in older runs
+    "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
+    "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.attacker.memory), else empty
+    "epsilon": float,  # the DP budget the attacked client(s) had spent by the update's round; empty without DP
+    "parameters": int,  # the update's floating-point entries: the equations the attack has
+    "unknowns": int,  # the client's pixels k*C*H*W: what it must recover
+    "optimizer": str,  # the client's optimizer, e.g. "momentum 0.9, weight decay 0.0005"
+    # The verdict (fl_attack.audit.verdict, docs/verdict.md); empty for a failed attack or an older run.
+    "k": int,  # the client's images (the attacked samples)
+    "recovered": int,  # of the k: singled out and read by the reader as their original is
+    "guess_recovered": int,  # the same count for the best guess without the update (the floor)
+    "reidentified": float,  # the fraction singled out: own original nearest among k + D candidates
+    "reid_chance": float,  # 1 / (k + D): a random ranking's
+    "recognized": float,  # the fraction the reader classifies as their original's true class
+    "recognized_truth": float,  # the reader's accuracy on the originals (the ceiling)
+    "recognized_guess": float,  # ... on the best guess (the floor)
+    "guess_psnr": float,  # the best update-free guess's matched PSNR (dB): the floor
+    "guess_ssim": float,
+    "guess_lpips": float,
+    "psnr_margin": float,  # psnr - guess_psnr (dB): above the floor when positive
+    "image": str,  # the grid's path relative to the run folder
+}
+ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
+RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")  # any of them: the folder holds a run
+
+
+def numeric(schema: dict[str, type]) -> list[str]:
+    """The columns of ``schema`` read as numbers."""
+    return [c for c, kind in schema.items() if kind is not str]
+
+
+def versions() -> dict:
+    """The versions a record was written with: fl_attack, python and the packages behind the numbers."""
+    from fl_attack import __version__
+
+    out = {"fl_attack": __version__, "python": platform.python_version()}
+    for dist in ("flwr", "torch", "ray", "lpips", "piq"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def percent(x: float) -> str:
+    """A fraction in [0,1] as a reader's percentage: "28%", "0.049%" below 1%, "n/a" when not a number."""
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"
+
+
+def whose(row) -> str:
+    """An attack row's target in words (a dict or a pandas row): "partition P", or for an aggregate
+    (SecAgg+; its partition_id empty or NaN) its client_id."""
+    pid = row.get("partition_id")
+    if pid is None or pid == "" or (isinstance(pid, float) and math.isnan(pid)):
+        return str(row.get("client_id") or "the aggregate")
+    return f"partition {int(pid)}"
+
+
+class RunFolder:
+    """The files of one run folder (module docstring), read and written in one place."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:  # Path(folder), open(folder / ...) and the like
+        return str(self.path)
+
+    config_file = property(lambda self: self.path / "config.json")
+    events_file = property(lambda self: self.path / "events.log")
+    rounds_file = property(lambda self: self.path / "rounds.csv")
+    attacks_file = property(lambda self: self.path / "attacks.csv")
+    summary_file = property(lambda self: self.path / "summary.json")
+    checkpoint_file = property(lambda self: self.path / "checkpoint.pt")
+    memory_file = property(
+        lambda self: self.path / "memory.pt"
+    )  # the server's attack memory (fl_attack.attacker.memory)
+    updates = property(lambda self: self.path / "updates")
+    replays = property(lambda self: self.path / "replays")
+
+    @property
+    def holds_run(self) -> bool:
+        return any((self.path / name).exists() for name in RUN_FILES)
+
+    def event(self, text: str) -> None:
+        """A timestamped line in events.log (and the log); a failing write is logged, never raised."""
+        log.info(text)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with open(self.events_file, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+        except OSError as exc:
+            log.warning("could not write %s: %s", self.events_file, exc)
+
+    def write_config(self, config: dict) -> None:
+        """config.json, atomically; ``versions`` and ``started`` are added when missing."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            self.config_file, {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **config}
+        )
+
+    def read_config(self) -> dict:
+        """config.json as a dict; ValueError (one line) when it is missing or unreadable."""
+        try:
+            config = json.loads(self.config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{self.config_file} is unreadable: {exc}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{self.config_file} is not a JSON object")
+        return config
+
+    def append_round(self, row: dict) -> None:
+        append_csv_row(self.rounds_file, row, ROUND_COLUMNS)
+
+    def append_attack(self, row: dict) -> None:
+        append_csv_row(self.attacks_file, row, ATTACK_COLUMNS)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json_atomic(self.summary_file, summary)
+
+    def save_checkpoint(self, done: int, arrays: dict) -> None:
+        """checkpoint.pt: round ``done``'s global model (a state dict), atomically."""
+        from fl_attack.federation.update import save_torch_atomic
+
+        save_torch_atomic(self.checkpoint_file, {"round": int(done), "arrays": arrays})
+
+    def load_checkpoint(self) -> tuple[int, dict]:
+        """(the round, its global model); ValueError (one line) when missing or unreadable."""
+        import torch
+
+        try:
+            checkpoint = torch.load(self.checkpoint_file, weights_only=True)
+            return int(checkpoint["round"]), checkpoint["arrays"]
+        except FileNotFoundError:
+            raise ValueError(f"{self.checkpoint_file} is missing") from None
+        except Exception as exc:  # cut off, or not ours: torch's own advice (weights_only=False) is unsafe
+            raise ValueError(
+                f"{self.checkpoint_file} is not a checkpoint fl-attack wrote ({type(exc).__name__}: cut off or "
+                "another file); start a new run, or restore the file"
+            ) from None
+
+    def cut_back(self, done: int) -> None:
+        """Cut rounds.csv, attacks.csv and updates/index.csv back to rounds <= ``done``, atomically
+        (a resume: the rounds after the checkpoint run again). Each is rewritten with this
+        version's columns, so a run recorded before a column was added gets it, empty; the
+        temporary files of atomic writes the killed process left are removed. ValueError before any
+        change when a file has columns this version does not write."""
+        from fl_attack.federation.update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
+
+        schema = {
+            self.rounds_file: ROUND_COLUMNS,
+            self.attacks_file: ATTACK_COLUMNS,
+            self.updates / UPDATE_INDEX: UPDATE_INDEX_COLUMNS,
+        }
+        found = {path: read_csv(path) for path in schema if path.exists()}
+        for path, (header, _) in found.items():
+            unknown = [c for c in header if c not in schema[path]]
+            if unknown:
+                raise ValueError(
+                    f"{path} has columns this version does not write ({unknown}); "
+                    "resume it with the version that recorded it"
+                )
+        for path, (_, rows) in found.items():
+            kept = [r for r in rows if r.get("round") and int(r["round"]) <= done]
+            write_text_atomic(path, csv_text(kept, schema[path]))
+        for path in remove_temporaries(self.path):  # half-written files of the killed process
+            self.event(f"resume: removed {path.relative_to(self.path)}, left half-written when the run died")

@@ -1,0 +1,8 @@
+"""The simulated federation's side: data, models, client training and the update a client returns.
+
+Holds the datasets and their partitions (data), the victims' architectures (models), FedAvg's local
+training (training), the client optimizers (config), the update and its public metadata (update:
+ObservedUpdate, TrainingMetadata, AttackTarget), the seeded draw of participants (participants) and
+the client-side defenses' arithmetic (defenses). Imports only fl_attack.paths and fl_attack.records;
+everything else may import it.
+"""
