@@ -491,7 +491,7 @@ def summarize_batched(result: dict) -> str:
 
 
 class MaxPoolCNN(torch.nn.Module):
-    """A user model with max pooling (``fl_attack.attacks.gradients``' generic path): the paper's
+    """A user model with max pooling (``fl_attack.attacker.attacks.gradients``' generic path): the paper's
     FEMNIST / CIFAR-100 CNN layout (conv 3x3 pad 1, ReLU, pool 2, conv, ReLU, pool 2, fc, ReLU, fc)
     with 2x2 max pooling instead of average pooling."""
 

@@ -58,7 +58,7 @@ class Sizes:
     precision: list[str]
     batched_clients: tuple[int, ...]
     batched: list[str]
-    compiled: list[str]  # benchmarks.attack_step --compiled N: eager/compiled x 1/N (fl_attack.attacks.compiled)
+    compiled: list[str]  # benchmarks.attack_step --compiled N (fl_attack.attacker.attacks.compiled)
     run_config: dict
     federation: str
     expected_attacks: int
