@@ -874,52 +874,6 @@ class RunSettings:
                 f"partitions of {self.samples} samples; lower num-supernodes or samples-per-client"
             )
 
-    def check_resumable(self, run_config: dict) -> tuple | None:
-        """With resume="RUN_DIR": (the run folder, its config.json, its last completed round R, R's
-        global model), after checking what a resume needs, before anything starts: a readable
-        config.json and checkpoint.pt, ``run_config`` (the whole run config of the resume) equal to
-        the interrupted run's but for RESUMABLE_KEYS, rounds left to run, and with attack-memory on,
-        a readable memory.pt (the server's memory cannot be rebuilt from the record). ValueError
-        (one line) naming what does not fit; None when resume is off. Nothing is changed on disk."""
-        if not self.resume:
-            return None
-        from fl_attack.attacker.memory import AttackMemory
-        from fl_attack.audit.runs import RunFolder
-        from fl_attack.paths import resolve_in_project
-
-        folder = RunFolder(resolve_in_project(self.resume))
-        refused = f"invalid run config: resume='{self.resume}' cannot be resumed"
-        try:
-            recorded = folder.read_config()
-            before = recorded["run_config"]
-            done, arrays = folder.load_checkpoint()
-        except (ValueError, KeyError) as exc:
-            raise ValueError(f"{refused}: {exc}") from None
-        differing = sorted(
-            k
-            for k in set(before) | set(run_config)
-            if k not in RESUMABLE_KEYS and before.get(k, ADDED_KEYS.get(k)) != run_config.get(k, ADDED_KEYS.get(k))
-        )
-        if differing:
-            raise ValueError(
-                f"invalid run config: resume: the run config differs from the interrupted run's in "
-                f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
-            )
-        if done >= self.num_server_rounds:
-            raise ValueError(
-                f"invalid run config: resume: {folder.path} has finished all {done} rounds; raise "
-                "num-server-rounds to go on"
-            )
-        if self.attack_memory != "none":
-            try:
-                AttackMemory.load(folder.memory_file)
-            except ValueError as exc:
-                raise ValueError(
-                    f"{refused}: {exc}; the server's memory (attack-memory='{self.attack_memory}') cannot be "
-                    "rebuilt from the record: restore the file, or start a new run"
-                ) from None
-        return folder, recorded, done, arrays
-
     # Parsing --------------------------------------------------------------------------------
     @classmethod
     def from_run_config(cls, run_config) -> RunSettings:

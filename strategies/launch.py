@@ -119,6 +119,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     counts). ValueError naming the key."""
     import tomllib
 
+    from fl_attack.audit.runs import check_resumable
     from fl_attack.run_config import preflight
 
     defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
@@ -133,7 +134,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     if federation is not None:
         nodes = re.search(r"num-supernodes=(\d+)", federation)
         num_nodes = int(nodes.group(1)) if nodes else 2  # Flower's default: 2 SuperNodes
-    preflight(run_config, num_nodes).check_resumable(run_config)
+    check_resumable(preflight(run_config, num_nodes), run_config)
 
 
 def _check_federation(federation: str) -> None:

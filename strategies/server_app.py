@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import (
 )
 
 from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
-from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.runs import RunFolder, check_resumable
 from fl_attack.audit.service import AuditService, new_run_folder
 from fl_attack.audit.verdict import verdict_protocol
 from fl_attack.audit.victims import ground_truth
@@ -77,12 +77,12 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
 def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, int, dict]:
     """(the run folder, its last completed round R, R's global model) for resume="RUN_DIR".
 
-    Checks what ``RunSettings.check_resumable`` checks, and the node count; then cuts
+    Checks what ``fl_attack.audit.runs.check_resumable`` checks, and the node count; then cuts
     rounds.csv, attacks.csv and updates/index.csv back to rounds <= R (``RunFolder.cut_back``), so
     the resumed rounds never duplicate a row. Raises ValueError naming what does not fit, before
     any round.
     """
-    folder, recorded, done, arrays = settings.check_resumable(run_config)
+    folder, recorded, done, arrays = check_resumable(settings, run_config)
     nodes = recorded.get("num_nodes")
     if (
         settings.partitioner != "paper"

@@ -140,6 +140,14 @@ PACKAGE_RULES = {
         "fl_attack.records",
         "fl_attack.__version__",
     ),
+    # the run's settings: below the audit (which reads them), above what they describe
+    "fl_attack.run_config": (
+        "fl_attack.attacker",
+        "fl_attack.federation",
+        "fl_attack.privacy",
+        "fl_attack.paths",
+        "fl_attack.records",
+    ),
     # the shared helpers import no other part of the library
     "fl_attack.paths": (),
     "fl_attack.records": (),

@@ -260,3 +260,51 @@ class RunFolder:
             write_text_atomic(path, csv_text(kept, schema[path]))
         for path in remove_temporaries(self.path):  # half-written files of the killed process
             self.event(f"resume: removed {path.relative_to(self.path)}, left half-written when the run died")
+
+
+def check_resumable(settings, run_config: dict) -> tuple | None:
+    """With ``settings`` (fl_attack.run_config.RunSettings) at resume="RUN_DIR": (the run folder,
+    its config.json, its last completed round R, R's global model), after checking what a resume
+    needs, before anything starts: a readable config.json and checkpoint.pt, ``run_config`` (the
+    whole run config of the resume) equal to the interrupted run's but for RESUMABLE_KEYS, rounds
+    left to run, and with attack-memory on, a readable memory.pt (the server's memory cannot be
+    rebuilt from the record). ValueError (one line) naming what does not fit; None when resume is
+    off. Nothing is changed on disk."""
+    if not settings.resume:
+        return None
+    from fl_attack.attacker.memory import AttackMemory
+    from fl_attack.paths import resolve_in_project
+    from fl_attack.run_config import ADDED_KEYS, RESUMABLE_KEYS
+
+    folder = RunFolder(resolve_in_project(settings.resume))
+    refused = f"invalid run config: resume='{settings.resume}' cannot be resumed"
+    try:
+        recorded = folder.read_config()
+        before = recorded["run_config"]
+        done, arrays = folder.load_checkpoint()
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{refused}: {exc}") from None
+    differing = sorted(
+        k
+        for k in set(before) | set(run_config)
+        if k not in RESUMABLE_KEYS and before.get(k, ADDED_KEYS.get(k)) != run_config.get(k, ADDED_KEYS.get(k))
+    )
+    if differing:
+        raise ValueError(
+            f"invalid run config: resume: the run config differs from the interrupted run's in "
+            f"{', '.join(differing)}; only {', '.join(sorted(RESUMABLE_KEYS))} may change"
+        )
+    if done >= settings.num_server_rounds:
+        raise ValueError(
+            f"invalid run config: resume: {folder.path} has finished all {done} rounds; raise "
+            "num-server-rounds to go on"
+        )
+    if settings.attack_memory != "none":
+        try:
+            AttackMemory.load(folder.memory_file)
+        except ValueError as exc:
+            raise ValueError(
+                f"{refused}: {exc}; the server's memory (attack-memory='{settings.attack_memory}') cannot be "
+                "rebuilt from the record: restore the file, or start a new run"
+            ) from None
+    return folder, recorded, done, arrays
