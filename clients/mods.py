@@ -118,11 +118,17 @@ class LeakageMetadata:
     def _number(name: str, key: str, value, where: str, kind: type):
         return _check_number(f"leakage_metadata: {name} from {where}'s '{key}' = {value!r}", value, kind)
 
-    def metrics(self, msg: Message, context: Context, num_examples) -> dict:
-        """The metadata keys for a reply with ``num_examples`` (k), with B, E and lr as prescribed."""
+    def prescribed(self, msg: Message, context: Context) -> tuple:
+        """(lr, B, E) as the server prescribes them for ``msg``. ValueError for a declared key that
+        neither the train message's config nor the run config has."""
         lr = self._value("lr", msg, context, float)
         batch_size = self._value("batch_size", msg, context, int)
         local_epochs = self._value("local_epochs", msg, context, int)
+        return lr, batch_size, local_epochs
+
+    def metrics(self, msg: Message, context: Context, num_examples, prescribed: tuple | None = None) -> dict:
+        """The metadata keys for a reply with ``num_examples`` (k), with B, E and lr as prescribed."""
+        lr, batch_size, local_epochs = prescribed or self.prescribed(msg, context)
         k = int(num_examples)
         per_epoch = k // batch_size if self.drop_last else math.ceil(k / batch_size)
         return {
@@ -136,8 +142,10 @@ class LeakageMetadata:
         }
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        is_train = msg.metadata.message_type.split(".")[0] == MessageType.TRAIN
+        prescribed = self.prescribed(msg, context) if is_train else None  # a bad declaration fails before training
         reply = call_next(msg, context)
-        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or reply.has_error():
+        if not is_train or reply.has_error():
             return reply
         records = reply.content.metric_records
         if len(records) != 1:
@@ -151,7 +159,7 @@ class LeakageMetadata:
                 "leakage_metadata: the train reply's MetricRecord has no 'num-examples' (the client's training "
                 "examples, k); report it as Flower's FedAvg requires"
             )
-        for key, value in self.metrics(msg, context, metrics["num-examples"]).items():
+        for key, value in self.metrics(msg, context, metrics["num-examples"], prescribed).items():
             if key not in metrics:  # the app's own value wins
                 metrics[key] = value
         if "partition-id" in context.node_config:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
@@ -32,10 +32,18 @@ def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict)
     """The attacker's view of one reply: (w0, wT, public metadata). Raises ValueError on bad input.
 
     Only the ArrayRecord and the public training metrics are read; the reply's "simulation"
-    record (partition id, for the evaluator) is not part of it.
+    record (partition id, for the evaluator) is not part of it. An integer array that w0 holds as
+    a float (Flower's FedAvg averages batch norm's counter) is taken in the reply's integer dtype,
+    as the client's model loaded it.
     """
     meta = TrainingMetadata.from_metrics(dataset, reply.content["metrics"])
-    return ObservedUpdate(w0.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict(), meta, client)
+    w0_state, wT_state = w0.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
+    for key, array in wT_state.items():
+        # Flower's strategies average an integer counter (batch norm's num_batches_tracked) into a
+        # float; the client loaded it back into its integer buffer, and that is the w0 it trained from
+        if key in w0_state and w0_state[key].is_floating_point() and not array.is_floating_point():
+            w0_state[key] = w0_state[key].to(array.dtype)
+    return ObservedUpdate(w0_state, wT_state, meta, client)
 
 
 def partition_of(reply: Message) -> int | None:
@@ -101,14 +109,25 @@ def audit(
     from fl_attack.federation.models import check_model, with_input_normalization
     from fl_attack.run_config import RunSettings, audit_run_config
 
-    settings = RunSettings.from_run_config({**audit_run_config(context.run_config), "dataset": dataset})
+    audit_keys = audit_run_config(context.run_config)
+    known = {f.name.replace("_", "-") for f in fields(RunSettings)}
+    unknown = sorted(k for k in audit_keys if k not in known)
+    if unknown:  # the app's pyproject declares them, so Flower took them: a typo would go unnoticed
+        attack_keys = sorted(k for k in known if k.startswith("attack-"))
+        raise ValueError(f"audit: unknown run-config key '{unknown[0]}'; the audit's keys are {', '.join(attack_keys)}")
+    settings = RunSettings.from_run_config({**audit_keys, "dataset": dataset})
     settings.check_device()
     victim = model if isinstance(model, torch.nn.Module) else model()
     if normalize is not None:
         victim = with_input_normalization(victim, dataset, *normalize)
     check_model(victim, dataset, what=f"the audited model {type(victim).__name__}")
+    if truth is not None:
+        check_truth(truth, dataset)
     _pickle_by_value(type(victim).__module__)
-    folder = new_run_folder(settings)
+    try:
+        folder = new_run_folder(settings)
+    except ValueError as exc:  # a named run that exists: an audited app's run does not resume
+        raise ValueError(str(exc).split("; choose another")[0] + "; choose another run-name") from None
     folder.write_config(
         {
             "run_config": {**dict(context.run_config), "dataset": dataset},
@@ -118,7 +137,7 @@ def audit(
             "audit": {
                 "strategy": type(strategy).__name__,
                 "model": f"{type(victim).__module__}.{type(victim).__qualname__}",
-                "normalize": [list(v) for v in normalize] if normalize is not None else None,
+                "normalize": [list(v) if isinstance(v, (tuple, list)) else v for v in normalize] if normalize else None,
                 "scored": truth is not None,
             },
         }
@@ -132,6 +151,35 @@ def audit(
         model=victim,
     )
     return AuditedStrategy(strategy, service)
+
+
+def check_truth(truth: Callable[[int], tuple], dataset: str, partition_id: int = 0) -> None:
+    """ValueError unless ``truth(partition_id)`` gives (images, labels) as the evaluator scores
+    them: float images (k,C,H,W) of the dataset's shape in [0,1] (ToTensor's scale, before any
+    Normalize) and k labels. Called once before round 1, so a wrong truth fails before any attack."""
+    import torch
+
+    from fl_attack.federation.data import get_spec
+
+    shape = get_spec(dataset).image_shape
+    what = f"audit: truth({partition_id})"
+    try:
+        images, labels = truth(partition_id)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must return (images, labels) of that client's training data: {exc}") from None
+    images, labels = torch.as_tensor(images), torch.as_tensor(labels)
+    if images.dim() != 4 or tuple(images.shape[1:]) != shape or not images.is_floating_point():
+        raise ValueError(
+            f"{what}: images must be float (k,{','.join(map(str, shape))}) for {dataset}, got {images.dtype} "
+            f"{tuple(images.shape)} (channels first, as ToTensor gives them)"
+        )
+    if images.numel() and (images.min() < 0 or images.max() > 1):
+        raise ValueError(
+            f"{what}: images must be in [0,1], got [{float(images.min()):.3g}, {float(images.max()):.3g}] "
+            "(divide 0-255 pixels by 255; score before any Normalize)"
+        )
+    if labels.dim() != 1 or len(labels) != len(images):
+        raise ValueError(f"{what}: labels must be ({len(images)},), got {tuple(labels.shape)}")
 
 
 def _concatenated(truth: Callable[[int], tuple]):
@@ -196,6 +244,8 @@ class AuditedStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         start = time.perf_counter()
         run_round = server_round + self.round_offset
+        if server_round == 1:  # before any client trains: attack-clients ids must be partitions
+            self.service.settings.check_nodes(len(list(grid.get_node_ids())))
         self.service.round_started(run_round)
         self.global_arrays = {run_round: arrays}  # older rounds' w0 are not needed
         messages = self.strategy.configure_train(server_round, arrays, config, grid)

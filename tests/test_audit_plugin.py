@@ -85,3 +85,83 @@ def test_the_preflight_runs_once_per_run_and_the_clients_parse_the_run_config_on
     assert (run / "summary.json").is_file()
     assert run_config.preflight.runs - before == 1
     assert len(parses) == 2  # the pre-flight's, and the clients' one
+
+
+# --- the plugin on a user's app: unit tests on real Flower records ---------------------------------
+
+
+def test_a_batch_norm_counter_flowers_fedavg_averaged_into_a_float_is_read_as_the_client_loaded_it():
+    """Flower's aggregate_arrayrecords turns batch norm's int64 num_batches_tracked into a float; the
+    client loads it back into its int64 buffer. The attacker's w0 is what the client trained from."""
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies.audit import observed_update
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    net(torch.rand(2, 3, 8, 8))
+    replies = [RecordDict({"arrays": ArrayRecord(net.state_dict()), "m": MetricRecord({"n": n})}) for n in (1, 2)]
+    w0 = aggregate_arrayrecords(replies, "n")
+    assert w0["1.num_batches_tracked"].dtype != "int64"  # Flower's float
+    net.load_state_dict(w0.to_torch_state_dict())  # what the client does
+    from fl_attack.federation.config import ClientOptimizer
+
+    metrics = {"lr": 0.1, "batch-size": 2, "local-epochs": 1, "num-examples": 2, "local-steps": 1}
+    metrics |= ClientOptimizer("sgd").to_metrics()
+    content = {"arrays": ArrayRecord(net.state_dict()), "metrics": MetricRecord(metrics)}
+    reply = Message(RecordDict({**content, "simulation": ConfigRecord({"partition-id": 0})}), 0, "train")
+    update = observed_update(w0, reply, "cifar100", {})
+    counter = update.w0["1.num_batches_tracked"]
+    assert counter.dtype == torch.int64 and counter == net.state_dict()["1.num_batches_tracked"]
+
+
+def _context(tmp_path, **keys):
+    from flwr.app import Context, RecordDict
+
+    run_config = {"results-dir": str(tmp_path), "run-name": "audit", "attack-method": "ig", **keys}
+    return Context(1, 0, {}, RecordDict(), run_config)
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 100))
+
+
+def test_audit_refuses_what_would_go_unnoticed_before_any_round(tmp_path):
+    from flwr.serverapp.strategy import FedAvg
+
+    from strategies.audit import audit
+
+    images, labels = torch.rand(4, 3, 32, 32), torch.arange(4)
+    with pytest.raises(ValueError, match="unknown run-config key 'attack-iteration'"):  # a typo Flower accepts
+        audit(FedAvg(), _context(tmp_path, **{"attack-iteration": 5}), model=_net, dataset="cifar100")
+    with pytest.raises(
+        ValueError, match=r"images must be in \[0,1\], got \[0.*, 255\] \(divide 0-255 pixels by 255"
+    ):  # forgot the /255
+        audit(FedAvg(), _context(tmp_path), model=_net, dataset="cifar100", truth=lambda p: (images * 255, labels))
+    with pytest.raises(ValueError, match=r"images must be float \(k,3,32,32\)"):  # HWC, as stored
+        audit(
+            FedAvg(),
+            _context(tmp_path),
+            model=_net,
+            dataset="cifar100",
+            truth=lambda p: (images.permute(0, 2, 3, 1), labels),
+        )
+    assert not (tmp_path / "audit").exists()  # nothing written before the checks pass
+    # Normalize(0.5, 0.5)'s scalar form is one value for every channel
+    strategy = audit(
+        FedAvg(),
+        _context(tmp_path),
+        model=_net,
+        dataset="cifar100",
+        normalize=(0.5, 0.5),
+        truth=lambda p: (images, labels),
+    )
+    assert (tmp_path / "audit" / "config.json").is_file()
+    hook = next(iter(strategy.service.model._forward_pre_hooks.values()))
+    assert hook.mean == (0.5, 0.5, 0.5) and hook.std == (0.5, 0.5, 0.5)
+    # a run-name that holds a run: another name (an audited app's run does not resume)
+    with pytest.raises(ValueError, match=r"already holds a run; choose another run-name$"):
+        audit(FedAvg(), _context(tmp_path), model=_net, dataset="cifar100")

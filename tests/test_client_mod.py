@@ -204,3 +204,18 @@ def test_a_missing_or_bad_setting_at_run_time_says_which_and_where():
         _run(leakage_metadata(), _reply({"loss": 1.0}))
     with pytest.raises(ValueError, match=r"the train reply has 2 MetricRecords"):
         _run(leakage_metadata(), _reply({"num-examples": 8}, more=MetricRecord({"x": 1.0})))
+
+
+def test_a_bad_key_declaration_fails_before_the_client_trains():
+    """A key neither the train message nor the run config has is refused before ``call_next``: the
+    client does not train for nothing, round after round (red when the mod reads the keys after)."""
+    trained = []
+
+    def train(msg, ctx):
+        trained.append(1)
+        return _reply({"num-examples": 8})
+
+    msg = train_message(ArrayRecord({"w": torch.ones(3)}))
+    with pytest.raises(ValueError, match=r"batch_size is declared as key 'bs'"):
+        leakage_metadata(batch_size="bs")(msg, context(), train)
+    assert not trained

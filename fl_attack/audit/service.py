@@ -272,6 +272,7 @@ class AuditService:
                 unbuilt = AttackJob(self._jobs, None, method, self.attack_config, target, self.settings.attack_labels)
                 epsilon = self.epsilon(target.round, target.partition_ids)
                 self.rows.append(self.evaluator.record(AttackOutcome.failed(unbuilt, error), None, epsilon=epsilon))
+                self.folder.event(f"attack failed: {target.describe()} {method}: {error}")
                 continue
             self._round[target.round]["dispatched"] += 1
             if method + MEMORY_SUFFIX in methods:  # its "+memory" twin runs it and yields its row

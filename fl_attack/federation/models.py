@@ -246,16 +246,19 @@ class InputNormalization:
     (``DatasetSpec.normalize``); a user's app may normalise otherwise (e.g. Flower's quickstart:
     mean 0.5, std 0.5). The hook maps x -> ((x * spec_std + spec_mean) - mean) / std, so the
     model sees exactly what its app gave it for the same pixels in [0,1]. A plain class (not a
-    closure): models travel to attack workers by pickling. mean, std: one value per channel.
+    closure): models travel to attack workers by pickling. mean, std: one value per channel, or one
+    for all (as torchvision's Normalize takes them), on the [0,1] scale.
     """
 
     def __init__(self, dataset: str, mean, std):
         spec = get_spec(dataset)
         c = spec.image_shape[0]
+        mean, std = ((v,) * c if isinstance(v, (int, float)) else v for v in (mean, std))  # Normalize(0.5, 0.5)
         self.mean, self.std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
-        if len(self.mean) != c or len(self.std) != c or min(self.std) <= 0:
+        if len(self.mean) != c or len(self.std) != c or min(self.std) <= 0 or max(map(abs, self.mean)) > 1:
             raise ValueError(
-                f"input normalisation for {spec.name} needs {c} mean(s) and {c} std(s) > 0, got {mean} / {std}"
+                f"input normalisation for {spec.name} needs {c} mean(s) in [-1,1] and {c} std(s) > 0, on the "
+                f"[0,1] pixel scale (as torchvision's Normalize after ToTensor), got {mean} / {std}"
             )
         self.spec_mean, self.spec_std = spec.mean, spec.std
 
