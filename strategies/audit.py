@@ -99,9 +99,11 @@ def audit(
     (the attack reconstructs pixels in [0,1] and feeds the model what the app feeds it); None: the
     dataset's (fl_attack.federation.data.get_spec). truth: partition id -> (images (k,C,H,W) in [0,1], labels
     (k,)), that client's training images, for scoring; only the evaluator calls it, never the
-    attacker. None: the rows are recorded unscored (reconstructions, Lsim and labels).
-    The clients' replies must carry clients.mods.leakage_metadata's metrics. Raises ValueError for
-    bad settings or a model that breaks fl_attack.federation.models.check_model, before any round.
+    attacker. None: the rows are recorded unscored (the reconstructions and their Lsim).
+    The clients' replies must carry clients.mods.leakage_metadata's metrics. Raises ValueError,
+    before any round, for an unknown attack-* key, bad settings, a model that breaks
+    fl_attack.federation.models.check_model, a normalisation that does not fit the dataset, a truth
+    that does not give float (k,C,H,W) images in [0,1] (``check_truth``), or a run-name taken.
     """
     import torch
 
