@@ -15,17 +15,22 @@ attacks.csv, events.log, images/, summary.json).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, fields
 
+import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
-from fl_attack import ObservedUpdate, TrainingMetadata
-from fl_attack.audit.service import AuditService
-from fl_attack.federation.update import AttackTarget
+from fl_attack.audit.service import AuditService, new_run_folder
+from fl_attack.federation.data import get_spec
+from fl_attack.federation.models import check_model, with_input_normalization
+from fl_attack.federation.update import AttackTarget, ObservedUpdate, TrainingMetadata
+from fl_attack.run_config import RunSettings, audit_run_config
 
 
 def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
@@ -60,8 +65,6 @@ def in_partition_order(replies: Iterable[Message]) -> list[Message]:
 
 def is_finite(arrays: ArrayRecord) -> bool:
     """True when every array of the record is free of NaN and inf."""
-    import numpy as np
-
     return all(np.isfinite(array.numpy()).all() for array in arrays.values())
 
 
@@ -105,12 +108,6 @@ def audit(
     fl_attack.federation.models.check_model, a normalisation that does not fit the dataset, a truth
     that does not give float (k,C,H,W) images in [0,1] (``check_truth``), or a run-name taken.
     """
-    import torch
-
-    from fl_attack.audit.service import new_run_folder
-    from fl_attack.federation.models import check_model, with_input_normalization
-    from fl_attack.run_config import RunSettings, audit_run_config
-
     audit_keys = audit_run_config(context.run_config)
     known = {f.name.replace("_", "-") for f in fields(RunSettings)}
     unknown = sorted(k for k in audit_keys if k not in known)
@@ -159,10 +156,6 @@ def check_truth(truth: Callable[[int], tuple], dataset: str, partition_id: int =
     """ValueError unless ``truth(partition_id)`` gives (images, labels) as the evaluator scores
     them: float images (k,C,H,W) of the dataset's shape in [0,1] (ToTensor's scale, before any
     Normalize) and k labels. Called once before round 1, so a wrong truth fails before any attack."""
-    import torch
-
-    from fl_attack.federation.data import get_spec
-
     shape = get_spec(dataset).image_shape
     what = f"audit: truth({partition_id})"
     try:
@@ -186,7 +179,6 @@ def check_truth(truth: Callable[[int], tuple], dataset: str, partition_id: int =
 
 def _concatenated(truth: Callable[[int], tuple]):
     """partition ids -> their training images and labels, concatenated in order (an aggregate's)."""
-    import torch
 
     def images_and_labels(partition_ids: tuple[int, ...]):
         parts = [truth(p) for p in partition_ids]
@@ -198,8 +190,6 @@ def _concatenated(truth: Callable[[int], tuple]):
 def _pickle_by_value(module_name: str) -> None:
     """Ship the app's model class to Ray attack workers by value: the app's package is on the
     ServerApp's path, not necessarily on a worker's."""
-    import sys
-
     module = sys.modules.get(module_name)
     if module is None or module_name.startswith(("torch", "fl_attack")):
         return
@@ -371,4 +361,4 @@ class AuditedStrategy(Strategy):
         return valid
 
 
-__all__ = ["AuditedStrategy", "Result", "observed_update", "partition_of", "in_partition_order"]
+__all__ = ["AuditedStrategy", "audit", "check_truth", "observed_update", "partition_of", "in_partition_order"]

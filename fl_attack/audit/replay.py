@@ -40,7 +40,7 @@ import torch
 
 from fl_attack.attacker.api import resolve_device
 from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData
+from fl_attack.attacker.labels import NEEDS_AUX
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, memory_methods
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.workers import RayWorkers, make_workers, resolve_batch
@@ -179,7 +179,7 @@ class Replay:
     workers: int = 0
     ray_address: str = ""
     memory: AttackMemory | None = None  # the replaying server's memory of each client (attack-memory)
-    label_aux: AuxiliaryData | None = None  # the server's held-out pool, for label_estimator=aux
+    test_set: object = None  # the server's held-out ClientData: label_estimator=aux's public data, the verdict's pool
     batch: int = 1  # attacks of one round run as one reconstruct_batch (fl_attack.workers.Pipeline)
     batch_given: str = ""  # --batch as given ("": the run's attack-batch), for the replay's run config
 
@@ -396,20 +396,19 @@ def prepare_replay(
         workers=workers,
         ray_address=ray_address or "",
         memory=state,
-        label_aux=_label_aux(run.settings, config),
+        test_set=_server_test_set(run.settings, config),
         batch=batch,
         batch_given="" if batch_given is None else str(batch_given),
     )
 
 
-def _label_aux(settings: RunSettings, config: AttackConfig):
-    """The server's held-out pool as label_estimator=aux's public data, as in the run; None otherwise."""
-    if config.label_estimator not in NEEDS_AUX:
-        return None
+def _server_test_set(settings: RunSettings, config: AttackConfig):
+    """The run's held-out pool (None with server-test-samples = 0), drawn once. ReplayError when
+    label_estimator=aux needs it and the run had none."""
     test_set = settings.server_test_set()
-    if test_set is None:
+    if test_set is None and config.label_estimator in NEEDS_AUX:
         raise ReplayError("label_estimator=aux needs the server's held-out pool: the run had server-test-samples = 0")
-    return AuxiliaryData(test_set.images, test_set.labels)
+    return test_set
 
 
 def _replay_run_config(replay: Replay) -> dict:
@@ -562,7 +561,7 @@ def _service(replay: Replay, workers, log: TextIO) -> AuditService:
         settings,
         replay.out,
         workers=workers,
-        test_set=settings.server_test_set(),
+        test_set=replay.test_set,
         privacy=replay.run.privacy,
         truth=lambda partition_ids: replay.truths[partition_ids],
         memory=replay.memory,
