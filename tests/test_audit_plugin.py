@@ -165,3 +165,17 @@ def test_audit_refuses_what_would_go_unnoticed_before_any_round(tmp_path):
     # a run-name that holds a run: another name (an audited app's run does not resume)
     with pytest.raises(ValueError, match=r"already holds a run; choose another run-name$"):
         audit(FedAvg(), _context(tmp_path), model=_net, dataset="cifar100")
+
+
+@pytest.mark.heavy
+def test_oracle_labels_are_the_evaluators_truth_handed_to_the_job(tmp_path):
+    """attack-labels=oracle (an explicit leak): each job gets its client's true labels from the
+    service's truth, the attacker never reads the data itself."""
+    from fl_attack.audit.victims import ground_truth
+    from tests.inprocess import federate
+
+    settings, _, _, jobs = federate(tmp_path, attack_labels="oracle", attack_iterations=1)
+    assert len(jobs) == 2
+    for job in jobs:
+        truth = ground_truth(settings.with_partitions(2).data, job.target.partition_ids)[1]
+        assert isinstance(job.labels, torch.Tensor) and torch.equal(job.labels, truth)

@@ -240,22 +240,21 @@ class AuditService:
         target: AttackTarget,
         make_update: Callable[[], ObservedUpdate],
         *,
-        labels: str | Callable[[], torch.Tensor] | None = None,
+        labels: str | torch.Tensor | None = None,
         methods: Iterable[str] | None = None,
         threads: int | None | str = "run",
     ) -> None:
         """Attack the update ``make_update()`` builds (recorded in updates/ first) with every method.
 
         A failure to build it (bad input, a non-finite update) is a failed row and the round goes
-        on. labels: "recovered", or a function returning the true labels (labels=oracle, an explicit
-        leak); default: the run config's attack-labels, the truth's labels for oracle. methods: the
+        on. labels: "recovered", or the true labels (N,) (labels=oracle, an explicit leak); default:
+        the run config's attack-labels, the truth's labels for oracle. methods: the
         run's by default. threads: each job's torch threads (default "run": the run's rule; None: the
         worker's own setting)."""
         try:  # built once, shared by every method's job
             update = make_update()
             if labels is None:
                 labels = "recovered" if self.settings.attack_labels != "oracle" else self._oracle(target)
-            labels = labels() if callable(labels) else labels
         except Exception as exc:
             update, error = None, f"{type(exc).__name__}: {exc}"
         if update is not None and self.record_updates:
@@ -302,10 +301,11 @@ class AuditService:
             else:
                 self.pipeline.submit(job)
 
-    def _oracle(self, target: AttackTarget) -> Callable[[], torch.Tensor]:
+    def _oracle(self, target: AttackTarget) -> torch.Tensor:
+        """The true labels of ``target``'s images (attack-labels=oracle), from the evaluator's truth."""
         if self.truth is None:
             raise ValueError("attack-labels=oracle needs the ground truth, and this audit has none")
-        return lambda: self.truth(target.partition_ids)[1].clone()
+        return self.truth(target.partition_ids)[1].clone()
 
     @property
     def attacks_pending(self) -> int:
