@@ -1,5 +1,6 @@
-"""The shipped reader classifiers (fl_attack.audit.reader): they load, classify the bundled clients' images
-far above chance, and their training sets are disjoint from the clients and the server's pool."""
+"""The shipped reader classifiers (fl_attack.audit.reader): they load, their weights are the ones their sidecar
+describes (SHA-256), they classify the bundled clients' images at the sidecar's recorded accuracy, and their
+training sets are disjoint from the clients and the server's pool."""
 
 from __future__ import annotations
 
@@ -23,30 +24,42 @@ def _shared_source() -> Path:
     return path
 
 
-def _client_images(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
-    pool = load_bundled(dataset)
-    if dataset == "femnist":
-        parts = [client_partition(pool, p, 32).train for p in range(3)]
-    else:
-        parts = [client_partition(pool, p, 50, held_out=1000).train for p in range(3)]
-    return torch.cat([c.images for c in parts]), torch.cat([c.labels for c in parts])
+SUBSET = 4  # the accuracy test reads every 4th image of the sidecar's client set (660 femnist, 750 cifar100)
+TOLERANCE = 0.03  # and finds the sidecar's accuracy within 3 points (measured: +0.3 femnist, +1.1 cifar100)
 
 
-@pytest.mark.parametrize("dataset,factor", [("femnist", 10), ("cifar100", 5)])
-def test_the_reader_classifies_bundled_clients_far_above_chance(dataset, factor):
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+def test_the_reader_classifies_the_bundled_clients_at_its_sidecars_accuracy(dataset):
+    """The images the sidecar's ``client_accuracy`` was measured on (``bundled_client_set``: the first 20
+    femnist writers' LEAF-train samples, none a reader writer; all 3,000 bundled cifar100 images), every
+    4th: the shipped reader scores the recorded figure (0.898 femnist, 0.527 cifar100) within 3 points."""
     torch.manual_seed(0)
     spec = get_spec(dataset)
     model = reader.load_reader(dataset)
     assert reader.load_reader(dataset.upper()) is model  # cached per process
     assert not model.training
-    images, labels = _client_images(dataset)
-    assert images.dtype == torch.float32 and 0.0 <= float(images.min()) and float(images.max()) <= 1.0
+    images, labels, _ = reader.bundled_client_set(dataset)
+    images = torch.from_numpy(np.array(images[::SUBSET])).float().div(255.0)
+    images = images[:, None] if images.dim() == 3 else images.permute(0, 3, 1, 2)
+    labels = torch.from_numpy(np.array(labels[::SUBSET]))
     with torch.no_grad():
         logits = model(images)
     assert logits.shape == (len(labels), spec.num_classes) and logits.dtype == torch.float32
     assert torch.isfinite(logits).all()
-    accuracy = (logits.argmax(1) == labels).float().mean().item()
-    assert accuracy > factor / spec.num_classes
+    accuracy = (logits.argmax(1) == labels).double().mean().item()
+    recorded = reader.reader_info(dataset)["client_accuracy"]
+    assert abs(accuracy - recorded) <= TOLERANCE, (accuracy, recorded)
+
+
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+def test_the_shipped_weights_are_the_ones_the_sidecar_describes(dataset):
+    """The weights file's SHA-256 and size are what training recorded in the sidecar beside its accuracies
+    (``train_reader`` writes both), and the sidecar's command is the training module's."""
+    info = reader.reader_info(dataset)
+    weights = Path(reader.__file__).parents[1] / "assets" / f"reader_{dataset}.pt"
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == info["weights_sha256"]
+    assert weights.stat().st_size == info["weights_bytes"]
+    assert info["command"].startswith(f"python -m fl_attack.audit.reader --dataset {dataset} ")
 
 
 @pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
