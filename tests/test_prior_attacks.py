@@ -2,8 +2,10 @@
 
 Each attack runs on a real FEMNIST client's multi-step update (k=8, B=4, E=2: T=4 local SGD steps)
 with labels recovered from the update, as Table 1 runs them: it must lower its matching loss and end
-closer to the client's images than where it started. The diffusion prior must be trained on the
-server's public pool only (never a client's sample) and must denoise real images it never saw.
+closer to the client's images (matched PSNR) than where it started and, by 3 dB, than what the server
+outputs without the update: a blank page, the public pool's mean grey and its mean image. The diffusion
+prior must be trained on the server's public pool only (never a client's sample) and must denoise real
+images it never saw.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ def _psnr(images, truth) -> float:
     return float(evaluate_reconstruction(images, truth)["psnr"])
 
 
+def _update_free(truth) -> dict[str, float]:
+    """The matched PSNR of what a server outputs without the update: a blank (all-white) page, the public
+    pool's mean grey level, and the public pool's mean image (k copies each; the pool is the server's
+    held-out set the diffusion prior trained on, never a client's). On client 2: 15.4, 15.7, 17.6 dB."""
+    pool = public_pool("femnist").images
+    return {
+        "white": _psnr(torch.ones_like(truth), truth),
+        "grey": _psnr(torch.full_like(truth, float(pool.mean())), truth),
+        "pool mean": _psnr(pool.mean(0, keepdim=True).expand_as(truth).contiguous(), truth),
+    }
+
+
 def _run(update, truth, method, **settings):
     """reconstruct with a callback keeping the images the trace saw; returns (rec, first images)."""
     seen = {}
@@ -60,13 +74,18 @@ def _run(update, truth, method, **settings):
 # --- GI-NAS -----------------------------------------------------------------------------------------
 
 
-def test_ginas_lowers_its_matching_loss_and_beats_its_initial_reconstruction(client):
+@pytest.mark.heavy
+def test_ginas_lowers_its_matching_loss_and_beats_a_blank_and_the_pool_mean(client):
+    """At 120 iterations GI-NAS reaches 23.0 dB (22.0 at 1 thread) against 17.6 dB for the best
+    update-free output; at 30 it was 13.8 dB, under a blank page (15.4 dB), and 100 leave under 3 dB."""
     update, truth, _ = client
-    rec, first = _run(update, truth, "ginas", iterations=30, generator_candidates=4, lr_generator=1e-2)
+    rec, first = _run(update, truth, "ginas", iterations=120, generator_candidates=4, lr_generator=1e-2)
     start = rec.trace[0]
     assert start["lsim_honest"] == pytest.approx(start["search_lsim"], abs=1e-5)  # the searched net's output
     assert rec.lsim_honest < start["lsim_honest"] - 0.1, (start["lsim_honest"], rec.lsim_honest)
-    assert _psnr(rec.images, truth) > _psnr(first, truth) + 3  # the untrained generator's output is grey
+    psnr, floor = _psnr(rec.images, truth), _update_free(truth)
+    assert psnr > _psnr(first, truth) + 3  # the untrained generator's output is grey
+    assert psnr > max(floor.values()) + 3, (psnr, floor)
     assert rec.images.shape == truth.shape and 0 <= float(rec.images.min()) <= float(rec.images.max()) <= 1
 
 
@@ -124,11 +143,14 @@ def test_ginas_refuses_a_joint_attack(client):
 # --- DGGI -------------------------------------------------------------------------------------------
 
 
-def test_dggi_lowers_its_matching_loss_and_beats_its_initial_reconstruction(client):
+def test_dggi_lowers_its_matching_loss_and_beats_a_blank_and_the_pool_mean(client):
+    """At 40 iterations DGGI reaches 26.6 dB against 17.6 dB for the best update-free output."""
     update, truth, _ = client
     rec, first = _run(update, truth, "dggi", iterations=40, prior_every=5)
     assert rec.lsim_honest < rec.trace[0]["lsim_honest"] - 0.1, (rec.trace[0]["lsim_honest"], rec.lsim_honest)
-    assert _psnr(rec.images, truth) > _psnr(first, truth) + 3
+    psnr, floor = _psnr(rec.images, truth), _update_free(truth)
+    assert psnr > _psnr(first, truth) + 3
+    assert psnr > max(floor.values()) + 3, (psnr, floor)
 
 
 def test_dggi_projects_x_hat_with_the_prior_on_its_schedule(client):
