@@ -34,7 +34,7 @@ def main(grid: Grid, context: Context) -> None:
     lr = context.run_config["learning-rate"]
 
     # Load global model
-    global_model = Net()
+    global_model = Net(batch_norm=context.run_config["batch-norm"])
     arrays = ArrayRecord(global_model.state_dict())
 
     # Initialize the strategy
@@ -45,7 +45,8 @@ def main(grid: Grid, context: Context) -> None:
 
     nodes, rc, norm = len(list(grid.get_node_ids())), context.run_config, ((0.5,) * 3, (0.5,) * 3)
     truth = lambda p: training_images(p, nodes, rc["examples-per-partition"], rc["data-file"])  # noqa: E731
-    strategy = audit(strategy, context, model=Net, dataset="cifar100", normalize=norm, truth=truth)
+    model = lambda: Net(batch_norm=rc["batch-norm"])  # noqa: E731
+    strategy = audit(strategy, context, model=model, dataset="cifar100", normalize=norm, truth=truth)
     # --- end of the audit block ---
 
     # Start strategy, run for `num_rounds`

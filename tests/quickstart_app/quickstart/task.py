@@ -21,20 +21,24 @@ from torchvision.transforms import Compose, Normalize, ToTensor
 
 
 class Net(nn.Module):
-    """Model (simple CNN adapted from 'PyTorch: A 60 Minute Blitz')"""
+    """Model (simple CNN adapted from 'PyTorch: A 60 Minute Blitz'); ``batch_norm``: a BatchNorm2d after
+    each convolution, as most Flower apps' models have (their running statistics and int64 counter are
+    in the state dict the app sends)."""
 
-    def __init__(self, num_classes: int = 100):
+    def __init__(self, num_classes: int = 100, batch_norm: bool = False):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 6, 5)
+        self.bn1 = nn.BatchNorm2d(6) if batch_norm else nn.Identity()
         self.pool = nn.MaxPool2d(2, 2)
         self.conv2 = nn.Conv2d(6, 16, 5)
+        self.bn2 = nn.BatchNorm2d(16) if batch_norm else nn.Identity()
         self.fc1 = nn.Linear(16 * 5 * 5, 120)
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x):
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
+        x = self.pool(F.relu(self.bn1(self.conv1(x))))
+        x = self.pool(F.relu(self.bn2(self.conv2(x))))
         x = x.view(-1, 16 * 5 * 5)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
