@@ -33,7 +33,7 @@ from fl_attack.audit.evaluator import score
 from fl_attack.audit.metrics import get_lpips, match_pairs
 from fl_attack.audit.verdict import Verdict, pixel_l2
 from fl_attack.audit.victims import train_victim
-from fl_attack.federation.data import load_bundled, server_test_set
+from fl_attack.federation.data import DataSettings, load_bundled, run_writers, server_test_set
 
 DATASETS = ("femnist", "cifar100")
 HELD_OUT = 1000  # the federation's server-test-samples: the public pool
@@ -138,8 +138,13 @@ def main(argv=None) -> int:
         public = server_test_set(pool, HELD_OUT, seed=args.seed)
         d_max = max(int(d) for d in args.distractors.split(","))
         started = time.perf_counter()
+        clients = DataSettings(dataset, args.samples, seed=args.seed, num_partitions=args.clients)
         verdict = Verdict.from_data(
-            dataset, seed=args.seed, public=(public.images, public.labels), num_distractors=d_max
+            dataset,
+            seed=args.seed,
+            public=(public.images, public.labels),
+            num_distractors=d_max,
+            exclude_writers=run_writers(clients, pool),  # femnist: none of the attacked writers' samples
         )
         verdict._read(public.images[:1])  # load the reader once
         setup = time.perf_counter() - started

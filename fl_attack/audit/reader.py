@@ -317,7 +317,9 @@ def image_digests(images: Tensor) -> np.ndarray:
     outside are clamped), as the evaluator and ``fl_attack.federation.data`` hold them; equal 8-bit
     images give equal digests. Raises ValueError for images not (N,C,H,W) or not floating point."""
     if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
-        raise ValueError(f"image_digests: expected float images (N,C,H,W) in [0,1], got {getattr(images, 'shape', images)}")
+        raise ValueError(
+            f"image_digests: expected float images (N,C,H,W) in [0,1], got {getattr(images, 'shape', images)}"
+        )
     q = (images.detach().cpu().float().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
     raw = b"".join(hashlib.blake2b(x.tobytes(), digest_size=DIGEST_BYTES).digest() for x in q)
     return np.frombuffer(raw, dtype="<u8").astype(np.uint64)

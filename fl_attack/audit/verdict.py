@@ -31,12 +31,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fl_attack.audit.metrics import _psnr, _ssim, match_pairs
+from fl_attack.audit.overlap import leave_out_writers, reader_overlap
 from fl_attack.audit.runs import percent, whose
 from fl_attack.federation.data import get_spec, load_pool, server_test_set
 
@@ -184,25 +186,49 @@ class Verdict:
         seed: int = 0,
         public: tuple[torch.Tensor, torch.Tensor] | None = None,
         num_distractors: int = DEFAULT_DISTRACTORS,
+        exclude_writers: Iterable[str] = (),
     ) -> Verdict:
         """The run's verdict: the public pool ``public`` = (images, labels) (the server's held-out set;
         None: ``server_test_set`` of DEFAULT_PUBLIC_SAMPLES with the run's seed), and D =
         ``num_distractors`` distractors drawn from the dataset's pool (``load_pool(dataset,
-        data_dir)``) with ``default_rng([seed, 38])``. ValueError for bad data settings or D < 1."""
+        data_dir)``) with ``default_rng([seed, 38])``. exclude_writers: femnist writer names, the run's
+        (``fl_attack.federation.data.run_writers``): the public pool and the distractors then hold
+        no sample of theirs, nor an image equal to one (``fl_attack.audit.overlap.leave_out_writers``);
+        fewer than D distractors when the other writers' samples do not hold them. ValueError for bad
+        data settings, D < 1, or writers that cifar100 or the pool lacks."""
         if num_distractors < 1:
             raise ValueError(f"verdict: needs at least one distractor, got {num_distractors}")
         pool = load_pool(dataset, data_dir)
         if public is None:
             held = server_test_set(pool, min(DEFAULT_PUBLIC_SAMPLES, len(pool) - 1), seed=seed)
             public = (held.images, held.labels)
-        n = min(len(pool), num_distractors + _SLACK)
-        idx = np.sort(np.random.default_rng([seed, 38]).choice(len(pool), size=n, replace=False))
+        kept = leave_out_writers(pool, public, exclude_writers)
+        n = min(len(kept.candidates), num_distractors + _SLACK)
+        idx = kept.candidates[np.sort(np.random.default_rng([seed, 38]).choice(len(kept.candidates), n, replace=False))]
         images = torch.from_numpy(np.ascontiguousarray(pool.images[idx])).float().div_(255.0)
         images = images[:, None] if images.dim() == 3 else images.permute(0, 3, 1, 2).contiguous()
+        if kept.writer_prints:  # an image of another writer equal to one of the run's: out too
+            images = images[torch.tensor([p not in kept.writer_prints for p in _fingerprints(images)])]
         from fl_attack.audit.reader import reader_writers
 
         writers = frozenset(reader_writers()) if get_spec(dataset).name == "femnist" else frozenset()
-        return cls(dataset, public[0].float(), public[1].long(), images, num_distractors, reader_writers=writers)
+        return cls(dataset, kept.public_images, kept.public_labels, images, num_distractors, reader_writers=writers)
+
+    def warn_reader_overlap(self, truth: torch.Tensor, client_id: str = "") -> int:
+        """How many of a client's originals ``truth`` (k,C,H,W) in [0,1] the reader trained on, by
+        fingerprint (``fl_attack.audit.overlap.reader_overlap``); the first time in a run that any is,
+        one warning names the count (its ``recognized`` is then optimistic). ValueError for bad images."""
+        count = reader_overlap(truth, self.dataset)
+        if count and ("reader training set",) not in self._warned:
+            self._warned.add(("reader training set",))
+            log.warning(
+                "verdict: %d of the client's %d images%s are in the reader's training set: its 'recognized' is "
+                "optimistic (warned once per run)",
+                count,
+                len(truth),
+                f" ({client_id})" if client_id else "",
+            )
+        return count
 
     # ------------------------------------------------------------------------------- pieces
 
@@ -306,6 +332,7 @@ class Verdict:
                 f"verdict: reconstructions {tuple(matched.shape)} and originals {tuple(truth.shape)} differ"
             )
         k = len(truth)
+        self.warn_reader_overlap(truth, client_id)
         if client_id and client_id in self.reader_writers and client_id not in self._warned:
             self._warned.add(client_id)
             log.warning(
