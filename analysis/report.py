@@ -627,14 +627,25 @@ _VERDICT_NOTE = (
 )
 
 
+def _disjoint_text(config: dict) -> str:
+    """config.json's line on what the verdict's data and the attacker's public pool share with the
+    run's clients (``verdict["disjoint"]["text"]``, fl_attack.audit.overlap.disjoint_record); "" when
+    the run has none (an audited app's, or one written before it)."""
+    verdict = config.get("verdict")
+    record = verdict.get("disjoint") if isinstance(verdict, dict) else None
+    return str(record.get("text") or "") if isinstance(record, dict) else ""
+
+
 def _verdict_lines(sections: list[_RunSection]) -> list[tuple[str, list[str]]]:
-    """(run label, its verdict sentences) per run that has a verdict."""
+    """(run label, its verdict sentences, then the data-overlap line where config.json has one) per
+    run that has a verdict."""
     out = []
     for section in sections:
         attacks = section.run.attacks
         found = verdict_sentences(attacks)
         if found:
-            out.append((section.label, found))
+            disjoint = _disjoint_text(section.run.config or {})
+            out.append((section.label, found + ([disjoint] if disjoint else [])))
     return out
 
 
