@@ -178,7 +178,8 @@ def reader_info(dataset: str) -> dict:
     set (``training_set``: description, ``source``, sizes), ``epochs``, ``seed``, ``wall_seconds``,
     ``torch_version``, ``params``, the accuracies measured (``val_accuracy`` on the held-out 10% of the
     training set, ``client_accuracy`` on the bundled pool's client training images, ``client_set``
-    saying which) and, for femnist, ``reader_writers``.
+    saying which), ``training_digests`` (the training set's fingerprint file: :func:`write_training_digests`)
+    and, for femnist, ``reader_writers``.
 
     Raises ValueError for an unknown dataset or a missing sidecar (naming the file and the command)."""
     name = get_spec(dataset).name

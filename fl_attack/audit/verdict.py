@@ -23,7 +23,10 @@ For one scored attack (k reconstructions, Hungarian-matched to the client's k or
 The public pool is the server's own held-out set (``fl_attack.federation.data.server_test_set``: the data of
 its centralised evaluation and of the ``aux`` label estimator), never a client's. The distractors are
 drawn from the dataset's pool with the run's seed; any that equals one of the client's originals is
-left out.
+left out. On FEMNIST both leave out the run's writers where the driver knows them (``exclude_writers``,
+fl_attack.audit.overlap): the server's held-out set is LEAF-test samples of every writer, the victims
+included, and config.json says how many of them it shares. A client image the reader trained on is
+found by fingerprint and warned about (``warn_reader_overlap``).
 """
 
 from __future__ import annotations
