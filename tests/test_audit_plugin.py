@@ -4,7 +4,10 @@ replaced, and the plugin's pieces do what their docstrings say.
 tests/golden/ holds attacks.csv and rounds.csv of the run below made by the last commit before the
 plugin (5bc84aa: the honest-but-curious FedAvg mixin, LeakageTracking), with 1 torch thread:
 ``serve(tmp, partitions=(0, 1, 2), num_rounds=2, attack_method="pisme,sme", attack_iterations=6,
-attack_memory="keep", attack_clients="0,2", fraction_train=0.67, seed=5)``.
+attack_memory="keep", attack_clients="0,2", fraction_train=0.67, seed=5)``. Its verdict columns
+(fl_attack.audit.verdict.VERDICT_COLUMNS, the evaluator's) are restated when the verdict's data changes:
+last when FEMNIST's public pool and distractors left the run's writers out (#48, item 4), the attack's
+columns and rounds.csv unchanged.
 """
 
 from __future__ import annotations
