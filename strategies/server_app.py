@@ -33,7 +33,7 @@ from fl_attack.audit.overlap import disjoint_record
 from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
 from fl_attack.audit.runs import RunFolder, check_resumable
 from fl_attack.audit.service import AuditService, new_run_folder
-from fl_attack.audit.verdict import verdict_protocol
+from fl_attack.audit.verdict import DEFAULT_DISTRACTORS, DEFAULT_PUBLIC_SAMPLES, verdict_protocol
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.participants import sample_size
 from fl_attack.privacy.accountant import PrivacyLedger
@@ -74,7 +74,12 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
             "verdict": {
                 **verdict_protocol(settings.server_test_samples),
                 # what the verdict's data and the attacker's public pool share with the run's clients
-                "disjoint": disjoint_record(settings.with_partitions(num_nodes).data, settings.server_test_samples),
+                "disjoint": disjoint_record(
+                    settings.with_partitions(num_nodes).data,
+                    settings.server_test_samples,
+                    num_distractors=DEFAULT_DISTRACTORS,
+                    default_public=DEFAULT_PUBLIC_SAMPLES,
+                ),
             },
         }
     )

@@ -118,10 +118,11 @@ def reader_overlap(truth: torch.Tensor, dataset: str) -> int:
     return int(in_training_set(truth, dataset).sum())
 
 
-def disjoint_record(data: DataSettings, public_samples: int) -> dict:
+def disjoint_record(data: DataSettings, public_samples: int, *, num_distractors: int, default_public: int) -> dict:
     """config.json's ``verdict["disjoint"]`` of a federation (``data`` with its num_partitions N, the
     clients 0..N-1; ``public_samples``: its server-test-samples): what the verdict's data and the
-    attacker's share with the run's clients, as ``Verdict.from_data`` builds the verdict's. Keys:
+    attacker's share with the run's clients, as ``Verdict.from_data`` builds the verdict's (D =
+    ``num_distractors``; ``default_public``: the verdict's pool size when the run holds none out). Keys:
 
     * ``reader_training_images``: the clients' training images the reader trained on (by fingerprint).
     * femnist only: ``run_writers`` (how many writers the clients hold, ``run_writers``);
@@ -133,7 +134,6 @@ def disjoint_record(data: DataSettings, public_samples: int) -> dict:
     * ``text``: the line the report shows (``disjoint_line``).
 
     Raises ValueError / FileNotFoundError for bad data settings (N None for femnist included)."""
-    from fl_attack.audit.verdict import DEFAULT_DISTRACTORS, DEFAULT_PUBLIC_SAMPLES
     from fl_attack.audit.victims import private_samples
 
     clients = range(int(data.num_partitions or 0))
@@ -143,7 +143,7 @@ def disjoint_record(data: DataSettings, public_samples: int) -> dict:
     if get_spec(data.dataset).name == "femnist":
         pool = load_pool(data.dataset, data.data_dir)
         held = server_test_set(pool, public_samples, seed=data.seed) if public_samples else None
-        drawn = held if held is not None else server_test_set(pool, DEFAULT_PUBLIC_SAMPLES, seed=data.seed)
+        drawn = held if held is not None else server_test_set(pool, default_public, seed=data.seed)
         kept = leave_out_writers(pool, (drawn.images, drawn.labels), run_writers(data, pool))
         record.update(
             {
@@ -156,8 +156,8 @@ def disjoint_record(data: DataSettings, public_samples: int) -> dict:
                     "shared_samples": kept.shared_samples,
                 },
                 "verdict_public_pool": len(kept.public_labels),
-                "distractors": min(DEFAULT_DISTRACTORS, len(kept.candidates)),
-                "distractors_asked": DEFAULT_DISTRACTORS,
+                "distractors": min(num_distractors, len(kept.candidates)),
+                "distractors_asked": num_distractors,
             }
         )
     record["text"] = disjoint_line(record)
