@@ -396,23 +396,33 @@ class Verdict:
             "recovered": singled & (read == read_truth),
         }
 
-    def control(self, other: torch.Tensor, truth: torch.Tensor, truth_labels, other_truth: torch.Tensor) -> dict:
+    def control(
+        self, other: torch.Tensor, truth: torch.Tensor, truth_labels, other_truth: torch.Tensor, other_labels=None
+    ) -> dict:
         """A control that can fail: another client's reconstructions ``other`` (k',C,H,W) in [0,1]
         offered as this client's, Hungarian-matched to this client's ``truth`` (k,C,H,W) exactly like an
         attack, and ranked among its k originals and D distractors with the other client's originals
         ``other_truth`` left out (where they stay, the control is zero by construction). Needs k' >= k
-        (the first matched k are used). Returns {"singled": count, "recovered": count, "k", "chance":
-        the matched chance k/(k+D), "exceeds": whether ``exceeds_chance`` flags it}: a sound verdict
-        keeps "exceeds" False; a leak (a matching or ranking that peeks at the truth) makes it True."""
+        (the first k are used). other_labels: the labels the other attack recovered (k',), for the
+        label-aware chance. Returns {"k", "singled": count, "recovered": count, "chance": the larger of
+        k/(k+D) and the label-aware chance, "exceeds": ``exceeds_chance`` of the count}: a sound
+        verdict keeps "exceeds" False; a leak (an output or a matching that peeks at the truth) makes
+        it True. ValueError for k' < k."""
         truth = truth.detach().float().cpu().clamp(0, 1)
         other = other.detach().float().cpu().clamp(0, 1)
-        if len(other) < len(truth):
-            raise ValueError(f"control: needs at least k={len(truth)} other images, got {len(other)}")
-        order, _ = match_pairs(other[: len(truth)], truth)
-        matched = other[torch.as_tensor(order)]
-        candidates = self.candidates(truth, exclude=other_truth.detach().float().cpu())
+        k = len(truth)
+        if len(other) < k:
+            raise ValueError(f"control: needs at least k={k} other images, got {len(other)}")
+        order, _ = match_pairs(other[:k], truth)
+        matched = other[:k][torch.as_tensor(order)]
+        exclude = other_truth.detach().float().cpu()
+        candidates = self.candidates(truth, exclude=exclude)
         judged = self.judge(matched, truth, truth_labels, candidates)
-        k, chance = len(truth), len(truth) / len(candidates)
+        chance = k / len(candidates)
+        if other_labels is not None:
+            labels = torch.as_tensor(other_labels).long().cpu()[:k]
+            label_chance = self.label_chance(labels, truth_labels, torch.cat([truth, exclude]))
+            chance = max(chance, label_chance) if math.isfinite(label_chance) else chance
         singled = int(judged["singled"].sum())
         return {
             "k": k,
