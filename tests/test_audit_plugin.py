@@ -23,6 +23,10 @@ from tests.inprocess import serve
 
 GOLDEN = Path(__file__).parent / "golden"
 WALL_CLOCK = {"attack_seconds", "seconds", "worker_id", "worker_node"}  # differ between any two runs
+# The verdict's chance and floor were redefined after the golden record (#48: the matched null, the
+# sharp label guesses); the attack's own columns and the verdict's counts are still held.
+REDEFINED = {"reid_chance", "guess_psnr", "guess_ssim", "guess_lpips", "recognized_guess", "guess_recovered"}
+REDEFINED |= {"psnr_margin"}
 
 
 def _rows(path: Path) -> list[dict]:
@@ -62,7 +66,8 @@ def test_the_project_federation_through_the_plugin_writes_the_rows_of_the_strate
         assert len(ours) == len(golden) and len(golden) in (2, 8), name
         for old, new in zip(golden, ours, strict=True):
             assert set(old) <= set(new), name  # columns added since (compile, batch) may follow
-            differ = {k: (old[k], new[k]) for k in old if k not in WALL_CLOCK and not _same(old[k], new[k])}
+            held = set(old) - WALL_CLOCK - REDEFINED
+            differ = {k: (old[k], new[k]) for k in sorted(held) if not _same(old[k], new[k])}
             assert not differ, (name, old["round"], old.get("method"), differ)
 
 
