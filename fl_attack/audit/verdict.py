@@ -559,7 +559,10 @@ class Verdict:
 def verdict_protocol(public_samples: int) -> dict:
     """The verdict's settings as config.json records them (docs/verdict.md)."""
     return {
-        "public_pool": f"the server's held-out set ({public_samples or DEFAULT_PUBLIC_SAMPLES} samples)",
+        "public_pool": (
+            f"the server's held-out set ({public_samples or DEFAULT_PUBLIC_SAMPLES} samples), less the run's FEMNIST "
+            "writers (disjoint: the sizes used)"
+        ),
         "distractors": DEFAULT_DISTRACTORS,
         "distance": "1 - SSIM",
         "chance": (
