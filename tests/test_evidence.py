@@ -1,5 +1,6 @@
 """The verdict's evidence on real bundled clients with fixed seeds: ``Verdict.evidence`` (which singled-out
-images, their own original's distance and the nearest other candidate's).
+images, their own original's distance and the nearest other candidate's) and the evaluator's picture of
+it beside each grid (images/round-R/METHOD/NAME-evidence.png).
 
 Distances and nearest candidates are checked against a brute-force loop over ``piq.ssim``, one call per
 reconstruction, that imports nothing it checks.
@@ -7,14 +8,22 @@ reconstruction, that imports nothing it checks.
 
 from __future__ import annotations
 
+import logging
 import math
 
+import numpy as np
 import piq
 import pytest
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
+from PIL import Image
 
+from fl_attack.attacker.workers import AttackOutcome
+from fl_attack.audit.evaluator import Evaluator
+from fl_attack.audit.runs import ATTACK_COLUMNS
 from fl_attack.audit.verdict import Verdict
 from fl_attack.federation.data import client_partition, load_bundled, server_test_set
+from fl_attack.federation.update import AttackTarget
 
 K = {"femnist": 32, "cifar100": 20}
 HELD_OUT = 1000  # the federation's server-test-samples default: the public pool
@@ -106,3 +115,84 @@ def test_the_evidence_refuses_what_it_cannot_rank():
         verdict.evidence(truth[:3], truth)
     with pytest.raises(ValueError, match="start with the k originals"):
         verdict.evidence(truth, truth, verdict.candidates(truth).flip(0))
+
+
+# ---------------------------------------------------------------- the evaluator's picture
+
+
+def _cells(picture: np.ndarray, image: torch.Tensor, scale: int) -> list[tuple[int, int]]:
+    """Top-left (y, x) of every exact copy in ``picture`` (H,W,3) uint8 of ``image`` (C,H,W) in [0,1]
+    enlarged ``scale`` times by pixel repetition."""
+    pixels = (image.expand(3, -1, -1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    cell = pixels.repeat(scale, axis=0).repeat(scale, axis=1)
+    h, w = cell.shape[:2]
+    first_rows = (sliding_window_view(picture, (1, w, 3)) == cell[0][None, None, None]).all(axis=(-3, -2, -1))
+    return [
+        (int(y), int(x))
+        for y, x in zip(*np.nonzero(first_rows[:, :, 0]))
+        if y + h <= len(picture) and np.array_equal(picture[y : y + h, x : x + w], cell)
+    ]
+
+
+def _outcome(images: torch.Tensor, labels: torch.Tensor) -> AttackOutcome:
+    target = AttackTarget(1, (0,), 7, "w0")
+    return AttackOutcome(0, "pisme", target, "ok", images=images, labels=labels, label_source="recovered", seconds=1.0)
+
+
+@pytest.fixture(scope="module")
+def femnist_verdict():
+    return _verdict("femnist")
+
+
+@pytest.mark.heavy  # the evaluator's whole scoring: LPIPS, the verdict, the reader
+def test_the_evaluator_draws_the_evidence_beside_the_grid(tmp_path, femnist_verdict):
+    truth = _client("femnist", 0)
+    gen = torch.Generator().manual_seed(2)
+    recon = (truth.images + 0.2 * torch.randn(truth.images.shape, generator=gen)).clamp(0, 1)
+    shuffle = torch.randperm(len(recon), generator=gen)  # an attack returns them in its own order
+    row = Evaluator("femnist", folder=tmp_path, verdict=femnist_verdict).record(
+        _outcome(recon[shuffle], truth.labels[shuffle]), (truth.images, truth.labels)
+    )
+    assert row["status"] == "ok" and row["image"] == "images/round-1/pisme/client-0.png"
+    assert list(row) == list(ATTACK_COLUMNS)  # no column of its own: the path follows from the grid's
+    path = tmp_path / "images/round-1/pisme/client-0-evidence.png"
+    picture = np.asarray(Image.open(path).convert("RGB"))
+
+    candidates = femnist_verdict.candidates(truth.images)
+    found = femnist_verdict.evidence(recon, truth.images, candidates)
+    assert len(found) == 4
+    scale = math.ceil(96 / 28)  # enlarged to at least 96 px a side, to be read
+    tops = []
+    for e in found:  # one row each: the reconstruction | its own original | the nearest other candidate
+        j = e["index"]
+        (a,), (b,), (c,) = (_cells(picture, x, scale) for x in (recon[j], truth.images[j], candidates[e["nearest"]]))
+        assert a[0] == b[0] == c[0] and a[1] < b[1] < c[1]
+        tops.append(a[0])
+    assert tops == sorted(tops) and len(set(tops)) == len(tops)
+
+
+@pytest.mark.heavy  # the evaluator's whole scoring: LPIPS, the verdict, the reader
+def test_no_evidence_picture_when_nothing_is_singled_out_and_a_failure_keeps_the_row(
+    tmp_path, femnist_verdict, monkeypatch, caplog
+):
+    truth = _client("femnist", 0)
+    evaluator = Evaluator("femnist", folder=tmp_path, verdict=femnist_verdict)
+    stale = tmp_path / "images/round-1/pisme/client-0-evidence.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an older attack's")
+    # each reconstruction exactly one of the distractors (distance 0), whatever the matching: none singled out
+    k = len(truth.images)
+    copies = femnist_verdict.candidates(truth.images)[k : 2 * k]
+    row = evaluator.record(_outcome(copies, truth.labels), (truth.images, truth.labels))
+    assert row["status"] == "ok" and row["reidentified"] == 0.0
+    assert (tmp_path / row["image"]).is_file() and not stale.exists()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no evidence today")
+
+    monkeypatch.setattr(femnist_verdict, "evidence", broken)
+    with caplog.at_level(logging.WARNING, logger="fl_attack.audit.evaluator"):
+        row = evaluator.record(_outcome(truth.images, truth.labels), (truth.images, truth.labels))
+    assert row["status"] == "ok" and row["recovered"] == len(truth.images) and row["error"] == ""
+    assert "client-0-evidence.png could not be drawn" in caplog.text and "no evidence today" in caplog.text
+    assert not stale.exists()
