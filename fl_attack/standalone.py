@@ -22,6 +22,8 @@ benchmarks/attack_quality.py. It writes, under the output folder:
   lsim_calibrated, tv, the attack's own variables, and the evaluator's psnr);
 * ``client-<client>-<method>.png``: originals in the top row, matched reconstructions below
   (rows of up to 10 images);
+* ``client-<client>-<method>-evidence.png``: a few singled-out images, each beside its own original
+  and the nearest other candidate (``fl_attack.audit.verdict.Verdict.evidence``); none when no image is;
 * ``settings.json``: the settings of the run.
 """
 

@@ -4,7 +4,8 @@
     RUN/events.log      one timestamped line per event (``event``)
     RUN/rounds.csv      one row per finished round (``ROUNDS``)
     RUN/attacks.csv     one row per attack (``ATTACKS``; fl_attack.audit.evaluator.attack_row)
-    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack
+    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack, and beside each grid
+                        NAME-evidence.png, a few singled-out images (``evidence_path``)
     RUN/updates/        the recorded updates (fl_attack.federation.update: index.csv, round-R/*.pt)
     RUN/checkpoint.pt   the last finished round's global model (``save_checkpoint``)
     RUN/memory.pt       the server's attack memory of its tracked clients (fl_attack.attacker.memory), if on
@@ -154,6 +155,14 @@ def whose(row) -> str:
     if pid is None or pid == "" or (isinstance(pid, float) and math.isnan(pid)):
         return str(row.get("client_id") or "the aggregate")
     return f"partition {int(pid)}"
+
+
+def evidence_path(image: str | Path) -> Path:
+    """The evidence picture beside a row's grid (its ``image``, relative to the run folder):
+    images/round-R/METHOD/NAME.png -> images/round-R/METHOD/NAME-evidence.png (fl_attack.audit.images
+    .save_evidence; drawn by the evaluator when the verdict singles some image out)."""
+    image = Path(image)
+    return image.with_name(f"{image.stem}-evidence.png")
 
 
 class RunFolder:

@@ -555,6 +555,73 @@ class Verdict:
             "guesses": json.dumps({n: {c: round(v, 6) for c, v in g.items()} for n, g in per_guess.items()}),
         }
 
+    # ------------------------------------------------------------------------------- the evidence
+
+    def evidence(
+        self, matched: torch.Tensor, truth: torch.Tensor, candidates: torch.Tensor | None = None, n: int = 4
+    ) -> list[dict]:
+        """Up to ``n`` singled-out images with what singled them out, for a reader to look at
+        (fl_attack.audit.images.save_evidence draws them; docs/verdict.md, "The evidence").
+
+        matched: the reconstructions (k,C,H,W) in [0,1] lined up with the originals ``truth`` (k,C,H,W)
+        in [0,1] (matched[j] pairs truth[j], as ``score`` takes them); candidates: ``candidates(truth)``
+        (computed when None): the k originals, then the D distractors. The distance is always 1 - SSIM
+        (``ssim_distance``, in float32 as the ranking), the verdict's published one, whatever
+        ``distance`` is. Image j is singled out when no candidate is strictly nearer matched[j] than
+        truth[j] (a tie counts for the image, as in ``singled_out``; a non-finite distance never).
+
+        Which n: spread evenly over the singled-out images ranked by margin, from the largest to the
+        smallest (all of them when n or fewer are). The picture then shows the clearest case and the
+        closest call, what "singled out" means across the attack; the n largest margins alone would
+        show only its best. Returns the entries in decreasing margin, [] when none is singled out;
+        each a dict: ``index`` j (0..k-1); ``own``: 1 - SSIM of matched[j] to truth[j];
+        ``nearest``: the index in candidates of the nearest candidate other than truth[j];
+        ``nearest_kind``: "original" (another of the client's originals, nearest < k) or
+        "distractor"; ``nearest_distance``: its 1 - SSIM to matched[j]; ``margin``:
+        nearest_distance - own (>= 0). Distances are floats in [0, 2].
+
+        ValueError when matched and truth are not one (k,C,H,W) shape with k >= 1, when candidates
+        are not (N,C,H,W) with N > k starting with truth, or when n is not an int >= 0.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"verdict evidence: n must be an int >= 0, got {n!r}")
+        if matched.dim() != 4 or matched.shape != truth.shape or len(truth) == 0:
+            raise ValueError(
+                f"verdict evidence: reconstructions {tuple(matched.shape)} and originals {tuple(truth.shape)} "
+                "must be one (k,C,H,W) shape with k >= 1"
+            )
+        k = len(truth)
+        truth = truth.detach().float().cpu()
+        candidates = self.candidates(truth) if candidates is None else candidates.detach().float().cpu()
+        if candidates.dim() != 4 or candidates.shape[1:] != truth.shape[1:] or len(candidates) <= k:
+            raise ValueError(
+                f"verdict evidence: candidates must be (N,{','.join(map(str, truth.shape[1:]))}) with N > k = {k}, "
+                f"got {tuple(candidates.shape)}"
+            )
+        if not torch.equal(candidates[:k], truth):
+            raise ValueError("verdict evidence: candidates must start with the k originals (Verdict.candidates)")
+        d = ssim_distance(matched.detach().float().cpu().clamp(0, 1), candidates)
+        rows = torch.arange(k)
+        own = d[rows, rows].clone()
+        d[rows, rows] = math.inf  # the nearest OTHER candidate
+        nearest_distance, nearest = d.min(1)
+        singled = torch.isfinite(own) & torch.isfinite(nearest_distance) & (own <= nearest_distance)
+        margin = nearest_distance - own
+        ranked = sorted(torch.nonzero(singled).flatten().tolist(), key=lambda j: (-float(margin[j]), j))
+        if len(ranked) > n:
+            ranked = [ranked[round(i * (len(ranked) - 1) / (n - 1))] for i in range(n)] if n > 1 else ranked[:n]
+        return [
+            {
+                "index": j,
+                "own": float(own[j]),
+                "nearest": int(nearest[j]),
+                "nearest_kind": "original" if int(nearest[j]) < k else "distractor",
+                "nearest_distance": float(nearest_distance[j]),
+                "margin": float(margin[j]),
+            }
+            for j in ranked
+        ]
+
 
 def verdict_protocol(public_samples: int) -> dict:
     """The verdict's settings as config.json records them (docs/verdict.md)."""
