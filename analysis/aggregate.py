@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fl_attack.audit.runs import percent, whose
+from fl_attack.audit.verdict import interval
 
 from .load import Run
 
@@ -535,8 +536,11 @@ def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
             for _, r in last.sort_values("partition_id", kind="stable").iterrows()
         )
         return f"{method}: the remembering server holds {held}; {tail}."
+    recovered, images = int(ok["recovered"].sum()), int(ok["k"].sum())
+    low, high = interval(recovered, images)
     return (
-        f"{method}: {int(ok['recovered'].sum())} of {int(ok['k'].sum())} attacked images recovered over "
+        f"{method}: {recovered} of {images} attacked images recovered (95%: {math.floor(low * images + 1e-9)}-"
+        f"{math.ceil(high * images - 1e-9)}) over "
         f"{len(ok)} attack{'s' if len(ok) != 1 else ''} (a guess without the update: "
         f"{int(ok['guess_recovered'].sum())}); the most, {int(best['recovered'])} of {int(best['k'])}, "
         f"of {whose(best)} in round {int(best['round'])}; {tail}."

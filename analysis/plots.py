@@ -190,7 +190,7 @@ def plot_verdict(runs: Run | Sequence[Run]) -> Figure:
                 chance = ok.groupby("round")["reid_chance"].mean()
                 if metric == "recovered_fraction":
                     ax.plot(floor.index, floor.values, color="0.5", ls="--", label="a guess without the update")
-                ax.plot(chance.index, chance.values, color="0.5", ls=":", label="chance 1/(k+D)")
+                ax.plot(chance.index, chance.values, color="0.5", ls=":", label="chance (update-free, same matching)")
     for ax, metric in zip(axes, ("recovered_fraction", "reidentified")):
         if not drawn:
             _no_data(ax, "no verdict in these runs (recorded before it existed?)")

@@ -7,10 +7,11 @@ Writes REPORT_DIR/report.html (PNGs inlined as data URIs, CSS inline, no scripts
 links) or REPORT_DIR/report.md with figures/ and images/ beside it, and the tables
 summary.csv, per_round.csv, per_client.csv, comparison.csv (+ .parquet when pyarrow is importable).
 
-Sections: summary (a few sentences per run and one table row per run, method, defense and labels
-source), comparison of runs (several folders), plots (leakage against round and against the
-model's accuracy, training curve), configuration, then per run: per-round and per-client tables,
-heat map, failed attacks and the best/worst reconstructions.
+Sections: the verdict (its sentences, the per-round plot, and per run the evidence pictures of the
+attacks that single out the most images), summary (a few sentences per run and one table row per
+run, method, defense and labels source), comparison of runs (several folders), plots (leakage
+against round and against the model's accuracy, training curve), configuration, then per run:
+per-round and per-client tables, heat map, failed attacks and the best/worst reconstructions.
 Exit codes: 0 done, 2 bad arguments or a folder that is not a run, 1 the report could not be written.
 """
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fl_attack.audit.runs import evidence_path, whose
 from fl_attack.records import write_bytes_atomic, write_text_atomic
 
 from .aggregate import (
@@ -64,6 +66,12 @@ FORMATS = ("html", "md")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Failed attacks listed per run in the report; the CSVs keep all of them.
 MAX_FAILED_LISTED = 50
+# Evidence pictures shown per run under the verdict: those of the attacks that single out the most images.
+MAX_EVIDENCE = 3
+_EVIDENCE_NOTE = (
+    "Rows: the reconstruction | its own original | the nearest other candidate (another of the client's "
+    "originals or a distractor); the distances are 1 - SSIM to the reconstruction."
+)
 
 
 @dataclass
@@ -86,6 +94,7 @@ class _RunSection:
     heat_map: _Picture | None = None
     memory: list[_Picture] = field(default_factory=list)  # plot_memory's figures, with attack-memory on
     grids: list[tuple[int, list[_Picture | str]]] = field(default_factory=list)
+    evidence: list[_Picture] = field(default_factory=list)  # _pick_evidence's, under the verdict
 
 
 def write_report(
@@ -201,6 +210,7 @@ def _build_sections(runs: list[Run], threshold: float) -> list[_RunSection]:
                 f"PSNR per client and round, {label}. Grey: not attacked, failed or no value.",
             )
             section.grids = _pick_grids(run, label)
+            section.evidence = _pick_evidence(run, label)
         sections.append(section)
     return sections
 
@@ -234,6 +244,37 @@ def _pick_grids(run: Run, label: str) -> list[tuple[int, list[_Picture | str]]]:
                     )
         picks.append((int(round_), items))
     return picks
+
+
+def _pick_evidence(run: Run, label: str) -> list[_Picture]:
+    """The evidence pictures (fl_attack.audit.runs.evidence_path, beside each grid) of the ok attacks that
+    single out the most images (then the highest PSNR), at most ``MAX_EVIDENCE``; an attack without
+    one is passed over, so a run recorded before the evidence existed shows none."""
+    ok = run.attacks[(run.attacks["status"] == "ok") & run.attacks["image"].notna()]
+    if ok.empty:
+        return []
+    fraction, k = (
+        pd.to_numeric(ok[c], errors="coerce") if c in ok else pd.Series(math.nan, index=ok.index)
+        for c in ("reidentified", "k")
+    )
+    singled = fraction * k  # NaN where there is no verdict
+    order = ok.assign(_singled=singled).sort_values(["_singled", "psnr"], ascending=False, kind="stable")
+    pictures = []
+    for _, row in order.iterrows():
+        png = _read_run_png(run, evidence_path(str(row["image"])).as_posix())
+        if png is None:
+            continue
+        count = f"{row['_singled']:.0f} of {row['k']:.0f} singled out" if pd.notna(row["_singled"]) else "singled out"
+        pictures.append(
+            _Picture(
+                f"evidence/{_slug(label)}/round-{int(row['round'])}/{_slug(row['method'])}/client-{_client_text(row)}",
+                png,
+                f"{label}, round {int(row['round'])}, {whose(row)}, {row['method']}: {count}. {_EVIDENCE_NOTE}",
+            )
+        )
+        if len(pictures) == MAX_EVIDENCE:
+            break
+    return pictures
 
 
 def _client_text(row) -> str:
@@ -492,6 +533,8 @@ figcaption { font-size: .85rem; color: #555; }
 .grids { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: .8rem; }
 .grids figure { margin: 0; background: #fafafa; padding: .4rem; border: 1px solid #eee; }
 .grids img { image-rendering: pixelated; width: 100%; }
+.evidence { display: grid; grid-template-columns: repeat(auto-fill, minmax(340px, 1fr)); gap: .8rem; }
+.evidence figure { margin: 0; background: #fff; padding: .4rem; border: 1px solid #eee; }
 ul.sentences li { margin: .15rem 0; }
 .verdict { background: #f4f8ff; border: 1px solid #c9daf5; border-radius: 6px; padding: .2rem 1rem .6rem; }
 .verdict h2 { margin-top: .6rem; }
@@ -627,14 +670,25 @@ _VERDICT_NOTE = (
 )
 
 
+def _disjoint_text(config: dict) -> str:
+    """config.json's line on what the verdict's data and the attacker's public pool share with the
+    run's clients (``verdict["disjoint"]["text"]``, fl_attack.audit.overlap.disjoint_record); "" when
+    the run has none (an audited app's, or one written before it)."""
+    verdict = config.get("verdict")
+    record = verdict.get("disjoint") if isinstance(verdict, dict) else None
+    return str(record.get("text") or "") if isinstance(record, dict) else ""
+
+
 def _verdict_lines(sections: list[_RunSection]) -> list[tuple[str, list[str]]]:
-    """(run label, its verdict sentences) per run that has a verdict."""
+    """(run label, its verdict sentences, then the data-overlap line where config.json has one) per
+    run that has a verdict."""
     out = []
     for section in sections:
         attacks = section.run.attacks
         found = verdict_sentences(attacks)
         if found:
-            out.append((section.label, found))
+            disjoint = _disjoint_text(section.run.config or {})
+            out.append((section.label, found + ([disjoint] if disjoint else [])))
     return out
 
 
@@ -649,6 +703,13 @@ def _verdict_html(sections: list[_RunSection], verdict: _Picture | None) -> list
         parts.append('<ul class="sentences">' + "".join(f"<li>{prefix}{html.escape(t)}</li>" for t in found) + "</ul>")
     if verdict is not None:
         parts.append(_figure_html(verdict))
+    shown = [section for section in sections if section.evidence]
+    if shown:
+        parts.append('<h3 id="evidence">Evidence: a few singled-out images</h3>')
+        for section in shown:
+            if len(sections) > 1:
+                parts.append(f"<h4>{html.escape(section.label)}</h4>")
+            parts.append('<div class="evidence">' + "".join(map(_figure_html, section.evidence)) + "</div>")
     return parts + ["</div>"]
 
 
@@ -683,6 +744,13 @@ def _render_markdown(
         lines.append("")
         if verdict is not None:
             lines.append(saved(verdict, figure_dir))
+        shown = [section for section in sections if section.evidence]
+        if shown:
+            lines += ["### Evidence: a few singled-out images", ""]
+            for section in shown:
+                if len(sections) > 1:
+                    lines += [f"#### {section.label}", ""]
+                lines += [saved(picture, image_dir) for picture in section.evidence]
     lines += [
         f"{_VERDICT_NOTE} PSNR sentences count attacks over {threshold:g} dB. "
         "Failed attacks are counted, never averaged in; intervals are 95% t-intervals of the mean, "

@@ -8,9 +8,13 @@ Then:
 
 1. **distance and D**: the fraction singled out (rank 1 of the own original among k + D candidates)
    by pixel L2, 1 − SSIM and LPIPS-alex, for D in ``--distractors``, for the attack's
-   reconstructions and two controls that must stay at chance: the label-only guess and another
-   client's reconstructions offered as this client's. The distance that separates best is the one
-   whose attack rate is highest while the controls stay at chance (distance.csv).
+   reconstructions and the update-free outputs and control that must stay at chance, each
+   Hungarian-matched to the client's originals exactly like the attack: every guess of the verdict
+   (pool mean, class mean, class medoid, reader's pick), the attacks' noise start, and another
+   client's reconstructions re-matched to this client's originals with that client's originals
+   left out of the distractors (``Verdict.control``). ``chance`` is the matched null the verdict
+   prints (the larger of k/(k+D) and the label-aware chance); ``chance_uniform`` the old 1/(k+D)
+   (distance.csv).
 2. **cost**: the verdict's extra seconds per attack (``Verdict.score``: guesses, re-identification,
    reader) against the attack's own seconds and the evaluator's other scoring (overhead.csv).
 
@@ -33,7 +37,7 @@ from fl_attack.audit.evaluator import score
 from fl_attack.audit.metrics import get_lpips, match_pairs
 from fl_attack.audit.verdict import Verdict, pixel_l2
 from fl_attack.audit.victims import train_victim
-from fl_attack.federation.data import load_bundled, server_test_set
+from fl_attack.federation.data import DataSettings, load_bundled, run_writers, server_test_set
 
 DATASETS = ("femnist", "cifar100")
 HELD_OUT = 1000  # the federation's server-test-samples: the public pool
@@ -110,6 +114,12 @@ def _lpips(recon: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
 DISTANCES = {"pixel L2": lambda a, b: pixel_l2(a.double(), b.double()), "1 - SSIM": _ssim, "LPIPS": _lpips}
 
 
+def matched(outputs: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """``outputs`` (k,C,H,W) Hungarian-matched to ``truth`` as the evaluator matches an attack."""
+    order, _ = match_pairs(outputs, truth)
+    return outputs[torch.as_tensor(order)]
+
+
 def rank1(distances: torch.Tensor) -> float:
     """The fraction of rows whose own column (i, i) is the nearest (a tie counts for the image)."""
     k = distances.shape[0]
@@ -138,15 +148,23 @@ def main(argv=None) -> int:
         public = server_test_set(pool, HELD_OUT, seed=args.seed)
         d_max = max(int(d) for d in args.distractors.split(","))
         started = time.perf_counter()
+        clients = DataSettings(dataset, args.samples, seed=args.seed, num_partitions=args.clients)
         verdict = Verdict.from_data(
-            dataset, seed=args.seed, public=(public.images, public.labels), num_distractors=d_max
+            dataset,
+            seed=args.seed,
+            public=(public.images, public.labels),
+            num_distractors=d_max,
+            exclude_writers=run_writers(clients, pool),  # femnist: none of the attacked writers' samples
         )
         verdict._read(public.images[:1])  # load the reader once
         setup = time.perf_counter() - started
         records = [attacked(dataset, p, args) for p in range(args.clients)]
+        started = time.perf_counter()
+        v = Verdict(dataset, verdict.public_images, verdict.public_labels, verdict.distractors)
+        v.reader, v.distractor_labels = verdict.reader, verdict.distractor_labels
+        v.guesses(records[0]["labels"])  # the per-class sharp guesses: once per run
+        setup += time.perf_counter() - started
         for p, rec in enumerate(records):
-            v = Verdict(dataset, verdict.public_images, verdict.public_labels, verdict.distractors)
-            v.reader = verdict.reader
             started = time.perf_counter()
             row = v.score(
                 rec["matched"],
@@ -168,27 +186,37 @@ def main(argv=None) -> int:
                     "verdict_share": round(extra / rec["attack_seconds"], 4),
                     "verdict_setup_seconds": round(setup, 2),
                     "recovered": row["recovered"],
+                    "recovered_low": row["recovered_low"],
+                    "recovered_high": row["recovered_high"],
                     "k": row["k"],
+                    "guess_recovered": row["guess_recovered"],
+                    "guess_reidentified": round(row["guess_reidentified"], 3),
+                    "reid_chance": round(row["reid_chance"], 4),
                     "reidentified": round(row["reidentified"], 3),
                     "psnr": round(rec["psnr"], 2),
                     "psnr_margin": round(row["psnr_margin"], 2),
                 }
             )
         for d in (int(x) for x in args.distractors.split(",")):
+            v = Verdict(dataset, verdict.public_images, verdict.public_labels, verdict.distractors, d)
+            v.reader, v.distractor_labels = verdict.reader, verdict.distractor_labels
             for name, distance in DISTANCES.items():
-                rates = {"attack": [], "label guess": [], "another client's": []}
+                rates, chances = {}, []
                 for p, rec in enumerate(records):
-                    v = Verdict(dataset, verdict.public_images, verdict.public_labels, verdict.distractors, d)
                     candidates = v.candidates(rec["truth"])
-                    other = records[(p + 1) % len(records)]["matched"]
-                    guess = v.guesses(rec["labels"], rec["truth"])["labels"]
-                    order, _ = match_pairs(guess, rec["truth"])
-                    for what, images in (
-                        ("attack", rec["matched"]),
-                        ("label guess", guess[torch.as_tensor(order)]),
-                        ("another client's", other),
-                    ):
-                        rates[what].append(rank1(distance(images, candidates)))
+                    other = records[(p + 1) % len(records)]
+                    outputs = {"attack": rec["matched"]}
+                    for guess, images in v.guesses(rec["labels"], rec["truth"]).items():
+                        outputs[guess] = matched(images, rec["truth"])
+                    outputs["noise start"] = matched(v.noise(args.samples, 0), rec["truth"])
+                    for what, images in outputs.items():
+                        rates.setdefault(what, []).append(rank1(distance(images, candidates)))
+                    # the control: the other client's reconstructions re-matched, its originals left out
+                    theirs = matched(other["matched"], rec["truth"])
+                    without = v.candidates(rec["truth"], exclude=other["truth"])
+                    rates.setdefault("another client's, re-matched", []).append(rank1(distance(theirs, without)))
+                    label_chance = v.label_chance(rec["labels"], rec["truth_labels"], rec["truth"])
+                    chances.append(max(args.samples / len(candidates), label_chance))
                 for what, values in rates.items():
                     distance_rows.append(
                         {
@@ -199,10 +227,11 @@ def main(argv=None) -> int:
                             "images": what,
                             "singled_out": round(sum(values) / len(values), 4),
                             "per_client": " ".join(f"{x:.3f}" for x in values),
-                            "chance": round(1 / (args.samples + d), 5),
+                            "chance": round(sum(chances) / len(chances), 5),
+                            "chance_uniform": round(1 / (args.samples + d), 5),
                         }
                     )
-                print(distance_rows[-3:], file=sys.stderr, flush=True)
+                print(distance_rows[-len(rates) :], file=sys.stderr, flush=True)
     for name, rows in (("distance", distance_rows), ("overhead", overhead_rows)):
         path = out / f"{name}.csv"
         with open(path, "w", newline="") as f:

@@ -22,6 +22,8 @@ benchmarks/attack_quality.py. It writes, under the output folder:
   lsim_calibrated, tv, the attack's own variables, and the evaluator's psnr);
 * ``client-<client>-<method>.png``: originals in the top row, matched reconstructions below
   (rows of up to 10 images);
+* ``client-<client>-<method>-evidence.png``: a few singled-out images, each beside its own original
+  and the nearest other candidate (``fl_attack.audit.verdict.Verdict.evidence``); none when no image is;
 * ``settings.json``: the settings of the run.
 """
 
@@ -47,7 +49,15 @@ from fl_attack.audit.verdict import Verdict
 from fl_attack.audit.victims import Victim
 from fl_attack.audit.victims import train_victim as _train_victim
 from fl_attack.federation.config import PRESETS, TrainingProtocol
-from fl_attack.federation.data import Pool, client_partition, get_spec, load_pool, num_partitions
+from fl_attack.federation.data import (
+    DataSettings,
+    Pool,
+    client_partition,
+    get_spec,
+    load_pool,
+    num_partitions,
+    run_writers,
+)
 from fl_attack.federation.models import resolve_model
 from fl_attack.federation.update import AttackTarget, TrainingMetadata
 from fl_attack.records import CsvTable, csv_text, write_text_atomic
@@ -254,7 +264,17 @@ def run_attack_experiment(
     }
     write_text_atomic(out / "settings.json", json.dumps(meta, indent=2, default=str) + "\n")
     table = CsvTable(out / "results.csv", RESULT_COLUMNS)
-    verdict = Verdict.from_data(settings.dataset, data_dir=settings.data_dir, seed=settings.seed)
+    clients = DataSettings(
+        settings.dataset,
+        settings.samples,
+        settings.data_dir,
+        settings.classes,
+        settings.seed,
+        num_partitions=settings.clients,
+    )
+    verdict = Verdict.from_data(  # FEMNIST: the verdict's pool and distractors without the victims' writers
+        settings.dataset, data_dir=settings.data_dir, seed=settings.seed, exclude_writers=run_writers(clients, pool)
+    )
     evaluator = Evaluator(settings.dataset, folder=out, grid_columns=GRID_COLUMNS, verdict=verdict)
 
     from tqdm.auto import tqdm

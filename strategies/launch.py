@@ -438,7 +438,8 @@ def _print_verdict(summary: dict) -> None:
     if lines:
         print(
             "fl-attack: the verdict (recovered = singled out among the client's k images and D distractors, "
-            "and read as its original by an independent classifier; docs/verdict.md)",
+            "and read as its original by an independent classifier; 95% intervals over the k images; chance = "
+            "update-free outputs matched and ranked the same way; docs/verdict.md)",
             flush=True,
         )
         for line in lines:

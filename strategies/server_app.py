@@ -29,10 +29,11 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
+from fl_attack.audit.overlap import disjoint_record
 from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
 from fl_attack.audit.runs import RunFolder, check_resumable
 from fl_attack.audit.service import AuditService, new_run_folder
-from fl_attack.audit.verdict import verdict_protocol
+from fl_attack.audit.verdict import DEFAULT_DISTRACTORS, DEFAULT_PUBLIC_SAMPLES, verdict_protocol
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.participants import sample_size
 from fl_attack.privacy.accountant import PrivacyLedger
@@ -57,7 +58,8 @@ def privacy_ledger(settings: RunSettings, num_nodes: int) -> PrivacyLedger | Non
 def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes: int) -> None:
     """A new run's config.json in ``folder`` (a RunFolder or a path): the flat run config, the seed,
     the AttackConfig, the defense and its DP accounting (what analysis/load.py and ``fl-attack
-    replay`` read back)."""
+    replay`` read back), and the verdict's protocol with what its data shares with the run's clients
+    (``verdict["disjoint"]``, fl_attack.audit.overlap.disjoint_record)."""
     folder = RunFolder(folder)
     privacy = privacy_ledger(settings, num_nodes)
     folder.write_config(
@@ -69,7 +71,16 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
             "attack_config": asdict(settings.attack_config()),
             "defense": settings.defense.describe(),
             "privacy": privacy.describe() if privacy is not None else None,
-            "verdict": verdict_protocol(settings.server_test_samples),
+            "verdict": {
+                **verdict_protocol(settings.server_test_samples),
+                # what the verdict's data and the attacker's public pool share with the run's clients
+                "disjoint": disjoint_record(
+                    settings.with_partitions(num_nodes).data,
+                    settings.server_test_samples,
+                    num_distractors=DEFAULT_DISTRACTORS,
+                    default_public=DEFAULT_PUBLIC_SAMPLES,
+                ),
+            },
         }
     )
 

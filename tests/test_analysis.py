@@ -32,7 +32,7 @@ from analysis import (
 )
 from analysis.aggregate import METRICS, _t975_fallback, t_quantile_975
 from analysis.load import ATTACK_COLUMNS, ROUND_COLUMNS
-from analysis.report import main
+from analysis.report import FORMATS, main
 
 REPO = Path(__file__).resolve().parents[1]
 T_0975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
@@ -513,6 +513,43 @@ def test_markdown_report(known_run, tmp_path):
         assert (out / target).is_file(), target
     assert (out / "figures" / "leakage_over_rounds.png").is_file()
     assert (out / "figures" / "leakage_vs_accuracy.png").is_file()
+
+
+def test_report_shows_the_evidence_of_the_attacks_that_single_out_the_most(tmp_path):
+    """Under the verdict, in HTML and in Markdown: the evidence pictures beside the grids of the (at most
+    3) attacks that single out the most images, most first, with what their columns are; a run recorded
+    before the evidence existed shows none, and alone gives a report without the section."""
+    import base64
+
+    from fl_attack.audit.runs import evidence_path
+
+    verdict = dict(k=32, recovered=4, guess_recovered=0, reid_chance=1 / 2032, recognized=0.3, psnr_margin=2.0)
+    verdict |= dict(recognized_truth=0.9, recognized_guess=0.1, guess_psnr=18.0, guess_ssim=0.3, guess_lpips=0.6)
+    singled = [0.25, 0.5, 0.125, 0.375]  # partitions 1, 3 and 0 single out the most, 2 the fewest
+    rows = [attack_row(1, c, reidentified=fraction, **verdict) for c, fraction in enumerate(singled)]
+    new = make_run(tmp_path / "new", rows, round_rows(1))
+    pngs = []
+    for c, row in enumerate(rows):
+        write_png(new / evidence_path(row["image"]), seed=100 + c)
+        pngs.append((new / evidence_path(row["image"])).read_bytes())
+    old = make_run(tmp_path / "old", [attack_row(1, c, reidentified=0.5, **verdict) for c in range(2)], round_rows(1))
+
+    text = write_report([new, old], tmp_path / "html").read_text()
+    at = [text.find(base64.b64encode(pngs[c]).decode("ascii")) for c in (1, 3, 0)]
+    assert -1 not in at and at == sorted(at) and at[-1] < text.index('<h2 id="summary">')
+    assert base64.b64encode(pngs[2]).decode("ascii") not in text
+    assert text.count('<div class="evidence">') == 1  # the old run has none
+    assert "new, round 1, partition 1, pisme: 16 of 32 singled out. Rows: the reconstruction | its own " in text
+    assert "the distances are 1 - SSIM to the reconstruction" in text
+
+    text = write_report([new, old], tmp_path / "md", fmt="md").read_text()
+    targets = [line.split("](", 1)[1].split(")", 1)[0] for line in text.splitlines() if line.startswith("![")]
+    shown = [(tmp_path / "md" / t).read_bytes() for t in targets if "/evidence/" in t]
+    assert shown == [pngs[1], pngs[3], pngs[0]]
+    assert text.index("### Evidence") < text.index("## Summary")
+
+    for fmt in FORMATS:
+        assert "Evidence" not in write_report([old], tmp_path / f"old-{fmt}", fmt=fmt).read_text()
 
 
 def make_big_run(folder: Path, n_rounds: int = 10, n_clients: int = 10) -> Path:

@@ -84,7 +84,10 @@ def test_tiny_federation_end_to_end(tmp_path):
         assert (run / row["image"]).is_file()
         # the verdict (fl_attack.audit.verdict): k images, how many recovered, singled out against chance
         assert row["k"] == "10" and 0 <= int(row["recovered"]) <= 10
-        assert float(row["reid_chance"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
+        assert float(row["reid_chance_uniform"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
+        assert float(row["reid_chance"]) >= 10 / (10 + DEFAULT_DISTRACTORS)  # the matched null, at least k/(k+D)
+        assert int(row["recovered_low"]) <= int(row["recovered"]) <= int(row["recovered_high"])
+        assert set(json.loads(row["guesses"])) == {"pool mean", "class mean", "class medoid", "reader's pick"}
         assert int(row["recovered"]) <= round(float(row["reidentified"]) * 10)
         assert float(row["psnr_margin"]) == pytest.approx(float(row["psnr"]) - float(row["guess_psnr"]))
     report_html = (run / "report" / "report.html").read_text()

@@ -75,6 +75,7 @@ PRIVATE = (
     "fl_attack.audit.evaluator",
     "fl_attack.audit.verdict",
     "fl_attack.audit.reader",
+    "fl_attack.audit.overlap",  # what the verdict's data shares with the clients: reads their images
 )  # truth, scoring
 
 

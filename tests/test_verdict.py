@@ -6,6 +6,7 @@ computation (numpy means, scipy's assignment, PSNR written out) that imports not
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -49,7 +50,12 @@ def test_the_originals_are_all_singled_out_recognized_at_the_readers_accuracy_an
     assert row["recovered"] == K[dataset]
     assert row["recognized"] == row["recognized_truth"]
     assert row["recognized_truth"] > 5 / verdict.public_labels.max().item()  # far above chance
-    assert row["reid_chance"] == pytest.approx(1 / (K[dataset] + verdict.num_distractors))
+    assert row["reid_chance_uniform"] == pytest.approx(1 / (K[dataset] + verdict.num_distractors))
+    assert row["reid_chance_matched"] == pytest.approx(K[dataset] / (K[dataset] + verdict.num_distractors))
+    # the headline chance is the matched null, never 1/(k+D): at k=32, D=2,000 at least 10x it
+    assert row["reid_chance"] >= 10 * row["reid_chance_uniform"] or K[dataset] < 32
+    parts = ("reid_noise", "reid_chance_matched", "reid_chance_labels", "guess_reidentified")
+    assert row["reid_chance"] == max(row[c] for c in parts)
 
 
 def test_the_pool_mean_guess_is_singled_out_at_chance_and_recovers_nothing(setup):
@@ -101,17 +107,12 @@ def test_singled_out_means_ranked_first_not_second(setup, distance):
     assert v.singled_out(nearer_a, candidates).all()
 
 
-def _independent_floor_psnr(public_images, public_labels, truth_images, recon_labels) -> float:
-    """The better of the two guesses' matched PSNR, written out with numpy and scipy only."""
-    pub = public_images.numpy().astype(np.float64)
-    lab = public_labels.numpy()
+def _independent_floor_psnr(guesses, truth_images) -> float:
+    """The best guess's matched PSNR, written out with numpy and scipy only (the guess images
+    themselves are held to the public pool by the tests below)."""
     t = truth_images.numpy().astype(np.float64)
-    pool_mean = pub.mean(axis=0)
     best = -math.inf
-    for guess in (
-        np.stack([pool_mean] * len(t)),
-        np.stack([pub[lab == y].mean(axis=0) if (lab == y).any() else pool_mean for y in recon_labels]),
-    ):
+    for guess in (g.numpy().astype(np.float64) for g in guesses.values()):
         mse = ((guess[:, None] - t[None]) ** 2).reshape(len(guess), len(t), -1).mean(axis=2)
         rows, cols = linear_sum_assignment(mse.T)  # truth j <- guess cols[j]
         per_image = 10 * np.log10(1.0 / np.maximum(mse.T[rows, cols], 1e-10))
@@ -127,20 +128,56 @@ def test_the_floors_psnr_matches_an_independent_computation(setup):
         0, 1
     )
     row = verdict.score(noisy, recon_labels, truth.images, truth.labels, psnr=12.5, lpips=get_lpips("cpu"))
-    expected = _independent_floor_psnr(public.images, public.labels, truth.images, recon_labels.numpy())
+    expected = _independent_floor_psnr(verdict.guesses(recon_labels, truth.images), truth.images)
     assert row["guess_psnr"] == pytest.approx(expected, abs=1e-4)
     assert row["psnr_margin"] == pytest.approx(12.5 - expected, abs=1e-4)
     assert 0.0 <= row["guess_ssim"] <= 1.0 and row["guess_lpips"] > 0.0
 
 
-def test_both_guesses_are_the_public_pools_means(setup):
+def test_the_blurry_guesses_are_the_public_pools_means(setup):
     dataset, verdict, public = setup
     labels = _client(dataset, 0).labels
     guesses = verdict.guesses(labels)
+    assert list(guesses) == ["pool mean", "class mean", "class medoid", "reader's pick"]
     pub, lab = public.images.numpy().astype(np.float64), public.labels.numpy()
     assert np.allclose(guesses["pool mean"].numpy(), pub.mean(axis=0)[None].repeat(len(labels), 0), atol=1e-6)
     expected = [pub[lab == y].mean(axis=0) if (lab == y).any() else pub.mean(axis=0) for y in labels.numpy()]
-    assert np.allclose(guesses["labels"].numpy(), np.stack(expected), atol=1e-6)
+    assert np.allclose(guesses["class mean"].numpy(), np.stack(expected), atol=1e-6)
+
+
+def test_the_sharp_guesses_are_public_images_of_the_label_chosen_without_the_truth(setup):
+    """The class medoid is the pool image of the label least far (1 - SSIM, piq pair by pair) from the
+    others of its class; the reader's pick one of that class; neither depends on the client's images."""
+    import piq
+
+    dataset, verdict, public = setup
+    labels = _client(dataset, 0).labels
+    guesses = verdict.guesses(labels)
+    other = verdict.guesses(labels, _client(dataset, 1).images)  # another truth: the same guesses
+    for name in ("class medoid", "reader's pick"):
+        assert torch.equal(guesses[name], other[name])
+    for y, medoid, pick in list(zip(labels.tolist(), guesses["class medoid"], guesses["reader's pick"]))[:6]:
+        of_y = public.images[public.labels == y].double()
+        assert (of_y == pick.double()).flatten(1).all(1).any()  # a real public image of the label
+        sums = [float((1 - piq.ssim(x.expand_as(of_y), of_y, data_range=1.0, reduction="none")).sum()) for x in of_y]
+        assert torch.equal(of_y[int(np.argmin(sums))].float(), medoid)
+
+
+def test_each_floor_column_is_the_best_guess_s(setup):
+    dataset, verdict, _ = setup
+    truth = _client(dataset, 1)
+    row = _score(verdict, (truth.images * 0.5 + 0.25), truth.labels, truth)
+    per_guess = json.loads(row["guesses"])
+    assert set(per_guess) == {"pool mean", "class mean", "class medoid", "reader's pick"}
+    for column, floor, better in (
+        ("psnr", "guess_psnr", max),
+        ("ssim", "guess_ssim", max),
+        ("lpips", "guess_lpips", min),
+        ("reidentified", "guess_reidentified", max),
+        ("recognized", "recognized_guess", max),
+        ("recovered", "guess_recovered", max),
+    ):
+        assert row[floor] == pytest.approx(better(g[column] for g in per_guess.values()), abs=1e-6), column
 
 
 def test_a_little_noise_keeps_images_singled_out_and_heavy_noise_loses_them(setup):
@@ -167,11 +204,18 @@ def test_the_pairwise_ssim_distance_is_piqs_ssim(dataset):
 
 def test_verdict_line_and_summary_read_a_row():
     row = dict.fromkeys(VERDICT_COLUMNS, 0.0) | {"k": 32, "recovered": 9, "guess_recovered": 0}
-    row |= {"reidentified": 0.28, "reid_chance": 1 / 2032, "recognized": 0.41, "recognized_truth": 0.85}
+    row |= {"recovered_low": 4, "recovered_high": 16, "recognized_low": 0.24, "recognized_high": 0.59}
+    row |= {"reidentified": 0.28, "reid_chance": 0.041, "recognized": 0.41, "recognized_truth": 0.85}
     row |= {"recognized_guess": 0.12, "psnr": 15.1, "psnr_margin": -1.9, "status": "ok"}
     line = verdict_line(row)
-    assert line.startswith("9 of 32 images recovered (a guess without the update: 0)")
-    assert "chance 0.049%" in line and "1.9 dB under the guess" in line
+    assert line.startswith("9 of 32 images recovered (95%: 4-16; a guess without the update: 0)")
+    assert "(chance 4%: update-free outputs under the same matching)" in line
+    assert "recognized 41% (95%: 24-59%; reader: 85% of the originals, 12% of the best guess)" in line
+    assert "1.9 dB under the guess" in line
+    # a row written before the matched null: its chance is named for what it was, no interval invented
+    old = {c: v for c, v in row.items() if not c.endswith(("_low", "_high")) and c != "reid_chance_matched"}
+    old_line = verdict_line(old | {"reid_chance": 1 / 2032})
+    assert "(chance 0.049%, 1/(k+D))" in old_line and "95%" not in old_line
     assert verdict_line({"status": "failed", "error": "boom"}) == "no verdict (failed: boom)"
     rows = [row | {"round": 1, "partition_id": 0, "method": "pisme", "memory": ""}]
     rows.append(row | {"round": 2, "partition_id": 0, "method": "pisme+memory", "memory": "keep", "recovered": 11})

@@ -10,13 +10,15 @@ experiments' CSVs).
   label-count accuracy;
   ``psnr_trace``: the evaluator's PSNR in an in-process attack's trace.
 * the verdict (``fl_attack.audit.verdict``, when the evaluator is given one): how many of the client's
-  images were recovered, singled out and recognized, against the best guess without the update.
+  images were recovered, singled out and recognized, against the best guess without the update; and,
+  beside each grid, the evidence picture of a few singled-out images (``Verdict.evidence``).
 
 The attacker never sees anything here; scoring happens after the attack.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -24,11 +26,13 @@ from pathlib import Path
 
 import torch
 
-from fl_attack.audit.images import save_comparison_grid
+from fl_attack.audit.images import save_comparison_grid, save_evidence
 from fl_attack.audit.metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
-from fl_attack.audit.runs import ATTACK_COLUMNS
+from fl_attack.audit.runs import ATTACK_COLUMNS, evidence_path
 from fl_attack.audit.verdict import VERDICT_COLUMNS, Verdict
 from fl_attack.federation.data import get_spec
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Evaluator", "score", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
 
@@ -166,14 +170,46 @@ class Evaluator:
 
     def _save(self, recon, truth, target, method: str, image, row: dict) -> None:
         """The row's image grid (originals over their matched reconstructions, or the
-        reconstructions alone without a truth) under ``folder``; its path goes in ``row``."""
+        reconstructions alone without a truth) under ``folder``; its path goes in ``row``. With a
+        truth and a verdict, the evidence picture beside it (``_save_evidence``)."""
         if self.folder is None:
             return
         if image is None:
             image = Path("images") / f"round-{target.round}" / method / f"{target.name}.png"
-        with self._measure("images"):
+        with self._measure("images"):  # one attack's pictures
             save_comparison_grid(truth, recon, self.folder / image, columns=self.grid_columns)
+            if truth is not None:
+                self._save_evidence(recon, truth, self.folder / evidence_path(image))
         row["image"] = Path(image).as_posix()
+
+    def _save_evidence(self, matched: torch.Tensor, truth: torch.Tensor, path: Path) -> None:
+        """The evidence picture at ``path`` (beside the grid: ``evidence_path``): a few singled-out images
+        of ``matched`` (k,C,H,W) in [0,1], lined up with ``truth``, each beside its own original and the
+        nearest other candidate, with their 1 - SSIM (``Verdict.evidence``). Nothing without a verdict,
+        and no picture (a stale one removed) when no image is singled out. A failure is logged and the
+        row kept as it is: the evidence is for reading, the row's numbers do not depend on it."""
+        if self.verdict is None:
+            return
+        try:
+            truth = truth.detach().float().cpu()
+            candidates = self.verdict.candidates(truth)
+            found = self.verdict.evidence(matched, truth, candidates)
+            if not found:
+                path.unlink(missing_ok=True)
+                return
+            pick = torch.tensor([e["index"] for e in found])
+            captions = [
+                (
+                    f"image {e['index']} (margin {e['margin']:.3f})",
+                    f"1 - SSIM {e['own']:.3f}",
+                    f"{e['nearest_kind']} {e['nearest']}: 1 - SSIM {e['nearest_distance']:.3f}",
+                )
+                for e in found
+            ]
+            nearest = candidates[torch.tensor([e["nearest"] for e in found])]
+            save_evidence(matched.detach().cpu()[pick], truth[pick], nearest, captions, path)
+        except Exception:
+            log.warning("evaluator: the evidence picture %s could not be drawn", path, exc_info=True)
 
     def _measure(self, phase: str):
         return self.timings.measure(phase) if self.timings is not None else nullcontext()
@@ -191,11 +227,12 @@ class Evaluator:
         labels (N,)) and store its row; returns the row. truth None: the row of a successful
         attack is stored unscored (an audit without the ground truth), its grid the reconstructions.
 
-        image: the grid's path under ``folder`` (default images/round-R/METHOD/NAME.png). A scoring
-        or grid failure makes the row status "failed" with the cause ("evaluation: ..."); it never
-        raises, except an OSError from ``table``. lag_rounds: how many rounds after its own the
-        attack finished (the federation's attacker lag). epsilon: the DP budget the attacked
-        client(s) had spent by the update's round (None without DP)."""
+        image: the grid's path under ``folder`` (default images/round-R/METHOD/NAME.png); with a
+        verdict, the evidence picture goes beside it (``evidence_path``: NAME-evidence.png). A scoring
+        or grid failure makes the row status "failed" with the cause ("evaluation: ..."), an evidence
+        failure is only logged; it never raises, except an OSError from ``table``. lag_rounds: how
+        many rounds after its own the attack finished (the federation's attacker lag). epsilon: the
+        DP budget the attacked client(s) had spent by the update's round (None without DP)."""
         target = outcome.target
         seconds = round(outcome.seconds, 3) if math.isfinite(outcome.seconds) else math.nan
         row = attack_row(

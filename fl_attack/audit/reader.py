@@ -21,7 +21,10 @@ Training sets (:func:`training_set`, deterministic):
 
 Train it with ``python -m fl_attack.audit.reader --dataset femnist|cifar100 --shared-data DIR`` (see
 ``--help``): 10% of the training set (seeded) is held out for validation; the sidecar records that
-accuracy and the accuracy on the bundled pool's client images.
+accuracy and the accuracy on the bundled pool's client images. The same command writes
+``reader_{dataset}_train.npy``, a fingerprint of every training-set image (:func:`image_digests`,
+sorted), so that the evaluator can tell when a client's image is one the reader trained on
+(:func:`in_training_set`); ``--digests-only`` writes it alone, without training.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ __all__ = [
     "training_indices",
     "training_set",
     "bundled_client_set",
+    "image_digests",
+    "training_digests",
+    "in_training_set",
+    "write_training_digests",
+    "refresh_training_digests",
     "accuracy",
     "train_reader",
     "main",
@@ -68,6 +76,7 @@ VAL_FRACTION = 0.1
 DEGRADED = 0.5  # the fraction of each training batch seen through ``_degrade``
 DEFAULT_EPOCHS = {"femnist": 40, "cifar100": 17}
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
+DIGEST_BYTES = 8  # blake2b digest of one image's 8-bit pixels: 2^-64 per pair to collide
 
 
 def _command(dataset: str) -> str:
@@ -169,7 +178,8 @@ def reader_info(dataset: str) -> dict:
     set (``training_set``: description, ``source``, sizes), ``epochs``, ``seed``, ``wall_seconds``,
     ``torch_version``, ``params``, the accuracies measured (``val_accuracy`` on the held-out 10% of the
     training set, ``client_accuracy`` on the bundled pool's client training images, ``client_set``
-    saying which) and, for femnist, ``reader_writers``.
+    saying which), ``training_digests`` (the training set's fingerprint file: :func:`write_training_digests`)
+    and, for femnist, ``reader_writers``.
 
     Raises ValueError for an unknown dataset or a missing sidecar (naming the file and the command)."""
     name = get_spec(dataset).name
@@ -291,6 +301,89 @@ def bundled_client_set(dataset: str) -> tuple[np.ndarray, np.ndarray, str]:
         f"k={FEMNIST_CLIENT_K} (partitions 0..{FEMNIST_CLIENT_WRITERS - 1}) of the bundled femnist pool"
     )
     return pool.images[idx], pool.labels[idx], text
+
+
+# ---------------------------------------------------------------------------
+# The training set's fingerprint
+# ---------------------------------------------------------------------------
+
+
+def _digests_file(name: str) -> str:
+    return f"reader_{name}_train.npy"
+
+
+def image_digests(images: Tensor) -> np.ndarray:
+    """One fingerprint per image: uint64 (N,), the 8-byte blake2b digest (little-endian) of the
+    image's 8-bit pixels round(255 x) in (C,H,W) order. images: float (N,C,H,W) in [0,1] (values
+    outside are clamped), as the evaluator and ``fl_attack.federation.data`` hold them; equal 8-bit
+    images give equal digests. Raises ValueError for images not (N,C,H,W) or not floating point."""
+    if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
+        raise ValueError(
+            f"image_digests: expected float images (N,C,H,W) in [0,1], got {getattr(images, 'shape', images)}"
+        )
+    q = (images.detach().cpu().float().clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    raw = b"".join(hashlib.blake2b(x.tobytes(), digest_size=DIGEST_BYTES).digest() for x in q)
+    return np.frombuffer(raw, dtype="<u8").astype(np.uint64)
+
+
+def _training_set_digests(name: str, source) -> np.ndarray:
+    """The sorted distinct digests of the reader's training set (``training_set``), in chunks."""
+    images, _ = training_set(name, source)
+    parts = [image_digests(_as_float(images[i : i + 4096])) for i in range(0, len(images), 4096)]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
+
+
+def write_training_digests(dataset: str, shared_data=None, out=ASSETS) -> dict:
+    """Write ``out/reader_{dataset}_train.npy``: the sorted distinct :func:`image_digests` (uint64)
+    of every image of the reader's training set (:func:`training_set`, its 10% validation hold-out
+    included; cifar100 from ``shared_data``, the folder of ``cifar100_train29513.npz``). Returns the
+    sidecar's ``training_digests`` record: file, count, sha256, rule. Raises as :func:`training_set`."""
+    name = get_spec(dataset).name
+    digests = _training_set_digests(name, None if name == "femnist" else shared_data)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / _digests_file(name)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, digests, allow_pickle=False)
+    tmp.replace(path)
+    return {
+        "file": path.name,
+        "count": int(digests.size),
+        "sha256": _sha256(path),
+        "rule": f"the sorted distinct {DIGEST_BYTES}-byte blake2b digests (uint64 little-endian) of the 8-bit "
+        "pixels (C,H,W order) of every training-set image, validation included (image_digests)",
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_digests(name: str) -> np.ndarray:
+    try:
+        path = asset(_digests_file(name))
+    except FileNotFoundError:
+        raise ValueError(
+            f"reader fingerprint fl_attack/assets/{_digests_file(name)} not found; write it with: "
+            f"{_command(name)} --digests-only"
+        ) from None
+    digests = np.load(path, allow_pickle=False)
+    if digests.dtype != np.uint64 or digests.ndim != 1:
+        raise ValueError(f"{path}: expected uint64 digests (N,), got {digests.dtype} {digests.shape}")
+    digests.flags.writeable = False
+    return digests
+
+
+def training_digests(dataset: str) -> np.ndarray:
+    """The shipped fingerprint of the reader's training set: sorted distinct uint64 (N,), read-only
+    (``fl_attack/assets/reader_{dataset}_train.npy``, :func:`write_training_digests`). Cached.
+    Raises ValueError for an unknown dataset or a missing file (naming the command)."""
+    return _shipped_digests(get_spec(dataset).name)
+
+
+def in_training_set(images: Tensor, dataset: str) -> np.ndarray:
+    """bool (N,): which of ``images`` (float (N,C,H,W) in [0,1]) are, at 8 bits, an image the reader of
+    ``dataset`` trained on (:func:`training_digests`). Raises as :func:`image_digests` and
+    :func:`training_digests`."""
+    return np.isin(image_digests(images), training_digests(dataset))
 
 
 # ---------------------------------------------------------------------------
@@ -521,13 +614,30 @@ def train_reader(
         "command": f"python -m fl_attack.audit.reader --dataset {name} --shared-data DIR "
         f"--epochs {epochs} --seed {seed}",
     }
+    info["training_digests"] = write_training_digests(name, shared_data, out)
     write_json_atomic(out / f"reader_{name}.json", info)
     return info
 
 
+def refresh_training_digests(dataset: str, shared_data=None, out=ASSETS) -> dict:
+    """``--digests-only``: write ``out/reader_{dataset}_train.npy`` (:func:`write_training_digests`)
+    and its record into the sidecar ``out/reader_{dataset}.json`` (which must exist), without training.
+    Returns the record. Raises ValueError for a missing sidecar and as :func:`training_set`."""
+    name = get_spec(dataset).name
+    sidecar = Path(out) / f"reader_{name}.json"
+    if not sidecar.is_file():
+        raise ValueError(f"reader sidecar {sidecar} not found; train the reader with: {_command(name)}")
+    info = json.loads(sidecar.read_text(encoding="utf-8"))
+    info["training_digests"] = write_training_digests(name, shared_data, out)
+    write_json_atomic(sidecar, info)
+    return info["training_digests"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m fl_attack.audit.reader --dataset femnist|cifar100 --shared-data DIR [--epochs N] [--seed 0]
-    [--out fl_attack/assets]``: train and write the reader (:func:`train_reader`). Returns 0."""
+    [--out fl_attack/assets] [--digests-only]``: train and write the reader (:func:`train_reader`), or
+    with ``--digests-only`` its training set's fingerprint alone (:func:`refresh_training_digests`).
+    Returns 0."""
     ap = argparse.ArgumentParser(
         prog="python -m fl_attack.audit.reader", description=train_reader.__doc__.split("\n")[0]
     )
@@ -544,9 +654,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    ap.add_argument(
+        "--digests-only",
+        action="store_true",
+        help="write only reader_<dataset>_train.npy (the training set's fingerprint) and its sidecar entry",
+    )
     args = ap.parse_args(argv)
     if args.dataset == "cifar100" and args.shared_data is None:
         ap.error(f"cifar100 needs --shared-data DIR (the folder of {CIFAR100_SOURCE})")
+    if args.digests_only:
+        record = refresh_training_digests(args.dataset, args.shared_data, args.out)
+        print(f"reader {args.dataset}: {record['count']} digests in {Path(args.out) / record['file']}", flush=True)
+        return 0
     train_reader(
         args.dataset,
         args.shared_data,

@@ -4,7 +4,8 @@
     RUN/events.log      one timestamped line per event (``event``)
     RUN/rounds.csv      one row per finished round (``ROUNDS``)
     RUN/attacks.csv     one row per attack (``ATTACKS``; fl_attack.audit.evaluator.attack_row)
-    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack
+    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack, and beside each grid
+                        NAME-evidence.png, a few singled-out images (``evidence_path``)
     RUN/updates/        the recorded updates (fl_attack.federation.update: index.csv, round-R/*.pt)
     RUN/checkpoint.pt   the last finished round's global model (``save_checkpoint``)
     RUN/memory.pt       the server's attack memory of its tracked clients (fl_attack.attacker.memory), if on
@@ -96,16 +97,26 @@ ATTACKS: dict[str, type] = {
     # The verdict (fl_attack.audit.verdict, docs/verdict.md); empty for a failed attack or an older run.
     "k": int,  # the client's images (the attacked samples)
     "recovered": int,  # of the k: singled out and read by the reader as their original is
+    "recovered_low": int,  # its exact 95% interval over the k images (Clopper-Pearson), low end
+    "recovered_high": int,  # ... high end
     "guess_recovered": int,  # the same count for the best guess without the update (the floor)
     "reidentified": float,  # the fraction singled out: own original nearest among k + D candidates
-    "reid_chance": float,  # 1 / (k + D): a random ranking's
+    "reid_chance": float,  # update-free outputs' rate under the same matching (the largest of the four below)
+    "reid_noise": float,  # the attacks' N(0, I) starts, matched and ranked like the attack
+    "reid_chance_matched": float,  # k / (k + D): an output exchangeable with the candidates
+    "reid_chance_labels": float,  # a random candidate of each recovered label's class
+    "reid_chance_uniform": float,  # 1 / (k + D): a random ranking's, before the matching (not the chance)
+    "guess_reidentified": float,  # the best guess's fraction singled out (the floor)
     "recognized": float,  # the fraction the reader classifies as their original's true class
+    "recognized_low": float,  # its exact 95% interval, low end
+    "recognized_high": float,  # ... high end
     "recognized_truth": float,  # the reader's accuracy on the originals (the ceiling)
     "recognized_guess": float,  # ... on the best guess (the floor)
     "guess_psnr": float,  # the best update-free guess's matched PSNR (dB): the floor
     "guess_ssim": float,
     "guess_lpips": float,
     "psnr_margin": float,  # psnr - guess_psnr (dB): above the floor when positive
+    "guesses": str,  # JSON: each guess's reidentified, recognized, recovered, psnr, ssim, lpips
     "image": str,  # the grid's path relative to the run folder
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
@@ -144,6 +155,14 @@ def whose(row) -> str:
     if pid is None or pid == "" or (isinstance(pid, float) and math.isnan(pid)):
         return str(row.get("client_id") or "the aggregate")
     return f"partition {int(pid)}"
+
+
+def evidence_path(image: str | Path) -> Path:
+    """The evidence picture beside a row's grid (its ``image``, relative to the run folder):
+    images/round-R/METHOD/NAME.png -> images/round-R/METHOD/NAME-evidence.png (fl_attack.audit.images
+    .save_evidence; drawn by the evaluator when the verdict singles some image out)."""
+    image = Path(image)
+    return image.with_name(f"{image.stem}-evidence.png")
 
 
 class RunFolder:

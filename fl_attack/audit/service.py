@@ -37,6 +37,7 @@ from fl_attack.audit.evaluator import Evaluator
 from fl_attack.audit.runs import RunFolder
 from fl_attack.audit.timings import Timings
 from fl_attack.audit.verdict import Verdict, verdict_line, verdict_summary
+from fl_attack.federation.data import run_writers
 from fl_attack.federation.update import AttackTarget, ObservedUpdate, save_torch_atomic, save_update
 from fl_attack.paths import resolve_in_project
 from fl_attack.privacy.accountant import PrivacyLedger, format_epsilons
@@ -159,7 +160,12 @@ class AuditService:
             timings=self.timings,
             verdict=verdict
             or Verdict.from_data(
-                settings.dataset, data_dir=settings.data_dir or None, seed=settings.seed, public=public
+                settings.dataset,
+                data_dir=settings.data_dir or None,
+                seed=settings.seed,
+                public=public,
+                # FEMNIST: the verdict's pool and distractors without the run's writers, where its clients are known
+                exclude_writers=run_writers(settings.data) if settings.num_partitions is not None else (),
             ),
         )
         if isinstance(memory, str):

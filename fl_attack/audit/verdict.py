@@ -1,42 +1,66 @@
 """The verdict a reader can judge: how many of a client's images the server recovered, against what it
-could guess without the update. The evaluator's (it sees the ground truth); docs/verdict.md.
+could get without the update. The evaluator's (it sees the ground truth); docs/verdict.md.
 
-For one scored attack (k reconstructions, Hungarian-matched to the client's k originals):
+For one scored attack (k reconstructions, Hungarian-matched to the client's k originals by MSE,
+``match_pairs``):
 
-* **The floor** (``guess_psnr``, ``guess_ssim``, ``guess_lpips``): the best score of the two guesses a
-  server can make from public knowledge without the update: the mean image of its public pool (k
-  copies), and the label-only guess (for each recovered label, the mean image of that class in the
-  pool; the pool mean for a class the pool lacks). Each is scored like the attack (matched pairs),
-  and each metric takes the better guess. ``psnr_margin`` = the attack's PSNR − ``guess_psnr``.
 * **Singled out** (``reidentified``): closed-set rank-1 identification (the biometrics protocol,
-  ISO/IEC 19795-1): for each matched reconstruction, its own original is ranked among the client's
-  k originals plus D distractors the client never held, by 1 - SSIM (it separated best of pixel L2,
-  SSIM and LPIPS on both datasets); the fraction ranked first. ``reid_chance`` = 1/(k+D), the rate of a random ranking.
+  ISO/IEC 19795-1): each matched reconstruction's own original is ranked among the client's k
+  originals plus D distractors the client never held, by 1 - SSIM; the fraction ranked first.
+* **Chance** (``reid_chance``): the rate at which outputs that carry nothing from the update are
+  singled out under the *same* matching and ranking; the matching already pairs each output with
+  the original it resembles most, so this is about k/(k+D), not 1/(k+D). It is the largest of:
+  ``reid_noise`` (the attacks' own N(0, I) starts, ``NOISE_OUTPUTS`` of them, each matched and
+  ranked like the attack), ``guess_reidentified`` (the best update-free guess, below),
+  ``reid_chance_matched`` = k/(k+D) (an output exchangeable with the candidates: its nearest
+  candidate is one of the k originals with that probability) and ``reid_chance_labels`` (a server
+  that knows the recovered labels and picks, for each, a candidate of that class at random: the mean
+  over the recovered labels of own/(own + distractors) of that class). ``reid_chance_uniform`` =
+  1/(k+D) is kept as a column, never the headline.
+* **The floor**: the update-free guesses a server can make from its public pool and the recovered
+  labels, each matched like the attack and given every column (``guesses``: singled out,
+  recognized, recovered, PSNR, SSIM, LPIPS): "pool mean" (k copies of the pool's mean image),
+  "class mean" (each recovered label's mean image), and two sharp label guesses chosen without the
+  truth, "class medoid" (the pool image of that class nearest, by 1 - SSIM, to the others of its
+  class) and "reader's pick" (the pool image of that class the reader is surest of). Each floor
+  column (``guess_psnr``, ``guess_ssim``, ``guess_lpips``, ``guess_reidentified``,
+  ``recognized_guess``, ``guess_recovered``) is the best guess's for that column. ``psnr_margin`` =
+  the attack's PSNR - ``guess_psnr``.
 * **Recognized** (``recognized``): the fraction of reconstructions an independent classifier (the
   reader, fl_attack.audit.reader: trained on data disjoint from the clients and from the public pool)
   assigns their original's true class; ``recognized_truth`` is its accuracy on the originals (the
-  ceiling) and ``recognized_guess`` on the better guess (the floor).
+  ceiling).
 * **Recovered** (``recovered`` of ``k``): an image is recovered when its reconstruction is singled
-  out AND the reader reads it as it reads the original (same predicted class). ``guess_recovered``:
-  the same count for the better guess.
+  out AND the reader reads it as it reads the original (same predicted class).
+* **Intervals**: ``recovered_low``..``recovered_high`` (counts) and ``recognized_low``..
+  ``recognized_high`` (fractions) are exact (Clopper-Pearson) 95% intervals, the k images taken as a
+  sample of the client's data: a change of one image from float noise (another thread count) stays
+  inside them.
 
 The public pool is the server's own held-out set (``fl_attack.federation.data.server_test_set``: the data of
 its centralised evaluation and of the ``aux`` label estimator), never a client's. The distractors are
 drawn from the dataset's pool with the run's seed; any that equals one of the client's originals is
-left out.
+left out. On FEMNIST both leave out the run's writers where the driver knows them (``exclude_writers``,
+fl_attack.audit.overlap): the server's held-out set is LEAF-test samples of every writer, the victims
+included, and config.json says how many of them it shares. A client image the reader trained on is
+found by fingerprint and warned about (``warn_reader_overlap``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import binomtest
 
 from fl_attack.audit.metrics import _psnr, _ssim, match_pairs
+from fl_attack.audit.overlap import leave_out_writers, reader_overlap
 from fl_attack.audit.runs import percent, whose
 from fl_attack.federation.data import get_spec, load_pool, server_test_set
 
@@ -50,27 +74,60 @@ __all__ = [
     "verdict_line",
     "verdict_protocol",
     "verdict_summary",
+    "exceeds_chance",
 ]
 
 DEFAULT_DISTRACTORS = 2000  # D: candidates beside the client's own k (docs/verdict.md: why 2,000)
 DEFAULT_PUBLIC_SAMPLES = 1000  # the public pool when the run holds none out (server-test-samples = 0)
 FEW = 0.25  # below this fraction of the attacked images recovered, the summary says how to attack harder
 _SLACK = 512  # extra distractors drawn, so that D remain after dropping the client's own images
+NOISE_OUTPUTS = 2  # update-free random starts scored for the null (reid_noise); each costs an attack's ranking
+NOISE_SEED = 7919  # their draws: fixed, so that the same update gets the same null
+CONFIDENCE = 0.95  # the intervals' level
+GUESSES = ("pool mean", "class mean", "class medoid", "reader's pick")  # the update-free guesses
 # Every column the verdict adds to a row (fl_attack.audit.runs.ATTACKS), NaN where there is no score.
 VERDICT_COLUMNS = (
     "k",
     "recovered",
+    "recovered_low",
+    "recovered_high",
     "guess_recovered",
     "reidentified",
     "reid_chance",
+    "reid_noise",
+    "reid_chance_matched",
+    "reid_chance_labels",
+    "reid_chance_uniform",
+    "guess_reidentified",
     "recognized",
+    "recognized_low",
+    "recognized_high",
     "recognized_truth",
     "recognized_guess",
     "guess_psnr",
     "guess_ssim",
     "guess_lpips",
     "psnr_margin",
+    "guesses",
 )
+
+
+def interval(count: int, n: int, level: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) ``level`` interval of a rate seen ``count`` times in ``n`` trials,
+    as fractions in [0, 1] (scipy.stats.binomtest). ValueError for n < 1 or count outside [0, n]."""
+    if n < 1 or not 0 <= count <= n:
+        raise ValueError(f"interval: needs 0 <= count <= n and n >= 1, got {count} of {n}")
+    ci = binomtest(int(count), int(n)).proportion_ci(confidence_level=level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def exceeds_chance(count: int, n: int, chance: float, alpha: float = 0.01) -> bool:
+    """True when ``count`` of ``n`` images singled out is more than ``chance`` (a rate in (0, 1)) can
+    explain: a one-sided exact binomial test at level ``alpha``. A control (another client's
+    reconstructions, update-free outputs) must not exceed its chance; a leak makes it."""
+    if not 0 < chance < 1:
+        raise ValueError(f"exceeds_chance: chance must be in (0, 1), got {chance}")
+    return bool(binomtest(int(count), int(n), float(chance), alternative="greater").pvalue < alpha)
 
 
 def pixel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -136,6 +193,7 @@ class Verdict:
     num_distractors: D. reader: a classifier, images (N,C,H,W) in [0,1] -> logits (N, classes)
     (fl_attack.audit.reader.load_reader; loaded on first use when None). reader_writers: client ids the
     reader was trained on (a warning names an attacked one: its ``recognized`` is optimistic).
+    distractor_labels (D + slack,) int64: the distractors' classes (the label-aware chance; None: NaN).
     """
 
     dataset: str
@@ -146,6 +204,7 @@ class Verdict:
     reader: torch.nn.Module | None = None
     reader_writers: frozenset = frozenset()
     distance: str = DEFAULT_DISTANCE
+    distractor_labels: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.distance not in DISTANCES:
@@ -160,20 +219,19 @@ class Verdict:
             raise ValueError("verdict: the public pool needs images and one label each")
         if self.num_distractors < 1:
             raise ValueError(f"verdict: needs at least one distractor, got {self.num_distractors}")
-        pool_mean = self.public_images.mean(0)
-        means = torch.stack(
-            [
-                self.public_images[self.public_labels == c].mean(0)
-                if bool((self.public_labels == c).any())
-                else pool_mean
-                for c in range(spec.num_classes)
-            ]
-        )
-        self._pool_mean, self._class_means = pool_mean, means
+        if self.distractor_labels is not None:
+            self.distractor_labels = torch.as_tensor(self.distractor_labels).long().cpu()
+            if self.distractor_labels.shape != (len(self.distractors),):
+                raise ValueError(
+                    f"verdict: distractor_labels must have shape ({len(self.distractors)},), "
+                    f"got {tuple(self.distractor_labels.shape)}"
+                )
+        self._num_classes = spec.num_classes
         self._distractor_prints = _fingerprints(self.distractors)
         self._public_prints = _fingerprints(self.public_images)
         self._warned: set = set()
         self._stats = None  # (candidates, their SSIM window statistics) of the attack being scored
+        self._picks: dict = {}  # the guesses' per-class images, per set of public images left out
 
     @classmethod
     def from_data(
@@ -184,44 +242,88 @@ class Verdict:
         seed: int = 0,
         public: tuple[torch.Tensor, torch.Tensor] | None = None,
         num_distractors: int = DEFAULT_DISTRACTORS,
+        exclude_writers: Iterable[str] = (),
     ) -> Verdict:
         """The run's verdict: the public pool ``public`` = (images, labels) (the server's held-out set;
         None: ``server_test_set`` of DEFAULT_PUBLIC_SAMPLES with the run's seed), and D =
         ``num_distractors`` distractors drawn from the dataset's pool (``load_pool(dataset,
-        data_dir)``) with ``default_rng([seed, 38])``. ValueError for bad data settings or D < 1."""
+        data_dir)``) with ``default_rng([seed, 38])``, with their labels (for the label-aware chance).
+        exclude_writers: femnist writer names, the run's (``fl_attack.federation.data.run_writers``): the
+        public pool and the distractors then hold no sample of theirs, nor an image equal to one
+        (``fl_attack.audit.overlap.leave_out_writers``); fewer than D distractors when the other writers'
+        samples do not hold them. ValueError for bad data settings, D < 1, or writers that cifar100 or
+        the pool lacks."""
         if num_distractors < 1:
             raise ValueError(f"verdict: needs at least one distractor, got {num_distractors}")
         pool = load_pool(dataset, data_dir)
         if public is None:
             held = server_test_set(pool, min(DEFAULT_PUBLIC_SAMPLES, len(pool) - 1), seed=seed)
             public = (held.images, held.labels)
-        n = min(len(pool), num_distractors + _SLACK)
-        idx = np.sort(np.random.default_rng([seed, 38]).choice(len(pool), size=n, replace=False))
+        kept = leave_out_writers(pool, public, exclude_writers)
+        n = min(len(kept.candidates), num_distractors + _SLACK)
+        idx = kept.candidates[np.sort(np.random.default_rng([seed, 38]).choice(len(kept.candidates), n, replace=False))]
         images = torch.from_numpy(np.ascontiguousarray(pool.images[idx])).float().div_(255.0)
         images = images[:, None] if images.dim() == 3 else images.permute(0, 3, 1, 2).contiguous()
+        labels = torch.from_numpy(np.asarray(pool.labels[idx], dtype=np.int64))
+        if kept.writer_prints:  # an image of another writer equal to one of the run's: out too
+            keep = torch.tensor([p not in kept.writer_prints for p in _fingerprints(images)])
+            images, labels = images[keep], labels[keep]
         from fl_attack.audit.reader import reader_writers
 
         writers = frozenset(reader_writers()) if get_spec(dataset).name == "femnist" else frozenset()
-        return cls(dataset, public[0].float(), public[1].long(), images, num_distractors, reader_writers=writers)
+        return cls(
+            dataset,
+            kept.public_images,
+            kept.public_labels,
+            images,
+            num_distractors,
+            reader_writers=writers,
+            distractor_labels=labels,
+        )
+
+    def warn_reader_overlap(self, truth: torch.Tensor, client_id: str = "") -> int:
+        """How many of a client's originals ``truth`` (k,C,H,W) in [0,1] the reader trained on, by
+        fingerprint (``fl_attack.audit.overlap.reader_overlap``); the first time in a run that any is,
+        one warning names the count (its ``recognized`` is then optimistic). ValueError for bad images."""
+        count = reader_overlap(truth, self.dataset)
+        if count and ("reader training set",) not in self._warned:
+            self._warned.add(("reader training set",))
+            log.warning(
+                "verdict: %d of the client's %d images%s are in the reader's training set: its 'recognized' is "
+                "optimistic (warned once per run)",
+                count,
+                len(truth),
+                f" ({client_id})" if client_id else "",
+            )
+        return count
 
     # ------------------------------------------------------------------------------- pieces
 
-    def _read(self, images: torch.Tensor) -> torch.Tensor:
+    def _logits(self, images: torch.Tensor) -> torch.Tensor:
         if self.reader is None:
             from fl_attack.audit.reader import load_reader
 
             self.reader = load_reader(self.dataset)
         with torch.no_grad():
-            return self.reader(images.float().cpu()).argmax(1)
+            return self.reader(images.float().cpu())
 
-    def candidates(self, truth: torch.Tensor) -> torch.Tensor:
-        """The client's k originals followed by D distractors none of which equals an original."""
+    def _read(self, images: torch.Tensor) -> torch.Tensor:
+        return self._logits(images).argmax(1)
+
+    def _kept(self, truth: torch.Tensor) -> list[int]:
+        """Indices of the D distractors kept beside ``truth``: none equals one of its images."""
         own = set(_fingerprints(truth))
         keep = [i for i, p in enumerate(self._distractor_prints) if p not in own][: self.num_distractors]
         if len(keep) < self.num_distractors and ("size",) not in self._warned:
             self._warned.add(("size",))
             log.warning("verdict: only %d distractors available (D=%d asked)", len(keep), self.num_distractors)
-        return torch.cat([truth.float().cpu(), self.distractors[keep]])
+        return keep
+
+    def candidates(self, truth: torch.Tensor, exclude: torch.Tensor | None = None) -> torch.Tensor:
+        """The client's k originals followed by D distractors none of which equals an original (nor,
+        given ``exclude`` (N,C,H,W), one of those images: a control's own client's originals)."""
+        kept = self._kept(truth if exclude is None else torch.cat([truth, exclude]))
+        return torch.cat([truth.float().cpu(), self.distractors[kept]])
 
     def singled_out(self, matched: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """(k,) bool: matched[i]'s nearest candidate (``distance``) is candidates[i], its own original
@@ -237,26 +339,71 @@ class Verdict:
         own = d[torch.arange(k), torch.arange(k)]
         return (d < own[:, None]).sum(1) == 0
 
+    def _class_picks(self, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per class (num_classes, C,H,W), from the public images ``keep`` (P,) bool: the class mean,
+        the class medoid (the image whose mean 1 - SSIM to the others of its class is least) and the
+        reader's pick (the image the reader gives the highest probability of that class); a class the
+        kept pool lacks gets the pool mean, the pool image nearest it (pixel L2) and the reader's pick
+        over the whole kept pool. Cached per ``keep``."""
+        key = bytes(keep.numpy().tobytes())
+        if key in self._picks:
+            return self._picks[key]
+        images, labels = self.public_images[keep].float(), self.public_labels[keep]
+        pool_mean = images.mean(0)
+        central = images[int(pixel_l2(pool_mean[None], images).argmin())]
+        probs = torch.softmax(self._logits(images), 1)
+        means, medoids, picks = [], [], []
+        for c in range(self._num_classes):
+            of_c = images[labels == c]
+            surest = probs[:, c].argmax() if len(of_c) == 0 else probs[labels == c, c].argmax()
+            picks.append((images if len(of_c) == 0 else of_c)[int(surest)])
+            if len(of_c) == 0:
+                means.append(pool_mean)
+                medoids.append(central)
+                continue
+            means.append(of_c.mean(0))
+            medoids.append(of_c[int(ssim_distance(of_c, of_c).sum(1).argmin())])
+        out = {"pool mean": pool_mean, "class mean": torch.stack(means), "class medoid": torch.stack(medoids)}
+        out["reader's pick"] = torch.stack(picks)
+        self._picks[key] = out
+        return out
+
     def guesses(self, labels, truth: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The update-free guesses of k images: "pool mean" (k copies) and "labels" (each recovered
-        label's class mean in the public pool), each (k,C,H,W) in [0,1]. A public image equal to one
-        of ``truth`` (a client's own, where a driver's clients and the pool overlap) is left out."""
+        """The update-free guesses of k images, each (k,C,H,W) in [0,1], chosen from the public pool
+        and the recovered ``labels`` (k,) only (``GUESSES``): "pool mean" (k copies of the pool's mean
+        image), "class mean" (each label's mean image), "class medoid" and "reader's pick" (each
+        label's sharp public image: ``_class_picks``). A public image equal to one of ``truth`` (a
+        client's own, where a driver's clients and the pool overlap) is left out first."""
         labels = torch.as_tensor(labels).long().cpu()
-        k = len(labels)
-        pool_mean, class_means = self._pool_mean, self._class_means
+        keep = torch.ones(len(self.public_images), dtype=torch.bool)
         if truth is not None:
             own = set(_fingerprints(truth))
             keep = torch.tensor([p not in own for p in self._public_prints])
-            if not bool(keep.all()):
-                images, classes = self.public_images[keep], self.public_labels[keep]
-                pool_mean = images.mean(0)
-                class_means = torch.stack(
-                    [
-                        images[classes == c].mean(0) if bool((classes == c).any()) else pool_mean
-                        for c in range(len(class_means))
-                    ]
-                )
-        return {"pool mean": pool_mean.expand(k, *pool_mean.shape).clone(), "labels": class_means[labels]}
+        picks = self._class_picks(keep)
+        out = {"pool mean": picks["pool mean"].expand(len(labels), *picks["pool mean"].shape).clone()}
+        out.update({name: picks[name][labels] for name in GUESSES[1:]})
+        return out
+
+    def noise(self, k: int, draw: int) -> torch.Tensor:
+        """An update-free output: the attacks' own start (N(0, I) in the normalised space, as
+        ``fl_attack.attacker.api._initial_images`` draws it), in pixels (k,C,H,W) clamped to [0,1];
+        ``draw`` picks one of a fixed sequence (NOISE_SEED + draw)."""
+        spec = get_spec(self.dataset)
+        gen = torch.Generator().manual_seed(NOISE_SEED + draw)
+        return spec.denormalize(torch.randn(k, *spec.image_shape, generator=gen)).clamp(0, 1)
+
+    def label_chance(self, recon_labels, truth_labels, truth: torch.Tensor) -> float:
+        """The label-aware chance: a server that knows the recovered labels (k,) and picks, for each,
+        one candidate of that class at random singles out an original with probability own/(own +
+        distractors) of that class (0 for a label no original has); the mean over the k labels. NaN
+        without ``distractor_labels``."""
+        if self.distractor_labels is None:
+            return math.nan
+        n = self._num_classes
+        dis = torch.bincount(self.distractor_labels[self._kept(truth)], minlength=n).double()
+        own = torch.bincount(torch.as_tensor(truth_labels).long().cpu(), minlength=n).double()
+        labels = torch.as_tensor(recon_labels).long().cpu()
+        return float((own[labels] / (own[labels] + dis[labels]).clamp_min(1)).mean())
 
     def judge(
         self, matched: torch.Tensor, truth: torch.Tensor, truth_labels: torch.Tensor, candidates=None, read_truth=None
@@ -279,6 +426,42 @@ class Verdict:
             "recovered": singled & (read == read_truth),
         }
 
+    def control(
+        self, other: torch.Tensor, truth: torch.Tensor, truth_labels, other_truth: torch.Tensor, other_labels=None
+    ) -> dict:
+        """A control that can fail: another client's reconstructions ``other`` (k',C,H,W) in [0,1]
+        offered as this client's, Hungarian-matched to this client's ``truth`` (k,C,H,W) exactly like an
+        attack, and ranked among its k originals and D distractors with the other client's originals
+        ``other_truth`` left out (where they stay, the control is zero by construction). Needs k' >= k
+        (the first k are used). other_labels: the labels the other attack recovered (k',), for the
+        label-aware chance. Returns {"k", "singled": count, "recovered": count, "chance": the larger of
+        k/(k+D) and the label-aware chance, "exceeds": ``exceeds_chance`` of the count}: a sound
+        verdict keeps "exceeds" False; a leak (an output or a matching that peeks at the truth) makes
+        it True. ValueError for k' < k."""
+        truth = truth.detach().float().cpu().clamp(0, 1)
+        other = other.detach().float().cpu().clamp(0, 1)
+        k = len(truth)
+        if len(other) < k:
+            raise ValueError(f"control: needs at least k={k} other images, got {len(other)}")
+        order, _ = match_pairs(other[:k], truth)
+        matched = other[:k][torch.as_tensor(order)]
+        exclude = other_truth.detach().float().cpu()
+        candidates = self.candidates(truth, exclude=exclude)
+        judged = self.judge(matched, truth, truth_labels, candidates)
+        chance = k / len(candidates)
+        if other_labels is not None:
+            labels = torch.as_tensor(other_labels).long().cpu()[:k]
+            label_chance = self.label_chance(labels, truth_labels, torch.cat([truth, exclude]))
+            chance = max(chance, label_chance) if math.isfinite(label_chance) else chance
+        singled = int(judged["singled"].sum())
+        return {
+            "k": k,
+            "singled": singled,
+            "recovered": int(judged["recovered"].sum()),
+            "chance": chance,
+            "exceeds": exceeds_chance(singled, k, chance),
+        }
+
     # ------------------------------------------------------------------------------- the row
 
     def score(
@@ -296,16 +479,19 @@ class Verdict:
 
         matched: its reconstructions (k,C,H,W) in [0,1], Hungarian-matched so matched[j] pairs truth[j]
         (``fl_attack.audit.metrics.evaluate_reconstruction``'s matched_recon); recon_labels: the labels the
-        attack recovered (k,), used by the label-only guess; truth, truth_labels: the originals; psnr:
-        the attack's matched PSNR (dB); lpips: an LPIPS callable (fl_attack.audit.metrics.LPIPS) for the
-        guesses. client_id: the attacked client's, to warn when the reader was trained on it.
-        Returns floats (counts as ints); ValueError for mismatched shapes."""
+        attack recovered (k,), used by the label guesses and the label-aware chance; truth, truth_labels:
+        the originals; psnr: the attack's matched PSNR (dB); lpips: an LPIPS callable
+        (fl_attack.audit.metrics.LPIPS) for the guesses. client_id: the attacked client's, to warn when
+        the reader was trained on it. Every update-free output (the guesses, ``NOISE_OUTPUTS`` noise
+        starts) is matched to ``truth`` with ``match_pairs`` as the attack was. Returns floats (counts as
+        ints; ``guesses`` a JSON object of each guess's columns); ValueError for mismatched shapes."""
         matched, truth = matched.detach().float().cpu().clamp(0, 1), truth.detach().float().cpu().clamp(0, 1)
         if matched.shape != truth.shape:
             raise ValueError(
                 f"verdict: reconstructions {tuple(matched.shape)} and originals {tuple(truth.shape)} differ"
             )
         k = len(truth)
+        self.warn_reader_overlap(truth, client_id)
         if client_id and client_id in self.reader_writers and client_id not in self._warned:
             self._warned.add(client_id)
             log.warning(
@@ -314,68 +500,184 @@ class Verdict:
         candidates = self.candidates(truth)
         mine = self.judge(matched, truth, truth_labels, candidates)
         labels = torch.as_tensor(truth_labels).long().cpu()
-        floor = {"psnr": -math.inf, "ssim": -math.inf, "lpips": math.inf, "recognized": 0.0, "recovered": 0}
-        for guess in self.guesses(recon_labels, truth).values():
-            order, _ = match_pairs(guess, truth)
-            g = guess[torch.as_tensor(order)]
-            floor["psnr"] = max(floor["psnr"], float(_psnr(g, truth).double().mean()))
-            floor["ssim"] = max(floor["ssim"], float(_ssim(g, truth).double().mean()))
-            floor["lpips"] = min(floor["lpips"], float(lpips(g, truth).double().mean()))
+
+        def pair(outputs: torch.Tensor) -> torch.Tensor:  # the attack's matching, for an update-free output
+            order, _ = match_pairs(outputs, truth)
+            return outputs[torch.as_tensor(order)]
+
+        per_guess = {}
+        for name, guess in self.guesses(recon_labels, truth).items():
+            g = pair(guess)
             theirs = self.judge(g, truth, labels, candidates, mine["read_truth"])
-            floor["recognized"] = max(floor["recognized"], float(theirs["recognized"].double().mean()))
-            floor["recovered"] = max(floor["recovered"], int(theirs["recovered"].sum()))
+            per_guess[name] = {
+                "reidentified": float(theirs["singled"].double().mean()),
+                "recognized": float(theirs["recognized"].double().mean()),
+                "recovered": int(theirs["recovered"].sum()),
+                "psnr": float(_psnr(g, truth).double().mean()),
+                "ssim": float(_ssim(g, truth).double().mean()),
+                "lpips": float(lpips(g, truth).double().mean()),
+            }
+        noise = [self.singled_out(pair(self.noise(k, i)), candidates) for i in range(NOISE_OUTPUTS)]
+        reid_noise = float(torch.cat(noise).double().mean())
+
+        def best(column: str, better=max):
+            return better(g[column] for g in per_guess.values())
+
+        matched_chance = k / len(candidates)
+        label_chance = self.label_chance(recon_labels, labels, truth)
+        chances = [reid_noise, best("reidentified"), matched_chance]
+        chances += [label_chance] if math.isfinite(label_chance) else []
+        recovered, recognized = int(mine["recovered"].sum()), int(mine["recognized"].sum())
+        rec_low, rec_high = interval(recovered, k)
+        recog_low, recog_high = interval(recognized, k)
         return {
             "k": k,
-            "recovered": int(mine["recovered"].sum()),
-            "guess_recovered": floor["recovered"],
+            "recovered": recovered,
+            "recovered_low": int(math.floor(rec_low * k + 1e-9)),
+            "recovered_high": int(math.ceil(rec_high * k - 1e-9)),
+            "guess_recovered": best("recovered"),
             "reidentified": float(mine["singled"].double().mean()),
-            "reid_chance": 1.0 / len(candidates),
-            "recognized": float(mine["recognized"].double().mean()),
+            "reid_chance": max(chances),
+            "reid_noise": reid_noise,
+            "reid_chance_matched": matched_chance,
+            "reid_chance_labels": label_chance,
+            "reid_chance_uniform": 1.0 / len(candidates),
+            "guess_reidentified": best("reidentified"),
+            "recognized": recognized / k,
+            "recognized_low": recog_low,
+            "recognized_high": recog_high,
             "recognized_truth": float((mine["read_truth"] == labels).double().mean()),
-            "recognized_guess": floor["recognized"],
-            "guess_psnr": floor["psnr"],
-            "guess_ssim": floor["ssim"],
-            "guess_lpips": floor["lpips"],
-            "psnr_margin": float(psnr) - floor["psnr"],
+            "recognized_guess": best("recognized"),
+            "guess_psnr": best("psnr"),
+            "guess_ssim": best("ssim"),
+            "guess_lpips": best("lpips", min),
+            "psnr_margin": float(psnr) - best("psnr"),
+            "guesses": json.dumps({n: {c: round(v, 6) for c, v in g.items()} for n, g in per_guess.items()}),
         }
+
+    # ------------------------------------------------------------------------------- the evidence
+
+    def evidence(
+        self, matched: torch.Tensor, truth: torch.Tensor, candidates: torch.Tensor | None = None, n: int = 4
+    ) -> list[dict]:
+        """Up to ``n`` singled-out images with what singled them out, for a reader to look at
+        (fl_attack.audit.images.save_evidence draws them; docs/verdict.md, "The evidence").
+
+        matched: the reconstructions (k,C,H,W) in [0,1] lined up with the originals ``truth`` (k,C,H,W)
+        in [0,1] (matched[j] pairs truth[j], as ``score`` takes them); candidates: ``candidates(truth)``
+        (computed when None): the k originals, then the D distractors. The distance is always 1 - SSIM
+        (``ssim_distance``, in float32 as the ranking), the verdict's published one, whatever
+        ``distance`` is. Image j is singled out when no candidate is strictly nearer matched[j] than
+        truth[j] (a tie counts for the image, as in ``singled_out``; a non-finite distance never).
+
+        Which n: spread evenly over the singled-out images ranked by margin, from the largest to the
+        smallest (all of them when n or fewer are). The picture then shows the clearest case and the
+        closest call, what "singled out" means across the attack; the n largest margins alone would
+        show only its best. Returns the entries in decreasing margin, [] when none is singled out;
+        each a dict: ``index`` j (0..k-1); ``own``: 1 - SSIM of matched[j] to truth[j];
+        ``nearest``: the index in candidates of the nearest candidate other than truth[j];
+        ``nearest_kind``: "original" (another of the client's originals, nearest < k) or
+        "distractor"; ``nearest_distance``: its 1 - SSIM to matched[j]; ``margin``:
+        nearest_distance - own (>= 0). Distances are floats in [0, 2].
+
+        ValueError when matched and truth are not one (k,C,H,W) shape with k >= 1, when candidates
+        are not (N,C,H,W) with N > k starting with truth, or when n is not an int >= 0.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"verdict evidence: n must be an int >= 0, got {n!r}")
+        if matched.dim() != 4 or matched.shape != truth.shape or len(truth) == 0:
+            raise ValueError(
+                f"verdict evidence: reconstructions {tuple(matched.shape)} and originals {tuple(truth.shape)} "
+                "must be one (k,C,H,W) shape with k >= 1"
+            )
+        k = len(truth)
+        truth = truth.detach().float().cpu()
+        candidates = self.candidates(truth) if candidates is None else candidates.detach().float().cpu()
+        if candidates.dim() != 4 or candidates.shape[1:] != truth.shape[1:] or len(candidates) <= k:
+            raise ValueError(
+                f"verdict evidence: candidates must be (N,{','.join(map(str, truth.shape[1:]))}) with N > k = {k}, "
+                f"got {tuple(candidates.shape)}"
+            )
+        if not torch.equal(candidates[:k], truth):
+            raise ValueError("verdict evidence: candidates must start with the k originals (Verdict.candidates)")
+        d = ssim_distance(matched.detach().float().cpu().clamp(0, 1), candidates)
+        rows = torch.arange(k)
+        own = d[rows, rows].clone()
+        d[rows, rows] = math.inf  # the nearest OTHER candidate
+        nearest_distance, nearest = d.min(1)
+        singled = torch.isfinite(own) & torch.isfinite(nearest_distance) & (own <= nearest_distance)
+        margin = nearest_distance - own
+        ranked = sorted(torch.nonzero(singled).flatten().tolist(), key=lambda j: (-float(margin[j]), j))
+        if len(ranked) > n:
+            ranked = [ranked[round(i * (len(ranked) - 1) / (n - 1))] for i in range(n)] if n > 1 else ranked[:n]
+        return [
+            {
+                "index": j,
+                "own": float(own[j]),
+                "nearest": int(nearest[j]),
+                "nearest_kind": "original" if int(nearest[j]) < k else "distractor",
+                "nearest_distance": float(nearest_distance[j]),
+                "margin": float(margin[j]),
+            }
+            for j in ranked
+        ]
 
 
 def verdict_protocol(public_samples: int) -> dict:
     """The verdict's settings as config.json records them (docs/verdict.md)."""
     return {
-        "public_pool": f"the server's held-out set ({public_samples or DEFAULT_PUBLIC_SAMPLES} samples)",
+        "public_pool": (
+            f"the server's held-out set ({public_samples or DEFAULT_PUBLIC_SAMPLES} samples), less the run's FEMNIST "
+            "writers (disjoint: the sizes used)"
+        ),
         "distractors": DEFAULT_DISTRACTORS,
         "distance": "1 - SSIM",
+        "chance": (
+            "update-free outputs under the same matching and ranking: the largest of "
+            f"{NOISE_OUTPUTS} noise starts' rate, the best guess's, k/(k+D) and the label-aware chance"
+        ),
+        "guesses": list(GUESSES),
+        "intervals": f"exact (Clopper-Pearson) {CONFIDENCE:.0%} over the k images",
         "recovered": "singled out (rank 1 among k + D) and read by the reader as its original",
     }
 
 
+def _num(row: dict, name: str) -> float:
+    try:
+        return float(row.get(name))
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def verdict_line(row: dict) -> str:
-    """One attack's verdict in a reader's words, from its row: "9 of 32 images recovered (a guess
-    without the update: 0); singled out 28% (chance 0.05%); recognized 41% (reader: 85% of the
-    originals, 12% of the guess); PSNR 15.1 dB, 1.9 dB under the guess". Rows without a verdict
-    (failed, or written before it existed) say so."""
-
-    def num(name):
-        try:
-            value = float(row.get(name))
-        except (TypeError, ValueError):
-            return math.nan
-        return value
-
-    k, recovered = num("k"), num("recovered")
+    """One attack's verdict in a reader's words, from its row: "2 of 32 images recovered (95%: 0-7; a
+    guess without the update: 0); singled out 28% (chance 4.1%: update-free outputs under the same
+    matching); recognized 41% (95%: 24-59%; reader: 85% of the originals, 12% of the best guess); PSNR
+    15.1 dB, 1.9 dB under the guess". Rows without a verdict (failed, or written before it existed)
+    say so; rows written before the intervals leave them out."""
+    k, recovered = _num(row, "k"), _num(row, "recovered")
     if not (math.isfinite(k) and math.isfinite(recovered)):
         status = row.get("status") or "no verdict"
         return f"no verdict ({status}{': ' + str(row['error']) if row.get('error') else ''})"
-    margin = num("psnr_margin")
+    margin = _num(row, "psnr_margin")
     side = "over" if margin >= 0 else "under"
-    guess = num("guess_recovered")
+    guess = _num(row, "guess_recovered")
+    low, high = _num(row, "recovered_low"), _num(row, "recovered_high")
+    span = f"95%: {int(low)}-{int(high)}; " if math.isfinite(low) and math.isfinite(high) else ""
+    r_low, r_high = _num(row, "recognized_low"), _num(row, "recognized_high")
+    r_span = ""
+    if math.isfinite(r_low) and math.isfinite(r_high):
+        r_span = f"95%: {percent(r_low).rstrip('%')}-{percent(r_high)}; "
+    matched = math.isfinite(_num(row, "reid_chance_matched"))
+    chance = f"chance {percent(_num(row, 'reid_chance'))}" + (
+        ": update-free outputs under the same matching" if matched else ", 1/(k+D)"
+    )
     return (
-        f"{int(recovered)} of {int(k)} images recovered (a guess without the update: "
-        f"{int(guess) if math.isfinite(guess) else 'n/a'}); singled out {percent(num('reidentified'))} "
-        f"(chance {percent(num('reid_chance'))}); recognized {percent(num('recognized'))} (reader: "
-        f"{percent(num('recognized_truth'))} of the originals, {percent(num('recognized_guess'))} of the guess); "
-        f"PSNR {num('psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
+        f"{int(recovered)} of {int(k)} images recovered ({span}a guess without the update: "
+        f"{int(guess) if math.isfinite(guess) else 'n/a'}); singled out {percent(_num(row, 'reidentified'))} "
+        f"({chance}); recognized {percent(_num(row, 'recognized'))} ({r_span}reader: "
+        f"{percent(_num(row, 'recognized_truth'))} of the originals, {percent(_num(row, 'recognized_guess'))} "
+        f"of the best guess); PSNR {_num(row, 'psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
     )
 
 

@@ -55,6 +55,8 @@ __all__ = [
     "partition_sizes",
     "flower_client_partition",
     "load_client_split",
+    "partition_writers",
+    "run_writers",
 ]
 
 ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
@@ -1073,3 +1075,34 @@ def load_client_split(data: DataSettings, partition_id: int, pool: Pool | None =
     if not data.flower:
         return client_partition(pool, partition_id, data.samples, data.classes, seed=data.seed, held_out=data.held_out)
     return flower_client_partition(data, partition_id, pool)
+
+
+def run_writers(data: DataSettings, pool: Pool | None = None) -> tuple[str, ...]:
+    """The LEAF writer names (sorted) whose samples a federation's clients hold: every writer with a
+    sample in partitions 0..N-1 (N = ``data.num_partitions``) as :func:`load_client_split` cuts them,
+    train and held-out samples alike. For keeping the evaluator's public data apart from the run's
+    writers (fl_attack.audit.verdict).
+
+    * partitioner "paper": the writers of partitions 0..N-1 (:func:`partition_writers`).
+    * "natural": the first N writers by name with LEAF-train samples (one partition each).
+    * iid, dirichlet, pathological: every writer with a sample in one of the N partitions (these
+      mix writers, so with all of the LEAF-train samples cut up, every writer that has one).
+
+    cifar100: () (a CIFAR-100 client has no writer). ``pool``: an already loaded pool (default
+    ``load_pool(data.dataset, data.data_dir)``). Raises ValueError when femnist's N is None ("the
+    federation's number of partitions is not known") and as :func:`partition_writers` /
+    :func:`flower_partitions`."""
+    spec = get_spec(data.dataset)
+    if spec.name != "femnist":
+        return ()
+    if data.num_partitions is None:
+        raise ValueError("run_writers: the federation's number of partitions is not known (num_partitions=None)")
+    n = _as_index("num_partitions", data.num_partitions)
+    pool = load_pool(data.dataset, data.data_dir) if pool is None else pool
+    if not data.flower:
+        ids = partition_writers(pool, data.samples)[:n]
+    else:
+        indices, _ = _flower_partitions(pool, *_flower_args(data))
+        parts = [np.asarray(i, dtype=np.int64) for i in indices[:n]]
+        ids = np.unique(pool.writers[np.concatenate(parts)]) if parts else np.empty(0, dtype=np.int64)
+    return tuple(sorted(str(name) for name in pool.writer_names[ids]))
