@@ -48,6 +48,7 @@ found by fingerprint and warned about (``warn_reader_overlap``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -135,6 +136,7 @@ def pixel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cdist(a.flatten(1), b.flatten(1))
 
 
+@functools.lru_cache(maxsize=8)
 def _window(size: int, dtype: torch.dtype) -> torch.Tensor:
     """(size - 10, size): row r holds SSIM's 11-tap Gaussian (sigma 1.5, normalised) at columns r..r+10."""
     taps = torch.arange(11, dtype=dtype) - 5
@@ -165,11 +167,14 @@ def ssim_distance(a: torch.Tensor, b: torch.Tensor, b_stats=None) -> torch.Tenso
     (b's may be given: ``_window_stats(b)``)."""
     c1, c2 = 0.01**2, 0.03**2
     (mu_a, var_a), (mu_b, var_b) = _window_stats(a), _window_stats(b) if b_stats is None else b_stats
+    luminance_b, contrast_b = mu_b**2 + c1, var_b + c2  # b's terms of the denominators, once
     rows = []
-    for i in range(len(a)):
+    for i in range(len(a)):  # in place: each row's tensors are b-sized, so memory traffic is the cost
+        ss = _gaussian_blur(a[i] * b)
         mu_ab = mu_a[i] * mu_b
-        cov = _gaussian_blur(a[i] * b) - mu_ab
-        ss = (2 * mu_ab + c1) / (mu_a[i] ** 2 + mu_b**2 + c1) * (2 * cov + c2) / (var_a[i] + var_b + c2)
+        ss.sub_(mu_ab).mul_(2).add_(c2)  # 2 cov + c2
+        ss.mul_(mu_ab.mul_(2).add_(c1))  # (2 mu_a mu_b + c1)(2 cov + c2)
+        ss.div_((luminance_b + mu_a[i] ** 2).mul_(contrast_b + var_a[i]))
         rows.append(1 - ss.mean(dim=(1, 2, 3)))
     return torch.stack(rows)
 
