@@ -130,7 +130,8 @@ def test_the_reachability_check_can_fail():
 # package -> what its modules may import of fl_attack (a module of the package, or one of these)
 PACKAGE_RULES = {
     "fl_attack.privacy": (),
-    "fl_attack.federation": ("fl_attack.paths", "fl_attack.records"),
+    # privacy: the defenses' DP accounting (FederationSettings' DefenseSettings); it imports nothing
+    "fl_attack.federation": ("fl_attack.privacy", "fl_attack.paths", "fl_attack.records"),
     "fl_attack.attacker": ("fl_attack.federation", "fl_attack.paths", "fl_attack.records"),
     "fl_attack.audit": (
         "fl_attack.attacker",

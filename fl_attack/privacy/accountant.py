@@ -115,7 +115,7 @@ class PrivacyLedger:
 
     @classmethod
     def for_defense(cls, defense, clients_per_round: int, num_clients: int) -> PrivacyLedger | None:
-        """The ledger of a run's DefenseSettings (fl_attack.run_config); None without local-dp or
+        """The ledger of a run's DefenseSettings (fl_attack.federation.settings); None without local-dp or
         central-dp. clients_per_round / num_clients: central-dp's sampling rate."""
         if defense.local_dp:
             z = gaussian_noise_multiplier(defense.epsilon, defense.delta)
