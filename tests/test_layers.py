@@ -1,7 +1,8 @@
 """The layers point one way: fl_attack (the library) <- the Flower app (clients/, strategies/) <- analysis/.
 
-clients/ and strategies/ are siblings (Flower's client_app / server_app): both read the run config
-through fl_attack.run_config, and neither imports the other. Benchmarks and tests stay apart: the
+clients/ and strategies/ are siblings (Flower's client_app / server_app), and neither imports the
+other: the clients read the run config through fl_attack.federation.settings (the honest side loads
+no attack code), the strategies through fl_attack.run_config. Benchmarks and tests stay apart: the
 one crossing is benchmarks/attack_step.py timing tests/reference.py's literal loop. Read from the
 source with ast, so an import hidden inside a function counts too.
 """
@@ -59,6 +60,21 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     (tmp_path / "clients" / "bad.py").write_text("def f():\n    from strategies.server_app import app\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert offending_imports("clients") == ["clients/bad.py imports strategies.server_app"]
+
+
+@pytest.mark.runtime
+def test_the_client_app_loads_no_attack_code():
+    # a simulated client (a Ray actor) imports clients.client_app: nothing of the attacker or audit comes with it
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, clients.client_app, clients.defenses, clients.mods; "
+        "print(sorted(m for m in sys.modules if m.startswith(('fl_attack.attacker', 'fl_attack.audit', "
+        "'fl_attack.run_config'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # The attacker's side of the library: what runs on a worker and what it imports.
