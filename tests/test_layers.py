@@ -198,6 +198,24 @@ def test_the_package_check_sees_a_forbidden_import():
     assert package_offences(graph) == ["fl_attack.federation.data imports fl_attack.audit.victims"]
 
 
+def test_the_import_linter_contracts_agree_with_the_package_rules():
+    # pyproject.toml's [tool.importlinter] (make lint) and PACKAGE_RULES say the same: no package may
+    # import one in a higher layer, and the honest side may import nothing it forbids
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contracts = {c["type"]: c for c in reversed(config["contracts"])}  # the first of each type
+    layers = [[name.strip() for name in layer.split("|")] for layer in contracts["layers"]["layers"]]
+    height = {name: len(layers) - i for i, layer in enumerate(layers) for name in layer}
+    for package, allowed in PACKAGE_RULES.items():
+        if package in height:
+            above = [a for a in allowed if height.get(a, 0) > height[package]]
+            assert not above, f"{package} may import {above}, a higher layer"
+    honest = contracts["forbidden"]
+    assert set(honest["source_modules"]) == {"clients", "fl_attack.federation"}
+    assert not set(honest["forbidden_modules"]) & set(PACKAGE_RULES["fl_attack.federation"])
+
+
 # --- no modules import each other in a circle ------------------------------------------------------
 
 PACKAGES = ("fl_attack", "clients", "strategies", "analysis")
