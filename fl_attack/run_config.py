@@ -19,15 +19,14 @@ from dataclasses import asdict, dataclass, field, fields
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.precision import PRECISIONS
 from fl_attack.federation.config import check_field_types, parse_key_values
-from fl_attack.federation.settings import (  # noqa: F401 -- DefenseSettings and its helpers: their old home
+from fl_attack.federation.defense_settings import (  # noqa: F401 -- DefenseSettings' old home
     CLIPPING_SIDES,
     DEFENSES,
-    SEED_MAX,
     DefenseSettings,
-    FederationSettings,
     _field_to_key,
     _key_to_field,
 )
+from fl_attack.federation.settings import SEED_MAX, FederationSettings  # noqa: F401 -- SEED_MAX: its old home
 
 
 def _parse_overrides(text: str) -> dict:
