@@ -25,6 +25,8 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@# the layers and the honest side's imports: [tool.importlinter] in pyproject.toml
+	$(VENV)/bin/lint-imports
 
 # The developer's loop: the unit and light in-process tests; nothing that starts flwr, Ray or other
 # processes (marker runtime), no in-process test of more than about 3 s (marker heavy).

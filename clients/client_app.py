@@ -27,8 +27,8 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
 from fl_attack.federation.data import load_client_split
+from fl_attack.federation.settings import FederationSettings
 from fl_attack.federation.training import evaluate_model, train_local
-from fl_attack.run_config import RunSettings
 
 from .defenses import TRAIN_MODS
 
@@ -48,14 +48,15 @@ def node_partition(context: Context) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed(run_config: tuple) -> RunSettings:
-    """The run config parsed once per run and process: the server's pre-flight has checked it
-    (fl_attack.run_config.preflight); a client reads it, without checking it again per message."""
-    return RunSettings.from_run_config(dict(run_config))
+def _parsed(run_config: tuple) -> FederationSettings:
+    """The run config's federation keys, parsed once per run and process: the server's pre-flight has
+    checked the whole run config (fl_attack.run_config.preflight); a client reads only what it needs
+    (no attack key, no attack code), without checking it again per message."""
+    return FederationSettings.from_run_config(dict(run_config))
 
 
-def node_settings(context: Context) -> RunSettings:
-    """The run config's settings, with the federation's partition count from the node config's
+def node_settings(context: Context) -> FederationSettings:
+    """The run config's federation settings, with the federation's partition count from the node config's
     ``num-partitions``: the Flower Datasets partitioners cut the data into that many partitions, as
     the server does with its node count. ValueError for a num-partitions that is not a whole number
     >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
@@ -70,12 +71,12 @@ def node_settings(context: Context) -> RunSettings:
         ) from None
 
 
-def _load_split(settings: RunSettings, partition_id: int):
+def _load_split(settings: FederationSettings, partition_id: int):
     """The node's data (fl_attack.federation.data.load_client_split, the evaluator's too)."""
     return load_client_split(settings.data, partition_id)
 
 
-def _prepare(settings: RunSettings, partition_id: int, state: dict):
+def _prepare(settings: FederationSettings, partition_id: int, state: dict):
     """(the node's data, the run's model holding ``state``), on the run's torch threads."""
     torch.set_num_threads(settings.threads)
     split = _load_split(settings, partition_id)
@@ -84,7 +85,7 @@ def _prepare(settings: RunSettings, partition_id: int, state: dict):
     return split, model
 
 
-def local_training(settings: RunSettings, partition_id: int, server_round: int, w0: dict):
+def local_training(settings: FederationSettings, partition_id: int, server_round: int, w0: dict):
     """E local epochs from ``w0``: returns (wT state dict, public metrics, simulation bookkeeping).
 
     The metrics include ``train-seconds`` (loading the partition and training), the bookkeeping
@@ -110,7 +111,7 @@ def local_training(settings: RunSettings, partition_id: int, server_round: int, 
     return model.state_dict(), metrics, simulation
 
 
-def local_evaluation(settings: RunSettings, partition_id: int, weights: dict) -> dict:
+def local_evaluation(settings: FederationSettings, partition_id: int, weights: dict) -> dict:
     """Loss and accuracy of ``weights`` on the client's held-out samples (its train set if it has none)."""
     split, model = _prepare(settings, partition_id, weights)
     test = split.test if len(split.test.labels) else split.train

@@ -23,8 +23,8 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 
+from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.federation.defenses import transform_update
-from fl_attack.run_config import DefenseSettings
 
 
 def _defense(context: Context) -> DefenseSettings:

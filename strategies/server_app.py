@@ -5,7 +5,7 @@ to ``<results-dir>/<run-name>/`` (config.json, rounds.csv, attacks.csv, events.l
 
 The server is the project's FedAvg (strategies/strategy.py) audited by the plugin any Flower app
 can use (strategies/audit.py) over the run's fl_attack.audit.service.AuditService. The run config's
-``defense`` picks how it runs (fl_attack/run_config.py, DefenseSettings):
+``defense`` picks how it runs (fl_attack/federation/defense_settings.py, DefenseSettings):
 - central-dp: the audited FedAvg wrapped in Flower's DifferentialPrivacyServerSideFixedClipping or
   DifferentialPrivacyClientSideFixedClipping; the attacker sees each clipped, noise-free update;
 - secagg: Flower's legacy SecAgg+ workflow with SecAggLeakageFedAvg (strategies/secagg.py); the

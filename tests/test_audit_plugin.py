@@ -78,21 +78,22 @@ def test_the_preflight_runs_once_per_run_and_the_clients_parse_the_run_config_on
     shares this process: 3 nodes x 2 rounds x (train + evaluate) messages, one parse)."""
     from clients import client_app
     from fl_attack import run_config
+    from fl_attack.federation.settings import FederationSettings
 
     parses = []
-    real = run_config.RunSettings.from_run_config.__func__
+    real = FederationSettings.from_run_config.__func__  # RunSettings' too (it extends FederationSettings)
 
     def counted(cls, config):
         parses.append(dict(config))
         return real(cls, config)
 
-    monkeypatch.setattr(run_config.RunSettings, "from_run_config", classmethod(counted))
+    monkeypatch.setattr(FederationSettings, "from_run_config", classmethod(counted))
     client_app._parsed.cache_clear()
     before = run_config.preflight.runs
     run = serve(tmp_path, partitions=(0, 1, 2), num_rounds=2, attack_method="ig", attack_iterations=1)
     assert (run / "summary.json").is_file()
     assert run_config.preflight.runs - before == 1
-    assert len(parses) == 2  # the pre-flight's, and the clients' one
+    assert len(parses) == 2  # the pre-flight's RunSettings, and the clients' one FederationSettings
 
 
 # --- the plugin on a user's app: unit tests on real Flower records ---------------------------------

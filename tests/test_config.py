@@ -14,6 +14,7 @@ import pytest
 
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.federation.config import PAPER, PRESETS, Preset, TrainingProtocol
+from fl_attack.federation.settings import FederationSettings
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import TrainingMetadata
 from fl_attack.run_config import DefenseSettings, RunSettings, _key_to_field
@@ -144,6 +145,29 @@ def test_run_settings_compose_the_protocol_and_the_attack_config():
         local_epochs=PYPROJECT["local-epochs"],
         lr=PYPROJECT["lr"],
     )
+
+
+def test_the_clients_read_the_federation_keys_as_the_server_does():
+    # the ClientApp parses only FederationSettings: the same values as the server's RunSettings
+    run_config = {**PYPROJECT, **PAPER.run_config(), "defense": "topk", "seed": 7, "attack-nodes": 7}
+    settings = RunSettings.from_run_config(run_config)
+    federation = FederationSettings.from_run_config(run_config)
+    assert settings.federation_settings() == federation and type(federation) is FederationSettings
+    assert federation.protocol == PAPER and federation.defense.topk and federation.seed == 7
+    fed_keys = {f.name for f in dataclasses.fields(FederationSettings)}
+    assert not any(name.startswith("attack_") for name in fed_keys)
+
+
+def test_each_key_is_checked_by_the_settings_that_own_it():
+    # an audit key is the audit's to check: a client parses past it; the server's pre-flight does not
+    bad_audit = {**PYPROJECT, "attack-iterations": 0}
+    assert FederationSettings.from_run_config(bad_audit).lr == PYPROJECT["lr"]
+    with pytest.raises(ValueError, match="invalid run config: attack-iterations must be >= 1"):
+        RunSettings.from_run_config(bad_audit)
+    # a federation key fails both, with the one wording
+    for cls in (FederationSettings, RunSettings):
+        with pytest.raises(ValueError, match=r"^invalid run config: lr must be > 0$"):
+            cls.from_run_config({**PYPROJECT, "lr": -1.0})
 
 
 # --- the ready-made run-config files -------------------------------------------------------------

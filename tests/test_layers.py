@@ -1,7 +1,8 @@
 """The layers point one way: fl_attack (the library) <- the Flower app (clients/, strategies/) <- analysis/.
 
-clients/ and strategies/ are siblings (Flower's client_app / server_app): both read the run config
-through fl_attack.run_config, and neither imports the other. Benchmarks and tests stay apart: the
+clients/ and strategies/ are siblings (Flower's client_app / server_app), and neither imports the
+other: the clients read the run config through fl_attack.federation.settings (the honest side loads
+no attack code), the strategies through fl_attack.run_config. Benchmarks and tests stay apart: the
 one crossing is benchmarks/attack_step.py timing tests/reference.py's literal loop. Read from the
 source with ast, so an import hidden inside a function counts too.
 """
@@ -59,6 +60,21 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     (tmp_path / "clients" / "bad.py").write_text("def f():\n    from strategies.server_app import app\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert offending_imports("clients") == ["clients/bad.py imports strategies.server_app"]
+
+
+@pytest.mark.runtime
+def test_the_client_app_loads_no_attack_code():
+    # a simulated client (a Ray actor) imports clients.client_app: nothing of the attacker or audit comes with it
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, clients.client_app, clients.defenses, clients.mods; "
+        "print(sorted(m for m in sys.modules if m.startswith(('fl_attack.attacker', 'fl_attack.audit', "
+        "'fl_attack.run_config'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # The attacker's side of the library: what runs on a worker and what it imports.
@@ -130,7 +146,8 @@ def test_the_reachability_check_can_fail():
 # package -> what its modules may import of fl_attack (a module of the package, or one of these)
 PACKAGE_RULES = {
     "fl_attack.privacy": (),
-    "fl_attack.federation": ("fl_attack.paths", "fl_attack.records"),
+    # privacy: the defenses' DP accounting (FederationSettings' DefenseSettings); it imports nothing
+    "fl_attack.federation": ("fl_attack.privacy", "fl_attack.paths", "fl_attack.records"),
     "fl_attack.attacker": ("fl_attack.federation", "fl_attack.paths", "fl_attack.records"),
     "fl_attack.audit": (
         "fl_attack.attacker",
@@ -179,6 +196,24 @@ def test_the_package_check_sees_a_forbidden_import():
     graph = library_imports()
     graph["fl_attack.federation.data"] = graph["fl_attack.federation.data"] | {"fl_attack.audit.victims"}
     assert package_offences(graph) == ["fl_attack.federation.data imports fl_attack.audit.victims"]
+
+
+def test_the_import_linter_contracts_agree_with_the_package_rules():
+    # pyproject.toml's [tool.importlinter] (make lint) and PACKAGE_RULES say the same: no package may
+    # import one in a higher layer, and the honest side may import nothing it forbids
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contracts = {c["type"]: c for c in reversed(config["contracts"])}  # the first of each type
+    layers = [[name.strip() for name in layer.split("|")] for layer in contracts["layers"]["layers"]]
+    height = {name: len(layers) - i for i, layer in enumerate(layers) for name in layer}
+    for package, allowed in PACKAGE_RULES.items():
+        if package in height:
+            above = [a for a in allowed if height.get(a, 0) > height[package]]
+            assert not above, f"{package} may import {above}, a higher layer"
+    honest = contracts["forbidden"]
+    assert set(honest["source_modules"]) == {"clients", "fl_attack.federation"}
+    assert not set(honest["forbidden_modules"]) & set(PACKAGE_RULES["fl_attack.federation"])
 
 
 # --- no modules import each other in a circle ------------------------------------------------------

@@ -3,6 +3,8 @@
 Holds the datasets and their partitions (data), the victims' architectures (models), FedAvg's local
 training (training), the client optimizers (config), the update and its public metadata (update:
 ObservedUpdate, TrainingMetadata, AttackTarget), the seeded draw of participants (participants) and
-the client-side defenses' arithmetic (defenses). Imports only fl_attack.paths and fl_attack.records;
+the client-side defenses' arithmetic (defenses), and the settings a client reads of the run config
+(settings: FederationSettings; defense_settings: DefenseSettings). Imports only fl_attack.privacy, fl_attack.paths and
+fl_attack.records, never the attacker or the audit (pyproject.toml's import-linter contracts);
 everything else may import it.
 """

@@ -5,7 +5,8 @@
   plus the attack's iterations and nodes; the standalone CLI (``--preset``) and the paper
   experiments' --scale reads them too.
 * The attack's hyperparameters are ``fl_attack.attacker.attacks.AttackConfig``; the federation's run
-  config is ``fl_attack.run_config.RunSettings``, composed of both and the defense settings.
+  config is ``fl_attack.run_config.RunSettings``, composed of both and the defense settings
+  (the clients' part: ``fl_attack.federation.settings.FederationSettings``).
 
 Every entry point (the run config, ``attack-options``, the CLI) converts ``key=value`` text with
 ``typed_value``, so "2.7" is never silently truncated to the integer 2 and "yes" is a bool
@@ -80,12 +81,14 @@ def parse_key_values(text: str, defaults: dict, what: str, noun: str = "setting"
     return out
 
 
-def check_field_types(settings, key_of) -> None:
-    """Every field of the dataclass ``settings`` has its default's type: int fields a true int
-    (not a bool), float fields a finite number, str and bool fields their type. ``key_of(name)``
-    gives the run-config key for a field name; ValueError "invalid run config: <key> ..." otherwise.
-    Catches what from_run_config's typed_value would, for settings built directly."""
+def check_field_types(settings, key_of, names=None) -> None:
+    """Every field of the dataclass ``settings`` (or those in ``names``) has its default's type: int
+    fields a true int (not a bool), float fields a finite number, str and bool fields their type.
+    ``key_of(name)`` gives the run-config key for a field name; ValueError "invalid run config: <key>
+    ..." otherwise. Catches what from_run_config's typed_value would, for settings built directly."""
     for f in fields(settings):
+        if names is not None and f.name not in names:
+            continue
         kind, value = type(f.default), getattr(settings, f.name)
         if kind is int:
             ok = isinstance(value, int) and not isinstance(value, bool)

@@ -8,7 +8,7 @@ new wT whose update u = wT - w0 has the defense's property, leaving its inputs u
 - ``quantize_update``: b-bit unbiased stochastic quantisation of each tensor's update.
 
 Which defense a run uses, and Flower's own DP and SecAgg+, are the app's business
-(fl_attack/run_config.py, clients/defenses.py). This module needs no Flower import.
+(fl_attack/federation/defense_settings.py, clients/defenses.py). This module needs no Flower import.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
 """Privacy accounting: the ε a client has spent under local or central DP (accountant).
 
-Imports nothing from fl_attack; fl_attack.run_config and the audit import it.
+Imports nothing from fl_attack; the federation's settings (DefenseSettings) and the audit import it.
 """

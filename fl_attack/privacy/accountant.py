@@ -115,8 +115,8 @@ class PrivacyLedger:
 
     @classmethod
     def for_defense(cls, defense, clients_per_round: int, num_clients: int) -> PrivacyLedger | None:
-        """The ledger of a run's DefenseSettings (fl_attack.run_config); None without local-dp or
-        central-dp. clients_per_round / num_clients: central-dp's sampling rate."""
+        """The ledger of a run's DefenseSettings (fl_attack.federation.defense_settings); None without
+        local-dp or central-dp. clients_per_round / num_clients: central-dp's sampling rate."""
         if defense.local_dp:
             z = gaussian_noise_multiplier(defense.epsilon, defense.delta)
             return cls("local-dp", z, defense.target_delta, 1.0, defense.accountant)
