@@ -1,16 +1,7 @@
 """A run folder: every file of a federation's or a replay's record, and the typed row schema.
 
-    RUN/config.json     the run config, the AttackConfig, the defense, versions (``write_config``)
-    RUN/events.log      one timestamped line per event (``event``)
-    RUN/rounds.csv      one row per finished round (``ROUNDS``)
-    RUN/attacks.csv     one row per attack (``ATTACKS``; fl_attack.audit.evaluator.attack_row)
-    RUN/images/         round-R/METHOD/NAME.png grids of each scored attack, and beside each grid
-                        NAME-evidence.png, a few singled-out images (``evidence_path``)
-    RUN/updates/        the recorded updates (fl_attack.federation.update: index.csv, round-R/*.pt)
-    RUN/checkpoint.pt   the last finished round's global model (``save_checkpoint``)
-    RUN/memory.pt       the server's attack memory of its tracked clients (fl_attack.attacker.memory), if on
-    RUN/summary.json    written at the end (``write_summary``)
-    RUN/replays/NAME/   ``fl-attack replay``'s records, each a run folder of its own
+Each file, and what it holds, is in ``FOLDER_FILES``; docs/run-folder.md is generated from it and from the
+row schemas (python -m analysis.docs run-folder).
 
 The writers (strategies/, fl_attack.audit.replay) and the reader (analysis/load.py) share ``ROUNDS`` and
 ``ATTACKS``: each column with its type (int, float or str). New columns go at the end, except in
@@ -40,6 +31,7 @@ from fl_attack.records import (
 log = logging.getLogger(__name__)
 
 # Column -> type. node_id and client_id are text: Flower node ids are 64-bit and would lose digits as floats.
+# Each column's meaning is in ROUND_DESCRIPTIONS / ATTACK_DESCRIPTIONS below (docs/run-folder.md is made from them).
 ROUNDS: dict[str, type] = {
     "round": int,
     "clients": int,
@@ -53,10 +45,10 @@ ROUNDS: dict[str, type] = {
     "attack_lag_rounds": int,
     "attacks_dispatched": int,
     "attacks_skipped": int,
-    "excluded": str,  # "1,3": the partitions left out of the round
-    "participants": str,  # "0,1,2": the partitions whose updates the round received
-    "epsilon": float,  # DP budget spent by the round (fl_attack.privacy): the most any client spent; empty without DP
-    "epsilon_tracked": str,  # "0:1.2;1:0.9": each tracked client's (attack-clients ids) under local-dp
+    "excluded": str,
+    "participants": str,
+    "epsilon": float,
+    "epsilon_tracked": str,
 }
 ATTACKS: dict[str, type] = {
     "round": int,
@@ -67,7 +59,7 @@ ATTACKS: dict[str, type] = {
     "dataset": str,
     "defense": str,
     "local_steps": int,
-    "nodes": float,  # gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME
+    "nodes": float,
     "iterations": int,
     "labels": str,
     "psnr": float,
@@ -77,49 +69,151 @@ ATTACKS: dict[str, type] = {
     "lsim_honest": float,
     "lsim_calibrated": float,
     "label_accuracy": float,
-    "attack_seconds": float,  # the attack's wall time
+    "attack_seconds": float,
     "status": str,
     "error": str,
-    "label_estimator": str,  # the AttackConfig's, recorded even with oracle labels (where it is unused)
-    "lag_rounds": int,  # how many rounds after its own the attack finished (the federation's attacker lag)
-    "worker_node": str,  # where the attack ran (fl_attack.attacker.workers.where_am_i)
+    "label_estimator": str,
+    "lag_rounds": int,
+    "worker_node": str,
     "worker_id": str,
-    "device": str,  # the torch device it ran on (cpu, cuda); empty where unknown
-    "precision": str,  # the attack's arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs
-    "compile": str,  # how its steps ran: compiled, eager, "eager (<why>)" (attacker/attacks/compiled.py); empty: older
-    "batch": int,  # the attacks run as one reconstruct_batch with it (1: alone; attack-batch); empty in older runs
-    "threads": int,  # the attack's torch threads: what reproduces its numbers exactly
-    "memory": str,  # a "+memory" row's attack memory (labels, keep, joint; fl_attack.attacker.memory), else empty
-    "epsilon": float,  # the DP budget the attacked client(s) had spent by the update's round; empty without DP
-    "parameters": int,  # the update's floating-point entries: the equations the attack has
-    "unknowns": int,  # the client's pixels k*C*H*W: what it must recover
-    "optimizer": str,  # the client's optimizer, e.g. "momentum 0.9, weight decay 0.0005"
+    "device": str,
+    "precision": str,
+    "compile": str,
+    "batch": int,
+    "threads": int,
+    "memory": str,
+    "epsilon": float,
+    "parameters": int,
+    "unknowns": int,
+    "optimizer": str,
     # The verdict (fl_attack.audit.verdict, docs/verdict.md); empty for a failed attack or an older run.
-    "k": int,  # the client's images (the attacked samples)
-    "recovered": int,  # of the k: singled out and read by the reader as their original is
-    "recovered_low": int,  # its exact 95% interval over the k images (Clopper-Pearson), low end
-    "recovered_high": int,  # ... high end
-    "guess_recovered": int,  # the same count for the best guess without the update (the floor)
-    "reidentified": float,  # the fraction singled out: own original nearest among k + D candidates
-    "reid_chance": float,  # update-free outputs' rate under the same matching (the largest of the four below)
-    "reid_noise": float,  # the attacks' N(0, I) starts, matched and ranked like the attack
-    "reid_chance_matched": float,  # k / (k + D): an output exchangeable with the candidates
-    "reid_chance_labels": float,  # a random candidate of each recovered label's class
-    "reid_chance_uniform": float,  # 1 / (k + D): a random ranking's, before the matching (not the chance)
-    "guess_reidentified": float,  # the best guess's fraction singled out (the floor)
-    "recognized": float,  # the fraction the reader classifies as their original's true class
-    "recognized_low": float,  # its exact 95% interval, low end
-    "recognized_high": float,  # ... high end
-    "recognized_truth": float,  # the reader's accuracy on the originals (the ceiling)
-    "recognized_guess": float,  # ... on the best guess (the floor)
-    "guess_psnr": float,  # the best update-free guess's matched PSNR (dB): the floor
+    "k": int,
+    "recovered": int,
+    "recovered_low": int,
+    "recovered_high": int,
+    "guess_recovered": int,
+    "reidentified": float,
+    "reid_chance": float,
+    "reid_noise": float,
+    "reid_chance_matched": float,
+    "reid_chance_labels": float,
+    "reid_chance_uniform": float,
+    "guess_reidentified": float,
+    "recognized": float,
+    "recognized_low": float,
+    "recognized_high": float,
+    "recognized_truth": float,
+    "recognized_guess": float,
+    "guess_psnr": float,
     "guess_ssim": float,
     "guess_lpips": float,
-    "psnr_margin": float,  # psnr - guess_psnr (dB): above the floor when positive
-    "guesses": str,  # JSON: each guess's reidentified, recognized, recovered, psnr, ssim, lpips
-    "image": str,  # the grid's path relative to the run folder
+    "psnr_margin": float,
+    "guesses": str,
+    "image": str,
+}
+# What each column holds: the same keys as the schemas (tests/test_docs.py holds them equal).
+ROUND_DESCRIPTIONS: dict[str, str] = {
+    "round": "the server round, 1..num-server-rounds",
+    "clients": "the updates the round's aggregate was made from",
+    "train_loss": "the clients' mean training loss (empty when they report none)",
+    "eval_loss": "the clients' federated evaluation of the round's global model: loss",
+    "eval_accuracy": "... accuracy",
+    "attacks_in_flight": "attacks dispatched and not yet finished at the round's end",
+    "seconds": "the round's wall time, from configure to its row",
+    "global_loss": "the server's evaluation of the global model on its held-out set (server-test-samples): loss",
+    "global_accuracy": "... accuracy",
+    "attack_lag_rounds": "how many rounds the attacker is behind the federation at the round's end",
+    "attacks_dispatched": "attacks (client x method) the round sent to the attacker",
+    "attacks_skipped": "attacks the round left out (attack-budget, attack-max-backlog; events.log says why)",
+    "excluded": '"1,3": the partitions left out of the round (a non-finite update)',
+    "participants": '"0,1,2": the partitions whose updates the round received',
+    "epsilon": "DP budget spent by the round (fl_attack.privacy): the most any client spent; empty without DP",
+    "epsilon_tracked": '"0:1.2;1:0.9": each tracked client\'s (attack-clients ids) under local-dp',
+}
+ATTACK_DESCRIPTIONS: dict[str, str] = {
+    "round": "the round whose update was attacked",
+    "node_id": "the client's Flower node id (64-bit, kept as text)",
+    "partition_id": "the client's data partition (empty for an aggregate under secagg)",
+    "client_id": "the client's name in the data (a FEMNIST writer), or the aggregate's",
+    "method": 'the attack (pisme, nlsme, sme, ig, ...; "METHOD+memory" for a remembering server\'s row)',
+    "dataset": "femnist or cifar100",
+    "defense": 'the defense\'s label, e.g. "topk(0.1)+local-dp(C=0.05,eps=10)"; "none"',
+    "local_steps": "the client's local steps (epochs x batches): the update's steps the attack models",
+    "nodes": "gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME",
+    "iterations": "the attack's iterations",
+    "labels": "where the attack's labels came from: recovered (from the update) or oracle",
+    "psnr": "PSNR (dB) of the matched reconstruction against the originals",
+    "ssim": "SSIM, matched",
+    "fsim": "FSIM, matched",
+    "lpips": "LPIPS, matched (lower is closer)",
+    "lsim_honest": "the attack's final gradient-matching loss Lsim, as the server can compute it",
+    "lsim_calibrated": "... with the attack's calibrated scale",
+    "label_accuracy": "the fraction of the client's labels the attack got right",
+    "attack_seconds": "the attack's wall time",
+    "status": "ok or failed",
+    "error": "why a failed attack failed (an exception, a time-out, a NaN update)",
+    "label_estimator": "the AttackConfig's, recorded even with oracle labels (where it is unused)",
+    "lag_rounds": "how many rounds after its own the attack finished (the federation's attacker lag)",
+    "worker_node": "where the attack ran (fl_attack.attacker.workers.where_am_i)",
+    "worker_id": "the worker that ran it",
+    "device": "the torch device it ran on (cpu, cuda); empty where unknown",
+    "precision": 'the attack\'s arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs',
+    "compile": 'how its steps ran: compiled, eager, "eager (<why>)" (attacker/attacks/compiled.py); empty: older',
+    "batch": "the attacks run as one reconstruct_batch with it (1: alone; attack-batch); empty in older runs",
+    "threads": "the attack's torch threads: what reproduces its numbers exactly",
+    "memory": 'a "+memory" row\'s attack memory (labels, keep, joint; fl_attack.attacker.memory), else empty',
+    "epsilon": "the DP budget the attacked client(s) had spent by the update's round; empty without DP",
+    "parameters": "the update's floating-point entries: the equations the attack has",
+    "unknowns": "the client's pixels k*C*H*W: what it must recover",
+    "optimizer": 'the client\'s optimizer, e.g. "momentum 0.9, weight decay 0.0005"',
+    "k": "the client's images (the attacked samples)",
+    "recovered": "of the k: singled out and read by the reader as their original is",
+    "recovered_low": "its exact 95% interval over the k images (Clopper-Pearson), low end",
+    "recovered_high": "... high end",
+    "guess_recovered": "the same count for the best guess without the update (the floor)",
+    "reidentified": "the fraction singled out: own original nearest among k + D candidates",
+    "reid_chance": "update-free outputs' rate under the same matching (the largest of the four below)",
+    "reid_noise": "the attacks' N(0, I) starts, matched and ranked like the attack",
+    "reid_chance_matched": "k / (k + D): an output exchangeable with the candidates",
+    "reid_chance_labels": "a random candidate of each recovered label's class",
+    "reid_chance_uniform": "1 / (k + D): a random ranking's, before the matching (not the chance)",
+    "guess_reidentified": "the best guess's fraction singled out (the floor)",
+    "recognized": "the fraction the reader classifies as their original's true class",
+    "recognized_low": "its exact 95% interval, low end",
+    "recognized_high": "... high end",
+    "recognized_truth": "the reader's accuracy on the originals (the ceiling)",
+    "recognized_guess": "... on the best guess (the floor)",
+    "guess_psnr": "the best update-free guess's matched PSNR (dB): the floor",
+    "guess_ssim": "... its SSIM",
+    "guess_lpips": "... its LPIPS",
+    "psnr_margin": "psnr - guess_psnr (dB): above the floor when positive",
+    "guesses": "JSON: each guess's reidentified, recognized, recovered, psnr, ssim, lpips",
+    "image": "the grid's path relative to the run folder (stays the last column)",
 }
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
+# Every file of a run folder -> what it holds (RunFolder's paths; docs/run-folder.md is made from it).
+FOLDER_FILES: dict[str, str] = {
+    "config.json": "the full run config, the AttackConfig, the defense, versions and seed (and each resume); "
+    "`privacy`: the DP accountant and its parameters; `verdict`: how the verdict was scored (``write_config``)",
+    "events.log": "one timestamped line per event: each round's start and end, what was attacked or skipped and "
+    "why, the backlog and lag, excluded updates, resumes (``event``)",
+    "rounds.csv": "one row per finished round (``ROUNDS``, columns below)",
+    "attacks.csv": "one row per attack, the leakage record and the verdict (``ATTACKS``, columns below; "
+    "fl_attack.audit.evaluator.attack_row)",
+    "images/round-R/METHOD/client-P.png": "every original over its matched reconstruction, in bands of 16 pairs",
+    "images/round-R/METHOD/client-P-evidence.png": "a few singled-out images: the reconstruction, its own original "
+    "and the nearest other candidate, with their 1 - SSIM (``evidence_path``; docs/verdict.md)",
+    "updates/": "every attacked update (w0, wT, public metadata; index.csv with SHA-256 checksums), with "
+    "record-updates=true (fl_attack.federation.update)",
+    "checkpoint.pt": "the last finished round's global model, written atomically after its rounds.csv row, for "
+    "resume (``save_checkpoint``)",
+    "memory.pt": "the server's attack memory of its tracked clients, with attack-memory on (fl_attack.attacker.memory)",
+    "summary.json": "written at the end: attack counts, wall time, the final drain's seconds, `timings` (where the "
+    "time went), `verdict` (each attack's verdict and the lines the launcher prints) and `writes_refused` (rounds "
+    "whose row, checkpoint or update the disk refused) (``write_summary``)",
+    "replays/NAME/": "the record of a `fl-attack replay` of this run, a run folder of its own",
+    "report/": "`python -m analysis.report RUN --out RUN/report` (make demo): report.html and its tables",
+}
 RUN_FILES = ("config.json", "rounds.csv", "attacks.csv", "events.log")  # any of them: the folder holds a run
 
 
