@@ -434,16 +434,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_verdict(summary: dict) -> None:
     """The launcher's last lines: each attack's verdict (summary.json "verdict", fl_attack.audit.verdict)."""
+    text = verdict_text(summary)
+    if text:
+        print(text, flush=True)
+
+
+def verdict_text(summary: dict) -> str:
+    """The verdict as the launcher prints it (README's demo block is written from it); "" without one."""
     lines = (summary.get("verdict") or {}).get("lines") or []
-    if lines:
-        print(
-            "fl-attack: the verdict (recovered = singled out among the client's k images and D distractors, "
-            "and read as its original by an independent classifier; 95% intervals over the k images; chance = "
-            "update-free outputs matched and ranked the same way; docs/verdict.md)",
-            flush=True,
-        )
-        for line in lines:
-            print(f"  {line}", flush=True)
+    if not lines:
+        return ""
+    header = (
+        "fl-attack: the verdict (recovered = singled out among the client's k images and D distractors, "
+        "and read as its original by an independent classifier; 95% intervals over the k images; chance = "
+        "update-free outputs matched and ranked the same way; docs/verdict.md)"
+    )
+    return "\n".join([header, *(f"  {line}" for line in lines)])
 
 
 def _error(message: str, code: int = 2) -> int:
