@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-slow lint attack gpu-check gpu-deps clean
+.PHONY: setup demo demo-docs docs test test-fast test-slow lint attack gpu-check gpu-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +18,16 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m strategies.launch --run-dir-file .last-run --run-config 'attack-memory="keep" attack-options="label_estimator=aux"'
 	$(PY) -m analysis.report "$$(cat .last-run)" --out "$$(cat .last-run)/report"
+	@echo "fl-attack: to put this run in README's demo blocks (and docs/demo-record/): make demo-docs"
+
+# The generated docs (analysis/docs.py; tests/test_docs.py holds them): docs/run-config.md,
+# docs/run-folder.md and README's demo blocks from the committed docs/demo-record/.
+docs: setup
+	$(PY) -m analysis.docs all
+
+# The last `make demo` run becomes docs/demo-record/ and README's demo blocks (tracked files: opt-in).
+demo-docs: setup
+	$(PY) -m analysis.docs demo-record "$$(cat .last-run)"
 
 test: setup
 	$(PY) -m pytest -q
