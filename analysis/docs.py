@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import importlib.util
 import inspect
 import json
+import re
 import shutil
 import sys
 import tomllib
@@ -98,10 +100,32 @@ def owners() -> list[tuple[str, type, dict[str, str]]]:
     ]
 
 
+def _modules_of(cls: type) -> list[Path]:
+    """The source of the module of ``cls`` and of each fl_attack module it imports (at the top or inside a
+    function): where the checks of its keys are written."""
+    own = Path(inspect.getsourcefile(cls))
+    names = []
+    for node in ast.walk(ast.parse(own.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fl_attack"):
+            names.append(node.module)
+    paths = [own]
+    for name in dict.fromkeys(names):
+        spec = importlib.util.find_spec(name)  # its file, without running it
+        if spec is not None and spec.origin and Path(spec.origin) not in paths:
+            paths.append(Path(spec.origin))
+    return paths
+
+
 def _source_strings(cls: type) -> list[str]:
-    """The messages in the module of ``cls``: the strings a ``raise`` is built from and the message of each
+    """The messages in ``_modules_of(cls)``: the strings a ``raise`` is built from and the message of each
     (condition, message) pair of a checks list; f-strings with their {expressions}, in source order."""
-    tree = ast.parse(inspect.getsource(sys.modules[cls.__module__]))
+    out = []
+    for path in _modules_of(cls):
+        out += _messages(ast.parse(path.read_text(encoding="utf-8")))
+    return out
+
+
+def _messages(tree: ast.AST) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:
@@ -114,18 +138,23 @@ def _source_strings(cls: type) -> list[str]:
         if id(node) in pieces_of:  # a piece of an f-string found above
             continue
         if isinstance(node, ast.JoinedStr):
-            pieces = [v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}" for v in node.values]
-            out.append("".join(pieces))
+            out.append("".join(v.value if isinstance(v, ast.Constant) else _placeholder(v) for v in node.values))
         elif isinstance(node.value, str):
             out.append(node.value)
     return out
+
+
+def _placeholder(value: ast.FormattedValue) -> str:
+    """An f-string's {expression} as written, with its !r, !s or !a."""
+    conversion = f"!{chr(value.conversion)}" if value.conversion != -1 else ""
+    return "{" + ast.unparse(value.value) + conversion + "}"
 
 
 def checks_of(key: str, strings: list[str]) -> list[str]:
     """The error messages that name ``key`` first ("invalid run config: " dropped), each once."""
     out = []
     for text in strings:
-        text = text.removeprefix(PREFIX)
+        text = re.sub(r"^\{[^}]*\}", "", text.removeprefix(PREFIX))  # "{prefix}attack-memory must ..."
         if text.startswith(key) and (len(text) == len(key) or text[len(key)] in " :=(,'"):
             if text != key and text not in out:
                 out.append(text)

@@ -115,3 +115,12 @@ def test_copy_record_takes_the_record_alone(tmp_path):
     assert sorted(p.name for p in to.iterdir()) == sorted(docs.RECORD_FILES)
     with pytest.raises(ValueError, match="not a finished run folder"):
         docs.copy_record(tmp_path / "nothing", to)
+
+
+def test_check_writes_nothing_and_names_the_command(monkeypatch, capsys):
+    assert docs.main(["all", "--check"]) == 0
+    monkeypatch.setattr(docs, "run_folder_page", lambda: "stale\n")
+    before = (ROOT / docs.RUN_FOLDER_PAGE).read_text()
+    assert docs.main(["run-folder", "--check"]) == 1
+    assert "rewrite with: python -m analysis.docs run-folder" in capsys.readouterr().err
+    assert (ROOT / docs.RUN_FOLDER_PAGE).read_text() == before
