@@ -163,6 +163,8 @@ def checks_of(key: str, strings: list[str]) -> list[str]:
 
 def run_config_page(root: Path = ROOT) -> str:
     """docs/run-config.md's text."""
+    from fl_attack.run_config import preflight
+
     config = pyproject_config(root)
     sections, seen = [], set()
     for title, cls, keys in owners():
@@ -205,7 +207,7 @@ def run_config_page(root: Path = ROOT) -> str:
         "pyproject.toml) and the checks that refuse a bad value before the first round, as their messages "
         "read in the source (`{...}` is filled in with the value). Every key is also checked against its "
         "type first. Checks that need the federation (partitions, node ids, clients per round) or the "
-        "device run in `fl_attack.run_config.preflight`.",
+        f"device run in `{preflight.__module__}.preflight`.",
         "",
     ]
     return "\n".join(head + sections).rstrip() + "\n"
