@@ -305,6 +305,8 @@ def copy_record(run_dir: Path, to: Path) -> None:
     missing = [name for name in RECORD_FILES if not (run_dir / name).is_file()]
     if missing:
         raise ValueError(f"{run_dir} is not a finished run folder: no {', '.join(missing)}")
+    if to.exists() and to.resolve() == run_dir.resolve():
+        return  # the record already
     if to.exists():
         shutil.rmtree(to)
     to.mkdir(parents=True)

@@ -115,6 +115,8 @@ def test_copy_record_takes_the_record_alone(tmp_path):
     assert sorted(p.name for p in to.iterdir()) == sorted(docs.RECORD_FILES)
     with pytest.raises(ValueError, match="not a finished run folder"):
         docs.copy_record(tmp_path / "nothing", to)
+    docs.copy_record(to, to)  # onto itself: kept as it is
+    assert sorted(p.name for p in to.iterdir()) == sorted(docs.RECORD_FILES)
 
 
 def test_check_writes_nothing_and_names_the_command(monkeypatch, capsys):
