@@ -219,6 +219,7 @@ def run_config_page(root: Path = ROOT) -> str:
 def run_folder_page() -> str:
     """docs/run-folder.md's text."""
     from fl_attack.audit import runs
+    from fl_attack.federation.update import UPDATE_INDEX_COLUMNS
 
     out = [
         "# A run folder",
@@ -249,6 +250,13 @@ def run_folder_page() -> str:
             *(f"| `{col}` | {kind.__name__} | {_cell(described[col])} |" for col, kind in schema.items()),
             "",
         ]
+    out += [
+        "## updates/index.csv",
+        "",
+        "Its columns in order (`fl_attack.federation.update.UPDATE_INDEX_COLUMNS`): "
+        + ", ".join(f"`{c}`" for c in UPDATE_INDEX_COLUMNS)
+        + ".",
+    ]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -203,8 +203,11 @@ FOLDER_FILES: dict[str, str] = {
     "images/round-R/METHOD/client-P.png": "every original over its matched reconstruction, in bands of 16 pairs",
     "images/round-R/METHOD/client-P-evidence.png": "a few singled-out images: the reconstruction, its own original "
     "and the nearest other candidate, with their 1 - SSIM (``evidence_path``; docs/verdict.md)",
-    "updates/": "every attacked update (w0, wT, public metadata; index.csv with SHA-256 checksums), with "
-    "record-updates=true (fl_attack.federation.update)",
+    "updates/index.csv": "one line per recorded update, with record-updates=true: whose it is and the SHA-256 of "
+    "its files (columns below; fl_attack.federation.update)",
+    "updates/round-R/w0.pt": "round R's global weights w0, written once per round and shared by its updates",
+    "updates/round-R/NAME.pt": "an attacked update's wT, its public training metadata and its target: what the "
+    "attacker observed, never data (`fl-attack replay` attacks it again)",
     "checkpoint.pt": "the last finished round's global model, written atomically after its rounds.csv row, for "
     "resume (``save_checkpoint``)",
     "memory.pt": "the server's attack memory of its tracked clients, with attack-memory on (fl_attack.attacker.memory)",
