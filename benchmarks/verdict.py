@@ -134,6 +134,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--distractors", default="250,2000", help="the values of D")
     parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument(
+        "--overhead-only", action="store_true", help="only the cost (overhead.csv); distance.csv is left as it is"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +196,7 @@ def main(argv=None) -> int:
                     "psnr_margin": round(row["psnr_margin"], 2),
                 }
             )
-        for d in (int(x) for x in args.distractors.split(",")):
+        for d in (int(x) for x in args.distractors.split(",")) if not args.overhead_only else ():
             v = Verdict(dataset, verdict.public_images, verdict.public_labels, verdict.distractors, d)
             v.reader, v.distractor_labels = verdict.reader, verdict.distractor_labels
             for name, distance in DISTANCES.items():
@@ -229,6 +232,8 @@ def main(argv=None) -> int:
                     )
                 print(distance_rows[-len(rates) :], file=sys.stderr, flush=True)
     for name, rows in (("distance", distance_rows), ("overhead", overhead_rows)):
+        if not rows:
+            continue
         path = out / f"{name}.csv"
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, list(rows[0]))

@@ -227,3 +227,24 @@ def test_verdict_line_and_summary_read_a_row():
     rows[0]["recovered"] = 7  # under a quarter: how to attack harder
     hint = verdict_summary(rows)["lines"][3]
     assert hint.startswith("in all: 7 of 32 attacked images recovered by 1 attack(s) of 200 iterations; few")
+
+
+def test_the_blocked_ranking_is_the_whole_matrix_s(setup):
+    """singled_out stops ranking an image at the first nearer candidate: the same answer as comparing
+    each image with every candidate at once (the full 1 - SSIM matrix), for an attack-like image set
+    (some singled out, some not), a repeated guess and noise."""
+    dataset, verdict, _ = setup
+    truth = _client(dataset, 0)
+    gen = torch.Generator().manual_seed(4)
+    noisy = (
+        truth.images
+        + torch.linspace(0.05, 2.0, K[dataset])[:, None, None, None] * torch.randn(truth.images.shape, generator=gen)
+    ).clamp(0, 1)
+    candidates = verdict.candidates(truth.images)
+    for images in (noisy, verdict.guesses(truth.labels)["pool mean"], torch.rand(truth.images.shape, generator=gen)):
+        d = ssim_distance(images.float(), candidates.float())
+        own = d.diagonal()
+        expected = (d < own[:, None]).sum(1) == 0
+        got = verdict.singled_out(images, candidates)
+        assert torch.equal(got, expected)
+    assert 0 < int(verdict.singled_out(noisy, candidates).sum()) < K[dataset]  # both kinds of row present
