@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fl_attack.audit.runs import percent, whose
-from fl_attack.audit.verdict import interval
+from fl_attack.audit.stats import interval
 
 from .load import Run
 

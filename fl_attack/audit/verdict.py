@@ -58,11 +58,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.stats import binomtest
 
 from fl_attack.audit.metrics import _psnr, _ssim, match_pairs
 from fl_attack.audit.overlap import leave_out_writers, reader_overlap
 from fl_attack.audit.runs import percent, whose
+from fl_attack.audit.stats import CONFIDENCE, exceeds_chance, interval
 from fl_attack.federation.data import get_spec, load_pool, server_test_set
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,6 @@ FEW = 0.25  # below this fraction of the attacked images recovered, the summary 
 _SLACK = 512  # extra distractors drawn, so that D remain after dropping the client's own images
 NOISE_OUTPUTS = 2  # update-free random starts scored for the null (reid_noise); each costs an attack's ranking
 NOISE_SEED = 7919  # their draws: fixed, so that the same update gets the same null
-CONFIDENCE = 0.95  # the intervals' level
 _BLOCK = 256  # candidates ranked at a time (singled_out stops an image at the first nearer one)
 GUESSES = ("pool mean", "class mean", "class medoid", "reader's pick")  # the update-free guesses
 # Every column the verdict adds to a row (fl_attack.audit.runs.ATTACKS), NaN where there is no score.
@@ -112,24 +111,6 @@ VERDICT_COLUMNS = (
     "psnr_margin",
     "guesses",
 )
-
-
-def interval(count: int, n: int, level: float = CONFIDENCE) -> tuple[float, float]:
-    """The exact (Clopper-Pearson) ``level`` interval of a rate seen ``count`` times in ``n`` trials,
-    as fractions in [0, 1] (scipy.stats.binomtest). ValueError for n < 1 or count outside [0, n]."""
-    if n < 1 or not 0 <= count <= n:
-        raise ValueError(f"interval: needs 0 <= count <= n and n >= 1, got {count} of {n}")
-    ci = binomtest(int(count), int(n)).proportion_ci(confidence_level=level, method="exact")
-    return float(ci.low), float(ci.high)
-
-
-def exceeds_chance(count: int, n: int, chance: float, alpha: float = 0.01) -> bool:
-    """True when ``count`` of ``n`` images singled out is more than ``chance`` (a rate in (0, 1)) can
-    explain: a one-sided exact binomial test at level ``alpha``. A control (another client's
-    reconstructions, update-free outputs) must not exceed its chance; a leak makes it."""
-    if not 0 < chance < 1:
-        raise ValueError(f"exceeds_chance: chance must be in (0, 1), got {chance}")
-    return bool(binomtest(int(count), int(n), float(chance), alternative="greater").pvalue < alpha)
 
 
 def pixel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
