@@ -96,7 +96,7 @@ def test_tiny_federation_end_to_end(tmp_path):
     verdict = json.loads((run / "summary.json").read_text())["verdict"]
     assert len(verdict["attacks"]) == 8 and len(verdict["lines"]) == 9  # and the total
     assert verdict["lines"][-1].startswith("in all: ")
-    assert "fl-attack: the verdict" in proc.stdout and proc.stdout.count("images recovered (a guess") == 8
+    assert "fl-attack: the verdict" in proc.stdout and proc.stdout.count("images recovered (95%: ") == 8
     # The attacker does not hold up training: round 1's 4 attacks cannot end before round 2 starts
     # (the gate), and the strategy counts all of them in flight then.
     events = (run / "events.log").read_text()
