@@ -1,5 +1,8 @@
 """The "reader": an independent classifier per dataset, trained once and shipped small.
 
+Over 600 lines on purpose: the training selection, the training and the fingerprint of what it
+saw must stay one definition, or the shipped weights and fingerprints drift apart.
+
 The evaluator scores a reconstructed image by whether the reader classifies it as the original's
 class. The reader is trained on data disjoint from every client of the default (bundled) federation
 and from the server's public pool, and its weights ship in ``fl_attack/assets``:

@@ -1,5 +1,7 @@
 """The verdict a reader can judge: how many of a client's images the server recovered, against what it
 could get without the update. The evaluator's (it sees the ground truth); docs/verdict.md.
+Over 600 lines on purpose: the ranking, the guesses, the null and the control must share one
+candidate set and one 1 - SSIM, so they live in one class (the statistics are in stats.py).
 
 For one scored attack (k reconstructions, Hungarian-matched to the client's k originals by MSE,
 ``match_pairs``):
