@@ -126,3 +126,65 @@ def test_check_writes_nothing_and_names_the_command(monkeypatch, capsys):
     assert docs.main(["run-folder", "--check"]) == 1
     assert "rewrite with: python -m analysis.docs run-folder" in capsys.readouterr().err
     assert (ROOT / docs.RUN_FOLDER_PAGE).read_text() == before
+
+
+# --- links between the pages ------------------------------------------------------------------------------
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+
+
+def _pages() -> list:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _anchors(text: str) -> set[str]:
+    """The heading anchors GitHub gives a Markdown page: lower case, punctuation dropped, spaces to hyphens,
+    "-1", "-2" after a repeated heading; lines inside ``` fences are not headings."""
+    out, seen, fence = set(), {}, False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        heading = re.match(r"#{1,6}\s+(.*)", line)
+        if fence or not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        out.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def _links(text: str) -> list[str]:
+    """The relative link targets of a page, outside code blocks and inline code."""
+    prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+    return [target for target in _LINK.findall(prose) if not re.match(r"[a-z][a-z0-9+.-]*:", target)]
+
+
+def test_relative_links_resolve():
+    """Every relative link in README.md and docs/*.md names a file or folder that exists, and a #heading
+    of a Markdown page that the page has: a page moved or a heading renamed fails here."""
+    broken = []
+    for page in _pages():
+        for target in _links(page.read_text(encoding="utf-8")):
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path) if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_readme_is_short_and_links_every_page():
+    """README.md stays a five-minute read (issue #49: at most 200 lines) and links every page of docs/."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in _links(readme)}
+    unlinked = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p.resolve() not in linked]
+    assert not unlinked, f"README.md links no docs page {unlinked}"
+
+
+def test_anchors_follow_github():
+    text = "# Running on Flower's deployment engine\n## Tests\n## Tests\n```\n# not a heading\n```\n"
+    assert _anchors(text) == {"running-on-flowers-deployment-engine", "tests", "tests-1"}
+    assert _links("[a](x.md#y) `[b](z.md)` [c](https://flower.ai)\n```\n[d](w.md)\n```") == ["x.md#y"]
