@@ -1,6 +1,6 @@
 """Flower Datasets partitioners (run config ``partitioner``) on the bundled real data: the partitions
 equal what flwr_datasets' own partitioners give, the k-sample draw, the server's held-out test set,
-data-dir datasets written by ``save_to_disk``, and the run-config checks (fl_attack/federation/data.py,
+data-dir datasets written by ``save_to_disk``, and the run-config checks (fl_attack/federation/partition.py,
 fl_attack/run_config.py)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from clients.client_app import _load_split, node_settings
 from fl_attack.audit.replay import open_run
 from fl_attack.audit.victims import private_samples
 from fl_attack.federation import data as D
+from fl_attack.federation import partition
 from fl_attack.federation.data import (
     DataSettings,
     client_partition,
@@ -151,9 +152,9 @@ def test_partitions_are_reproducible_for_a_seed(partitioner, classes):
     dataset = "femnist" if partitioner == "natural" else "cifar100"
     pool = load_bundled(dataset)
     args = dict(num_partitions=6, classes=classes, held_out=0)  # held_out=0: only the partitioner sees the seed
-    D._flower_partitions.cache_clear()  # recomputed, not the cached arrays
+    partition._flower_partitions.cache_clear()  # recomputed, not the cached arrays
     a = flower_partitions(pool, partitioner, seed=5, **args)
-    D._flower_partitions.cache_clear()
+    partition._flower_partitions.cache_clear()
     b = flower_partitions(pool, partitioner, seed=5, **args)
     c = flower_partitions(pool, partitioner, seed=6, **args)
     assert_same(a, b)

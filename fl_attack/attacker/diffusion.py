@@ -42,7 +42,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fl_attack.federation.data import ClientData, get_spec, load_bundled, server_test_set
+from fl_attack.federation.loading import load_bundled
+from fl_attack.federation.partition import server_test_set
+from fl_attack.federation.pools import ClientData, get_spec
 from fl_attack.federation.update import save_torch_atomic
 from fl_attack.paths import asset
 from fl_attack.records import write_json_atomic

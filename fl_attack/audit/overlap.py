@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_attack.federation.data import DataSettings, Pool, get_spec, load_pool, run_writers, server_test_set
+from fl_attack.federation.loading import load_pool
+from fl_attack.federation.partition import DataSettings, run_writers, server_test_set
+from fl_attack.federation.pools import Pool, get_spec
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fl_attack.federation.data import Pool, get_spec, load_bundled, partition_writers
+from fl_attack.federation.femnist import partition_writers
+from fl_attack.federation.loading import load_bundled
+from fl_attack.federation.pools import Pool, get_spec
 from fl_attack.federation.update import save_torch_atomic
 from fl_attack.paths import asset
 from fl_attack.records import write_json_atomic

@@ -65,7 +65,9 @@ from fl_attack.audit.metrics import _psnr, _ssim, match_pairs
 from fl_attack.audit.overlap import leave_out_writers, reader_overlap
 from fl_attack.audit.runs import percent, whose
 from fl_attack.audit.stats import CONFIDENCE, exceeds_chance, interval
-from fl_attack.federation.data import get_spec, load_pool, server_test_set
+from fl_attack.federation.loading import load_pool
+from fl_attack.federation.partition import server_test_set
+from fl_attack.federation.pools import get_spec
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """The simulated federation's side: data, models, client training and the update a client returns.
 
-Holds the datasets and their partitions (data), the victims' architectures (models), FedAvg's local
+Holds the datasets and their partitions (data, which re-exports pools, femnist, cifar, loading and
+partition), the victims' architectures (models), FedAvg's local
 training (training), the client optimizers (config), the update and its public metadata (update:
 ObservedUpdate, TrainingMetadata, AttackTarget), the seeded draw of participants (participants) and
 the client-side defenses' arithmetic (defenses), and the settings a client reads of the run config

@@ -14,7 +14,7 @@ import re
 import torch
 from torch import nn
 
-from fl_attack.federation.data import get_spec
+from fl_attack.federation.pools import get_spec
 from fl_attack.federation.update import is_integer
 
 OUTPUT_BIAS = "fc2.bias"

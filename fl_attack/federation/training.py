@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_attack.federation.config import PAPER, ClientOptimizer
-from fl_attack.federation.data import get_spec
+from fl_attack.federation.pools import get_spec
 from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
 
 

@@ -240,7 +240,7 @@ class ObservedUpdate:
     def num_unknowns(self) -> int:
         """k*C*H*W, the client's pixels the attack must recover (the model's data ratio is
         num_unknowns / num_parameters: above 1, the inversion is underdetermined)."""
-        from fl_attack.federation.data import get_spec
+        from fl_attack.federation.pools import get_spec
 
         shape = get_spec(self.metadata.dataset).image_shape
         return self.metadata.num_samples * int(np.prod(shape))

@@ -21,7 +21,7 @@ import torch
 
 from fl_attack.attacker.attacks.batchnorm import statistics_loss
 from fl_attack.attacker.attacks.gradients import path_gradient
-from fl_attack.federation.data import get_spec
+from fl_attack.federation.pools import get_spec
 
 _EPS = 1e-12
 

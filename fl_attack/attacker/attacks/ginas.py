@@ -40,7 +40,7 @@ from torch.nn import functional as F
 
 from fl_attack.attacker.attacks.base import lsim, register
 from fl_attack.attacker.attacks.ig import InvertingGradients
-from fl_attack.federation.data import get_spec
+from fl_attack.federation.pools import get_spec
 
 UPSAMPLING = ("nearest", "bilinear", "bicubic", "transposed")
 DEPTH = 3
