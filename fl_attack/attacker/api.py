@@ -28,6 +28,7 @@ from fl_attack.attacker.attacks.batchnorm import check_statistics_use, surrogate
 from fl_attack.attacker.attacks.compiled import prepare_step
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from fl_attack.attacker.precision import autocast, precision_scope, resolve_precision
+from fl_attack.attacker.start import initial_images
 from fl_attack.federation.data import get_spec
 from fl_attack.federation.models import check_model, parameter_keys, resolve_model
 from fl_attack.federation.update import ObservedUpdate, flatten, layout
@@ -50,6 +51,11 @@ class Reconstruction:
     ``torch.func`` step, ``fl_attack.attacker.attacks.compiled``), "eager", or "eager (<reason>)" where
     compiling was asked for and not possible (an attack without a compiled form, or a compile that
     failed: then its one-line error).
+    snapshots: X_hat part-way, {iteration: (k,C,H,W) float32 in [0,1] on the CPU} at each of
+    ``AttackConfig.snapshots`` (fractions of the iterations, e.g. 50 and 100 of 200); the evaluator scores
+    them to say whether the count was still rising at the end (the attacker never sees the scores).
+    start_images: (k,C,H,W) in [0,1], where X_hat started when it started from public images
+    (``AttackConfig.start`` "public"; None for noise): the verdict scores it as an update-free guess.
     """
 
     method: str
@@ -64,6 +70,8 @@ class Reconstruction:
     lsim_per_update: list = field(default_factory=list)  # honest Lsim on each given update, in their order
     precision: str = "fp32"
     compile: str = "eager"  # "compiled", "eager", or "eager (<why>)" (fl_attack.attacker.attacks.compiled)
+    snapshots: dict = field(default_factory=dict)  # iteration -> images (k,C,H,W) in [0,1]
+    start_images: torch.Tensor | None = None  # the public start, scored as an update-free guess
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -199,15 +207,16 @@ def reconstruct(
     ]
     attack = attacks[0] if len(attacks) == 1 else JointAttack(attacks, share.to(device=dev, dtype=dtype))
     if init is None:
-        x = _initial_images(config.seed, update.metadata.num_samples, spec, dev, dtype)
+        x = initial_images(config.start, config.seed, y, update.metadata.dataset, _public(label_aux), dev, dtype)
     else:
         x = spec.normalize(init.detach().to(device=dev, dtype=dtype).clamp(0, 1))
+    start_images = _shown(spec, x) if init is None and config.start != "noise" else None
     x.requires_grad_(True)
 
     def refine(x_now, y_now):  # once, on the current reconstruction (AttackConfig.label_refine)
         return refine_labels(update, x_now.detach().to(torch.float32), y_now, model)
 
-    y, (trace,), final, compiled = _optimise(
+    y, (trace,), final, compiled, snapshots = _optimise(
         attack,
         x,
         y.to(dev),
@@ -234,6 +243,8 @@ def reconstruct(
         lsim_per_update=[float(v) for v in final.get("lsim_per_update", final["lsim_honest"].reshape(1))],
         precision=precision,
         compile=compiled,
+        snapshots=snapshots,
+        start_images=start_images,
     )
 
 
@@ -365,8 +376,12 @@ def reconstruct_batch(
     buffers = {k: torch.stack([b[k] for b in per_client]) for k in per_client[0]}  # (N, ...) each
     statistics = statistics if any(statistics) else None  # one list per client, or no term
     attack = attack_cls(model, w0, wT, shapes, config, training=first, buffers=buffers, statistics=statistics)
-    one = _initial_images(config.seed, k, spec, dev, dtype)  # every client starts where it would alone
-    x = one.expand(n, *one.shape).clone().requires_grad_(True)  # (N, k, C, H, W)
+    # every client starts where it would alone (its own labels' public images with start="public")
+    x = torch.stack(
+        [initial_images(config.start, config.seed, y, first.dataset, _public(label_aux), dev, dtype) for y in ys]
+    )  # (N, k, C, H, W)
+    start_images = _shown(spec, x) if config.start != "noise" else None
+    x.requires_grad_(True)
 
     def refine(x_now, y_now):  # each client on its own reconstruction (AttackConfig.label_refine)
         return torch.stack(
@@ -378,7 +393,7 @@ def reconstruct_batch(
             ]
         )
 
-    y, traces, final, compiled = _optimise(
+    y, traces, final, compiled, snapshots = _optimise(
         attack,
         x,
         torch.stack(ys).to(dev),
@@ -407,6 +422,8 @@ def reconstruct_batch(
             trace=traces[i],
             precision=precision,
             compile=compiled,
+            snapshots={it: shot[i].clone() for it, shot in snapshots.items()},
+            start_images=None if start_images is None else start_images[i].clone(),
         )
         for i in range(n)
     ]
@@ -504,6 +521,11 @@ def _mode(meta) -> str:
 def _check_labels(labels, k: int, num_classes: int, config: AttackConfig, label_aux) -> torch.Tensor | None:
     """None for "recovered" (after checking the estimator has what it needs), else the oracle labels
     as (k,) int64. ValueError for another string, missing auxiliary data or bad oracle labels."""
+    if config.start == "public" and label_aux is None:
+        raise ValueError(
+            "start='public' needs the server's public pool: pass label_aux=fl_attack.attacker.labels.AuxiliaryData"
+            "(images, labels)"
+        )
     if isinstance(labels, str):
         if labels != "recovered":
             raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
@@ -519,10 +541,9 @@ def _check_labels(labels, k: int, num_classes: int, config: AttackConfig, label_
     return y
 
 
-def _initial_images(seed: int, k: int, spec, device, dtype) -> torch.Tensor:
-    """X_hat's start, (k,C,H,W) ~ N(0, I) in normalised space (docs/PISME.md), drawn in float32 from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(k, *spec.image_shape, generator=gen).to(device=device, dtype=dtype)
+def _public(label_aux: AuxiliaryData | None):
+    """The public pool as (images, labels) for ``start="public"``, or None."""
+    return None if label_aux is None else (label_aux.images, label_aux.labels)
 
 
 def _row(iteration: int, values: dict, client: int | None) -> dict:
@@ -557,7 +578,8 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     ``config.compile`` resolves to it on x's device and the attack has one
     (``fl_attack.attacker.attacks.compiled.prepare_step``); a compile that fails falls back to this eager step.
     Returns (y, one trace per client, the final objective terms at the returned X_hat, how the steps
-    ran: "compiled", "eager" or "eager (<reason>)").
+    ran: "compiled", "eager" or "eager (<reason>)", the snapshots {iteration: images in [0,1]} at
+    ``snapshot_iterations(config)``).
     Raises TimeoutError past ``time_limit`` seconds since ``start``.
     """
     batched = bool(attack.batch_shape)
@@ -578,6 +600,8 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
 
         steps = tqdm(steps, desc=method, leave=False)
     refine_at = round(config.label_refine * config.iterations) if refine is not None else 0
+    snap_at = snapshot_iterations(config)
+    snapshots = {}
     for it in steps:
         if refine_at and it == refine_at:
             y = refine(x, y)
@@ -605,6 +629,8 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
                 x.copy_(torch.maximum(torch.minimum(x, hi), lo))
             attack.project()
             attack.guide_images(x, it)  # the image prior's projection, when the attack uses one
+            if it + 1 in snap_at:
+                snapshots[it + 1] = _shown(spec, x)
         if it % config.trace_every == 0 or it == config.iterations - 1:
             values = {**terms, **attack.summary()}
             rows = [_row(it, values, n) for n in clients]
@@ -624,4 +650,16 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
         with torch.no_grad():
             x.copy_(attack.images(x))  # the generator's output at its final weights
     final = attack.objective(x, y)
-    return y, traces, final, compiled
+    return y, traces, final, compiled, snapshots
+
+
+def snapshot_iterations(config: AttackConfig) -> list[int]:
+    """The iterations after which X_hat is kept (``AttackConfig.snapshots``: fractions of the iterations, the
+    whole budget left out: that is the result), ascending and distinct, each in [1, iterations)."""
+    its = {round(f * config.iterations) for f in config.snapshots}
+    return sorted(i for i in its if 1 <= i < config.iterations)
+
+
+def _shown(spec, x: torch.Tensor) -> torch.Tensor:
+    """X_hat (normalised, any leading shape) as images in [0,1], float32 on the CPU."""
+    return spec.denormalize(x.detach()).clamp(0, 1).to(device="cpu", dtype=torch.float32)
