@@ -83,7 +83,9 @@ def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
         return [outcome]
     base = job.method.removesuffix(MEMORY_SUFFIX)
     memoryless = outcome.memoryless or AttackOutcome.failed(
-        AttackJob(job.job_id, job.update, base, job.config, job.target, job.labels), outcome.error, outcome.seconds
+        AttackJob(job.job_id, job.update, base, job.config, job.target, job.labels),
+        outcome.error,
+        outcome.attack_seconds,
     )
     if outcome.memoryless is None:
         memoryless.worker_node, memoryless.worker_id, memoryless.device, memoryless.precision = (
@@ -99,7 +101,13 @@ def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
 @dataclass
 class AttackOutcome:
     """What came back: a reconstruction (images (k,C,H,W) in [0,1], labels (k,)), or status
-    "failed" with the error text. worker_node / worker_id: where it ran."""
+    "failed" with the error text. worker_node / worker_id: where it ran.
+
+    A field that fills an attacks.csv column carries that column's name (the audit's
+    ``fl_attack.audit.runs.ATTACK_SCHEMA`` names the field of each; tests/test_schema.py holds them
+    together), but for ``label_source``, the ``labels`` column: ``labels`` here is the label tensor.
+    attack_seconds: the attack's wall time (``Reconstruction.seconds``; NaN when it never ran to the end).
+    """
 
     job_id: int
     method: str
@@ -111,7 +119,7 @@ class AttackOutcome:
     label_source: str = ""
     lsim_honest: float = float("nan")
     lsim_calibrated: float = float("nan")
-    seconds: float = float("nan")
+    attack_seconds: float = float("nan")
     device: str = ""
     precision: str = ""  # the arithmetic the attack ran with (fl_attack.attacker.precision: fp32, bf16, tf32)
     local_steps: int | None = None  # T of the attacked update
@@ -133,7 +141,7 @@ class AttackOutcome:
     batched: list | None = None  # a batch job's outcomes of its other jobs, in ``AttackJob.batch``'s order
 
     @classmethod
-    def failed(cls, job: AttackJob, error: str, seconds: float = float("nan")) -> AttackOutcome:
+    def failed(cls, job: AttackJob, error: str, attack_seconds: float = float("nan")) -> AttackOutcome:
         """A job that produced no reconstruction, with the cause."""
         return cls(
             job.job_id,
@@ -141,11 +149,16 @@ class AttackOutcome:
             job.target,
             "failed",
             error=error,
-            seconds=seconds,
+            attack_seconds=attack_seconds,
             label_source="oracle" if not isinstance(job.labels, str) else job.labels,
             memory=job.memory.mode if job.memory is not None else "",
             **job.described(),
         )
+
+    @property
+    def seconds(self) -> float:
+        """``attack_seconds`` under its former name, for readers not yet moved to it."""
+        return self.attack_seconds
 
 
 def _first_line(exc: BaseException) -> str:
@@ -155,7 +168,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _failed_like(job: AttackJob, outcome: AttackOutcome) -> AttackOutcome:
     """``job``'s failed outcome when the batch it ran in failed as a whole with ``outcome``."""
-    failed = AttackOutcome.failed(job, outcome.error, outcome.seconds)
+    failed = AttackOutcome.failed(job, outcome.error, outcome.attack_seconds)
     failed.worker_node, failed.worker_id, failed.device = outcome.worker_node, outcome.worker_id, outcome.device
     failed.precision, failed.threads = outcome.precision, outcome.threads
     return failed

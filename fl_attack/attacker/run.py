@@ -89,7 +89,7 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
             labels=best.labels,
             label_source="recovered",
             lsim_honest=best.fit,
-            seconds=time.perf_counter() - start,
+            attack_seconds=time.perf_counter() - start,
             candidates=candidates,
             memory=job.memory.mode,
             memoryless=_succeeded(job, base, rec, **where),
@@ -101,7 +101,7 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
         )
     except Exception as exc:  # one failed attack must never kill the caller
         log.warning("attack %s on %s failed: %s", job.method, job.target.describe(), exc)
-        outcome = AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - start)
+        outcome = AttackOutcome.failed(job, f"{type(exc).__name__}: {exc}", attack_seconds=time.perf_counter() - start)
         outcome.worker_node, outcome.worker_id, outcome.device = node, worker, _device_name(device)
         outcome.precision = _precision_name(job.config, outcome.device)
         return outcome
@@ -151,7 +151,7 @@ def _succeeded(job: AttackJob, method: str, rec, batch: int = 1, **where) -> Att
         label_source=rec.label_source,
         lsim_honest=rec.lsim_honest,
         lsim_calibrated=rec.lsim_calibrated,
-        seconds=rec.seconds,
+        attack_seconds=rec.seconds,
         trace=rec.trace,
         precision=rec.precision,
         compile=rec.compile,
