@@ -56,9 +56,10 @@ def federation_workers(settings: RunSettings, threads: int) -> Workers:
 
 
 def new_run_folder(settings: RunSettings) -> RunFolder:
-    """The run's folder (AuditSettings.run_path). A named run (run-name) must not exist yet, so that
-    two runs never share one record. Raises ValueError for a named folder that already holds a run."""
-    folder = RunFolder(settings.run_path(settings.dataset))
+    """The run's folder (AuditSettings.run_path, stamped with the time now). A named run (run-name)
+    must not exist yet, so that two runs never share one record. Raises ValueError for a named
+    folder that already holds a run."""
+    folder = RunFolder(settings.run_path(settings.dataset, time.strftime("%Y%m%d-%H%M%S")))
     if settings.run_name and folder.holds_run:
         raise ValueError(
             f"invalid run config: run folder {folder} already holds a run; choose another "

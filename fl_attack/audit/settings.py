@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -168,13 +167,13 @@ class AuditSettings:
             return memory
         return AttackMemory(self.attack_memory, self.attack_memory_rounds)
 
-    def run_path(self, dataset: str) -> Path:
-        """The run's folder: results-dir/run-name (under the project for a relative results-dir), or
-        for an unnamed run a fresh results-dir/<time>-<dataset>-<methods>, with -2, -3 ... when taken."""
+    def run_path(self, dataset: str, stamp: str) -> Path:
+        """The run's folder: results-dir/run-name (results-dir under the project when relative), or for
+        an unnamed run results-dir/<stamp>-<dataset>-<methods>, with -2, -3 ... where that exists."""
         root = resolve_in_project(self.results_dir)
         if self.run_name:
             return root / self.run_name
-        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{dataset}-{'-'.join(self.methods)}"
+        base = f"{stamp}-{dataset}-{'-'.join(self.methods)}"
         path, n = root / base, 1
         while path.exists():
             n += 1
