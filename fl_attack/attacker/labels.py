@@ -439,7 +439,7 @@ def rlu_counts(
     tolerance: float = RLU_TOLERANCE,
 ) -> np.ndarray:
     """RLU's label counts, int64 (num_classes,) summing to k (Chen & Vikalo, "Recovering Labels from Local
-    Updates in Federated Learning", ICML 2024, arXiv 2405.00955, section 4; /work/shared/PEERS.md section 2).
+    Updates in Federated Learning", ICML 2024, arXiv 2405.00955, section 4; docs/label-recovery.md "RLU").
 
     The output-bias gradient of a step is the batch mean of softmax - one-hot, so its mean over the T steps
     is g_c ~= rho_bar * e_c - rho_bar * n_c / k, e_c the softmax mass the client's samples put on class c:
