@@ -454,7 +454,7 @@ def check_resumable(settings, run_config: dict) -> tuple | None:
         return None
     from fl_attack.attacker.memory import AttackMemory
     from fl_attack.paths import resolve_in_project
-    from fl_attack.run_config import ADDED_KEYS, RESUMABLE_KEYS
+    from fl_attack.audit.settings import ADDED_KEYS, RESUMABLE_KEYS
 
     folder = RunFolder(resolve_in_project(settings.resume))
     refused = f"invalid run config: resume='{settings.resume}' cannot be resumed"
