@@ -453,8 +453,8 @@ def check_resumable(settings, run_config: dict) -> tuple | None:
     if not settings.resume:
         return None
     from fl_attack.attacker.memory import AttackMemory
-    from fl_attack.paths import resolve_in_project
     from fl_attack.audit.settings import ADDED_KEYS, RESUMABLE_KEYS
+    from fl_attack.paths import resolve_in_project
 
     folder = RunFolder(resolve_in_project(settings.resume))
     refused = f"invalid run config: resume='{settings.resume}' cannot be resumed"
