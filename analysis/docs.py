@@ -85,18 +85,15 @@ def _split_comment(rest: str) -> tuple[str, str]:
 
 def owners() -> list[tuple[str, type, dict[str, str]]]:
     """(title, class, {run-config key: field name}) of each role that owns run-config keys."""
+    from fl_attack.audit.settings import AuditSettings
     from fl_attack.federation.defense_settings import DefenseSettings, _field_to_key
-    from fl_attack.federation.settings import FederationSettings
-    from fl_attack.run_config import RunSettings
+    from fl_attack.federation.settings import NOT_KEYS, FederationSettings
 
-    not_keys = {"defense", "num_partitions", "extra"}
-    federation = {f.name for f in fields(FederationSettings)} - not_keys
-    audit = {f.name for f in fields(RunSettings)} - federation - not_keys
-    kebab = lambda names: {n.replace("_", "-"): n for n in names}
+    kebab = lambda cls: {f.name.replace("_", "-"): f.name for f in fields(cls) if f.name not in NOT_KEYS}
     return [
-        ("The federation's keys", FederationSettings, kebab(federation)),
+        ("The federation's keys", FederationSettings, kebab(FederationSettings)),
         ("The defense's keys", DefenseSettings, {_field_to_key(f.name): f.name for f in fields(DefenseSettings)}),
-        ("The audit's keys", RunSettings, kebab(audit)),
+        ("The audit's keys", AuditSettings, kebab(AuditSettings)),
     ]
 
 

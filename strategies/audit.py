@@ -27,10 +27,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_attack.audit.service import AuditService, new_run_folder
+from fl_attack.audit.settings import RunSettings, audit_run_config
 from fl_attack.federation.data import get_spec
 from fl_attack.federation.models import check_model, with_input_normalization
 from fl_attack.federation.update import AttackTarget, ObservedUpdate, TrainingMetadata
-from fl_attack.run_config import RunSettings, audit_run_config
 
 
 def observed_update(w0: ArrayRecord, reply: Message, dataset: str, client: dict) -> ObservedUpdate:
@@ -94,7 +94,7 @@ def audit(
     """``strategy`` (any Flower Message-API strategy) audited by an honest-but-curious server.
 
     context: the ServerApp's Context; its run config's audit keys are read
-    (fl_attack.run_config.audit_run_config: every attack-* key, num-server-rounds, seed,
+    (fl_attack.audit.settings.audit_run_config: every attack-* key, num-server-rounds, seed,
     results-dir, run-name, record-updates, server-test-samples), the app's own keys are not.
     model: the victims' architecture: the app's nn.Module class or factory (called with no
     arguments), or a model. dataset: "cifar100" or "femnist": the images' shape (3x32x32, 1x28x28),

@@ -16,6 +16,7 @@ from functools import partial
 import pytest
 import torch
 
+import fl_attack.attacker.run as run_module  # where run_job calls reconstruct and reconstruct_batch
 import fl_attack.attacker.workers as workers_module
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.workers import AttackJob, InlineWorkers, Pipeline, batch_key, resolve_batch
@@ -30,8 +31,8 @@ HOW = {"attack_seconds", "batch", "worker_node", "worker_id", "threads", "lag_ro
 @pytest.fixture
 def float64(monkeypatch):
     """The workers' attacks in float64 (the exactness checks' precision)."""
-    monkeypatch.setattr(workers_module, "reconstruct", partial(workers_module.reconstruct, dtype=FLOAT64))
-    monkeypatch.setattr(workers_module, "reconstruct_batch", partial(workers_module.reconstruct_batch, dtype=FLOAT64))
+    monkeypatch.setattr(run_module, "reconstruct", partial(run_module.reconstruct, dtype=FLOAT64))
+    monkeypatch.setattr(run_module, "reconstruct_batch", partial(run_module.reconstruct_batch, dtype=FLOAT64))
 
 
 def _close(a: str, b: str, column: str) -> bool:
@@ -169,13 +170,13 @@ def test_a_batched_federation_and_its_replay_give_the_unbatched_rows(tmp_path, f
 def test_an_experiment_batched_gives_the_unbatched_rows(tmp_path, float64, monkeypatch):
     from analysis.experiments import main
 
-    sizes, batch = [], workers_module.reconstruct_batch
+    sizes, batch = [], run_module.reconstruct_batch
 
     def counted(updates, *args, **kwargs):
         sizes.append(len(updates))
         return batch(updates, *args, **kwargs)
 
-    monkeypatch.setattr(workers_module, "reconstruct_batch", counted)
+    monkeypatch.setattr(run_module, "reconstruct_batch", counted)
 
     common = ["node-sweep", "--scale", "tiny", "--device", "cpu", "--threads", "1", "--clients", "3"]
     common += ["--grid", "nodes=2", "--grid", "labels=recovered"]

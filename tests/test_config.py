@@ -170,6 +170,27 @@ def test_each_key_is_checked_by_the_settings_that_own_it():
             cls.from_run_config({**PYPROJECT, "lr": -1.0})
 
 
+def test_run_settings_compose_the_federations_and_the_audits_settings():
+    # each role parses only its own keys; RunSettings is the two side by side, plus the keys neither owns
+    from fl_attack.audit.settings import AuditSettings
+
+    run_config = {**PYPROJECT, "attack-iterations": 7, "seed": 5, "lr": 0.1, "some-app-key": 1}
+    settings = RunSettings.from_run_config(run_config)
+    audit = AuditSettings.from_run_config(run_config)
+    assert settings.audit_settings() == audit and type(audit) is AuditSettings
+    assert settings.federation_settings() == FederationSettings.from_run_config(run_config)
+    assert settings.extra == {"some-app-key": 1}
+    audit_keys = {f.name for f in dataclasses.fields(AuditSettings)}
+    fed_keys = {f.name for f in dataclasses.fields(FederationSettings)}
+    assert not audit_keys & fed_keys
+    assert {f.name for f in dataclasses.fields(RunSettings)} == audit_keys | fed_keys | {"extra"}
+    # a bad federation value is the federation's to refuse: the audit parses past it
+    assert AuditSettings.from_run_config({**run_config, "lr": -1.0}).attack_iterations == 7
+    # what needs both is the composition's: the federation's seed and defense reach the AttackConfig
+    assert settings.attack_config().seed == 5 and audit.attack_config().seed == AttackConfig().seed
+    assert settings.attack_config(FederationSettings(seed=9)).seed == 9
+
+
 # --- the ready-made run-config files -------------------------------------------------------------
 
 PRESET_FILES = run_configs.names()

@@ -136,7 +136,9 @@ def _cells(picture: np.ndarray, image: torch.Tensor, scale: int) -> list[tuple[i
 
 def _outcome(images: torch.Tensor, labels: torch.Tensor) -> AttackOutcome:
     target = AttackTarget(1, (0,), 7, "w0")
-    return AttackOutcome(0, "pisme", target, "ok", images=images, labels=labels, label_source="recovered", seconds=1.0)
+    return AttackOutcome(
+        0, "pisme", target, "ok", images=images, labels=labels, label_source="recovered", attack_seconds=1.0
+    )
 
 
 @pytest.fixture(scope="module")

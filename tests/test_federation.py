@@ -282,7 +282,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     assert {r["status"] for r in rows} == {"failed"}
     assert all("TimeoutError" in r["error"] for r in rows)
 
-    import fl_attack.attacker.workers as attacker
+    import fl_attack.attacker.run as attacker  # where run_job calls reconstruct
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
@@ -395,7 +395,7 @@ def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_pat
 
 
 def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
-    import fl_attack.attacker.workers as attacker
+    import fl_attack.attacker.actor as attacker  # where the actor calls run_job
 
     seen = []
     monkeypatch.setattr(attacker, "run_job", lambda job, device: seen.append(torch.get_num_threads()))

@@ -2,7 +2,8 @@
 
 clients/ and strategies/ are siblings (Flower's client_app / server_app), and neither imports the
 other: the clients read the run config through fl_attack.federation.settings (the honest side loads
-no attack code), the strategies through fl_attack.run_config. Benchmarks and tests stay apart: the
+no attack code), the strategies through fl_attack.run_config (preflight), which sits above the audit
+whose settings (fl_attack.audit.settings) it composes. Benchmarks and tests stay apart: the
 one crossing is benchmarks/attack_step.py timing tests/reference.py's literal loop. Read from the
 source with ast, so an import hidden inside a function counts too.
 """
@@ -153,13 +154,14 @@ PACKAGE_RULES = {
         "fl_attack.attacker",
         "fl_attack.federation",
         "fl_attack.privacy",
-        "fl_attack.run_config",
         "fl_attack.paths",
         "fl_attack.records",
         "fl_attack.__version__",
     ),
-    # the run's settings: below the audit (which reads them), above what they describe
+    # the run config's preflight: above the audit, whose settings (fl_attack.audit.settings) it composes
+    # with the federation's; the audit never imports it (but for IGNORED below)
     "fl_attack.run_config": (
+        "fl_attack.audit",
         "fl_attack.attacker",
         "fl_attack.federation",
         "fl_attack.privacy",
@@ -188,14 +190,27 @@ def package_offences(graph: dict[str, set[str]]) -> list[str]:
     return offences
 
 
+def ignored_imports() -> list[str]:
+    """pyproject.toml's layers contract's ignore_imports ("a -> b"), as package_offences words them."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")
+    return sorted(" imports ".join(p.strip() for p in rule.split("->")) for rule in layers.get("ignore_imports", []))
+
+
 def test_each_library_package_imports_only_what_its_role_allows():
-    assert package_offences(library_imports()) == []
+    # the offences are exactly the imports the layers contract ignores, each one still there (an ignore
+    # whose import is gone fails here, as lint-imports fails on an unmatched ignore)
+    assert package_offences(library_imports()) == ignored_imports()
+    assert len(ignored_imports()) <= 1  # fl_attack.audit.runs' lazy import of the resume keys' old home
 
 
 def test_the_package_check_sees_a_forbidden_import():
     graph = library_imports()
     graph["fl_attack.federation.data"] = graph["fl_attack.federation.data"] | {"fl_attack.audit.victims"}
-    assert package_offences(graph) == ["fl_attack.federation.data imports fl_attack.audit.victims"]
+    offences = [o for o in package_offences(graph) if o not in ignored_imports()]
+    assert offences == ["fl_attack.federation.data imports fl_attack.audit.victims"]
 
 
 def test_the_import_linter_contracts_agree_with_the_package_rules():

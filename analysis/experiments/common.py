@@ -299,7 +299,7 @@ def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
         **results_row(scored),
         "seed": victim.seed,
         "classes": victim.classes,
-        "seconds_per_iteration": outcome.seconds / config.iterations,
+        "seconds_per_iteration": outcome.attack_seconds / config.iterations,
         "gradient_evaluations": _gradient_evaluations(method, config, outcome.trace, config.iterations),
         "worker": f"{outcome.worker_node}/{outcome.worker_id}",
         "precision": outcome.precision,
@@ -314,7 +314,7 @@ def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
     ctx.log(
         f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
         f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{config.iterations} {outcome.label_source}: "
-        f"PSNR {scored['psnr']:.2f} dB, honest Lsim {outcome.lsim_honest:.4f} ({outcome.seconds:.1f} s)"
+        f"PSNR {scored['psnr']:.2f} dB, honest Lsim {outcome.lsim_honest:.4f} ({outcome.attack_seconds:.1f} s)"
     )
     return row
 

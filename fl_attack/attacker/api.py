@@ -1,5 +1,8 @@
 """``reconstruct``: the library's entry point, from an observed update to images and a trace;
 ``reconstruct_batch``: the same attack on N clients of one architecture as one batched computation.
+Over 600 lines on purpose: the two entry points, their input checks and the one loop ``_optimise``
+must change together (a batch's rows equal the single ones: tests/test_batched.py), and the tests
+reach that loop through this module's names (``build_optimizers``, ``recover_labels``).
 
 Both drive the one optimisation loop of every attack (``_optimise``: Adam over X_hat and the
 attack's variables, the box clamp, the learning-rate schedule, the trace; docs/PISME.md, "Optimisation").

@@ -14,6 +14,8 @@ over the trajectory. The estimators differ in how they get p_bar (``LABEL_ESTIMA
   public auxiliary pool along a simulated local training from w0 (``simulated_confusion``), solved
   jointly with the counts on the support (``solve_counts``). Needs public labelled data
   (``AuxiliaryData``), disjoint from the clients' training data. Not in the paper.
+- "rlu": RLU (Chen & Vikalo, ICML 2024): p_bar from the "erroneous confidence" on the same public pool
+  at w0 and wT, refined by rolling the logits forward over the T local steps (``rlu_counts``).
 """
 
 from __future__ import annotations
@@ -125,8 +127,8 @@ def refine_labels(
     return torch.from_numpy(out).to(labels.device)
 
 
-LABEL_ESTIMATORS = ("paper", "support", "aux")
-NEEDS_AUX = ("aux",)
+LABEL_ESTIMATORS = ("paper", "support", "aux", "rlu")
+NEEDS_AUX = ("aux", "rlu")
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,6 +321,182 @@ def _columns(sums: np.ndarray, seen: np.ndarray, fallback: np.ndarray) -> np.nda
     return out
 
 
+# --- RLU (Chen & Vikalo, ICML 2024) ---------------------------------------------------------------
+
+RLU_MOVES = 5  # the refinement moves one count at most this many times (the paper's and its code's)
+RLU_TOLERANCE = 0.1  # ... and stops once every rolled logit is this close to the observed one (the code's)
+RLU_PER_CLASS = 20  # public images per class for the logits at w0 and wT
+
+
+def rlu_step_coefficient(update: ObservedUpdate) -> float:
+    """rho_bar, the mean over the T steps of the weight c_s of step s's gradient in (w0 - wT)/eta
+    (``ClientOptimizer.step_weights``, docs/PISME.md "Optimizers"): 1 for plain SGD, Adam and AdamW;
+    (1/T) sum_s (1 - beta^(T-s+1)) / (1 - beta) for heavy-ball momentum beta (about 6.5 at beta = 0.9,
+    T = 10); 1 + beta times that for Nesterov. Dimensionless, >= 1."""
+    meta = update.metadata
+    return float(np.mean(meta.optimizer.step_weights(meta.local_steps)))
+
+
+def rlu_output_gradients(update: ObservedUpdate) -> tuple[np.ndarray, np.ndarray]:
+    """(g, G): the observed mean per-step gradient of the output bias, float64 (C,), and of the output
+    weight, float64 (C, H), read from w0 - wT alone.
+
+    g = (b0 - bT) / (eta * T * rho_bar) - lambda * (b0 + bT) / 2 (``rlu_step_coefficient``): for an SGD-family
+    optimizer, (w0 - wT)/eta = sum_s c_s (g_s + lambda w_{s-1}), with the decayed weights taken at the
+    midpoint of w0 and wT; AdamW's decoupled decay is removed the same way with rho_bar = 1. For Adam and
+    AdamW, g is then the mean normalised step m_hat / sqrt(v_hat), in [-1, 1] per class, not a gradient
+    (the fallback ``rlu_counts`` documents); Adam's L2 decay sits inside that ratio and is left in.
+    Raises KeyError without the output bias or its weight (``<layer>.weight`` beside the bias).
+    """
+    meta, opt = update.metadata, update.metadata.optimizer
+    bias = _require_output_bias(update)
+    weight = _output_weight_name(update)
+    if weight not in update.w0:
+        raise KeyError(f"label estimator 'rlu' needs the output-layer weight '{weight}' in the update")
+    scale = meta.lr * meta.local_steps * rlu_step_coefficient(update)
+    decay = opt.weight_decay if (not opt.adaptive or opt.name == "adamw") else 0.0
+    out = []
+    for name in (bias, weight):
+        w0, wT = update.w0[name].double(), update.wT[name].double()
+        out.append(((w0 - wT) / scale - decay * (w0 + wT) / 2).numpy())
+    return out[0], out[1].reshape(out[0].shape[0], -1)
+
+
+@torch.no_grad()
+def rlu_offclass_logits(
+    update: ObservedUpdate,
+    aux: AuxiliaryData,
+    model: torch.nn.Module | None = None,
+    per_class: int = RLU_PER_CLASS,
+    seed: int = 0,
+    chunk: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mu0, muT), float64 (C,) each: mu_c = the mean logit of class c over the public images NOT of
+    class c, at w0 and at wT (RLU, step 1). Each class of aux gets equal weight (the mean over the
+    classes j != c of class j's mean logit c, as in the authors' code); at most ``per_class`` images
+    per class, drawn with ``default_rng(seed)``. The model runs in eval mode (the official code runs
+    these passes in train mode, so dropout and batch norm perturb them); its mode is restored after.
+    """
+    spec = get_spec(update.metadata.dataset)
+    c = spec.num_classes
+    gen = np.random.default_rng(seed)
+    pools = aux.by_class(c)
+    idx = torch.from_numpy(
+        np.concatenate([gen.choice(q, size=min(per_class, q.size), replace=False) for q in pools if q.size])
+    )
+    x, y = spec.normalize(aux.images[idx].float().cpu()), aux.labels[idx].long().cpu()
+    present = torch.bincount(y, minlength=c) > 0
+    model = model or build_model(update.metadata.dataset)
+    was_training = model.training
+    model.eval()
+    try:
+        out = []
+        for w in (update.w0, update.wT):
+            logits = torch.cat([functional_call(model, w, (x[i : i + chunk],)) for i in range(0, len(x), chunk)])
+            sums = torch.zeros(c, c, dtype=torch.float64).index_add_(0, y, logits.double())
+            means = sums[present] / torch.bincount(y, minlength=c)[present, None].double()  # (classes in aux, C)
+            total = means.sum(0)
+            own = torch.zeros(c, dtype=torch.float64)
+            own[present] = means[torch.arange(int(present.sum())), present.nonzero().squeeze(1)]
+            others = float(present.sum()) - present.double()  # how many aux classes are not c
+            out.append(((total - own) / others.clamp_min(1)).numpy())
+    finally:
+        model.train(was_training)
+    return out[0], out[1]
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+def _rlu_roll(mu0: np.ndarray, counts: np.ndarray, update: ObservedUpdate, gain: float) -> tuple[np.ndarray, ...]:
+    """RLU step 4: the off-class logits rolled over the T local steps from mu0 with these counts,
+    mu_{t+1} = mu_t - eta * u_t * gain, u_t the optimizer's step direction for the bias gradient
+    softmax(mu_t) - counts/k (heavy ball: v = beta v + g; Nesterov: g + beta v; plain SGD: g) and gain
+    = ||O||^2 + 1. Returns (mu_T, the mean of softmax(mu_t) over t = 0 .. T-1), float64 (C,) each."""
+    meta = update.metadata
+    opt, k = meta.optimizer, meta.num_samples
+    mu, buf, mean = mu0.copy(), np.zeros_like(mu0), np.zeros_like(mu0)
+    for _ in range(meta.local_steps):
+        p = _softmax(mu)
+        mean += p
+        g = p - counts / k
+        if opt.name in ("momentum", "nesterov"):
+            buf = opt.momentum * buf + g
+            g = buf if opt.name == "momentum" else g + opt.momentum * buf
+        mu = mu - meta.lr * g * gain
+    return mu, mean / meta.local_steps
+
+
+def rlu_counts(
+    update: ObservedUpdate,
+    aux: AuxiliaryData,
+    model: torch.nn.Module | None = None,
+    seed: int = 0,
+    per_class: int = RLU_PER_CLASS,
+    moves: int = RLU_MOVES,
+    tolerance: float = RLU_TOLERANCE,
+) -> np.ndarray:
+    """RLU's label counts, int64 (num_classes,) summing to k (Chen & Vikalo, "Recovering Labels from Local
+    Updates in Federated Learning", ICML 2024, arXiv 2405.00955, section 4; docs/label-recovery.md "RLU").
+
+    The output-bias gradient of a step is the batch mean of softmax - one-hot, so its mean over the T steps
+    is g_c ~= rho_bar * e_c - rho_bar * n_c / k, e_c the softmax mass the client's samples put on class c:
+    1. e = the mean of softmax(mu0) and softmax(muT), mu the off-class mean logits of the public pool
+       ``aux`` at w0 and wT (``rlu_offclass_logits``: the paper's "erroneous confidence" as its code takes it);
+       softmax(mu0) alone when T = 1 (the one gradient is taken at w0).
+    2. g from w0 - wT (``rlu_output_gradients``), already divided by rho_bar (``rlu_step_coefficient``);
+       n_c = k * max(0, e_c - g_c), which equals the paper's k * max(0, rho_bar * e_c - g_c) with g undivided
+       once both are renormalised; renormalised to sum k and rounded by largest remainder (``round_counts``).
+    3. T > 1 (not Adam/AdamW): roll mu0 forward over the T steps with these counts (``_rlu_roll``, the
+       embedding proxy O = the |delta_b|-weighted mean over classes of delta_W_c / delta_b_c), compare
+       the end with muT, move one count from the most over-predicted class (that has one) to the most
+       under-predicted; at most ``moves`` times, stopping once every |difference| < ``tolerance``. Then
+       step 2 again with e = the trajectory mean of softmax(mu_t) under the final counts.
+    Adam and AdamW (an approximation, stated): the server never sees v_hat, so delta_b / (eta T) is the
+    mean normalised step, a per-class signed consistency in [-1, 1] rather than a gradient; step 2 is
+    applied to it as is (rho_bar = 1), giving each class with a rising bias a count in proportion to how
+    steadily it rose, and step 3 is skipped (its step size needs the gradient's scale).
+    aux: the server's public labelled pool, never the client's data. Auxiliary passes run in eval mode.
+
+    Official-code faults avoided (CityChan/Recovering-Label-from-Update): the update is w0 - wT of the
+    client's whole run (not per-step gradients of m steps with resets between groups); rho_bar comes
+    from the optimizer metadata (not a decay flag that makes it 1.1 for plain SGD); the refinement
+    compares the rolled logit vector with the observed one entry by entry (not with one scalar entry);
+    counts are rounded to sum exactly k; O is |delta_b|-weighted, so a class whose bias barely moved
+    cannot blow the ratio up (a choice of ours; the code takes the plain mean).
+    Raises KeyError without the output bias or weight in the update.
+    """
+    meta = update.metadata
+    k = meta.num_samples
+    g, gw = rlu_output_gradients(update)
+    mu0, mu_t = rlu_offclass_logits(update, aux, model, per_class=per_class, seed=seed)
+    # T = 1: the one gradient is taken at w0, so the trajectory mean is softmax(mu0) exactly
+    e = _softmax(mu0) if meta.local_steps == 1 else (_softmax(mu0) + _softmax(mu_t)) / 2
+    counts = round_counts(k * np.maximum(0.0, e - g), k)
+    if meta.local_steps == 1 or meta.optimizer.adaptive or moves <= 0:
+        return counts
+    weights = np.abs(g)
+    proxy = (np.sign(g)[:, None] * gw).sum(0) / max(weights.sum(), 1e-30)  # sum_c |g_c| (G_c / g_c) / sum |g|
+    gain = float(proxy @ proxy) + 1.0
+    for _ in range(moves):
+        end, _ = _rlu_roll(mu0, counts, update, gain)
+        diff = end - mu_t
+        if not np.all(np.isfinite(diff)) or np.abs(diff).max() < tolerance:
+            break
+        over = int(np.argmax(np.where(counts > 0, diff, -np.inf)))
+        under = int(np.argmin(diff))
+        if diff[over] <= 0 or diff[under] >= 0:
+            break
+        counts[over] -= 1
+        counts[under] += 1
+    _, e = _rlu_roll(mu0, counts, update, gain)
+    if not np.all(np.isfinite(e)):
+        return counts
+    return round_counts(k * np.maximum(0.0, e - g), k)
+
+
 def recover_counts(
     update: ObservedUpdate,
     estimator: str = "support",
@@ -336,6 +514,7 @@ def recover_counts(
     - "aux": start from the support estimate with M at the endpoints on ``aux`` (``endpoint_confusion``);
       then ``iterations`` times: M's columns from ``proxies`` simulated clients with the current
       counts (``simulated_confusion``), n from ``solve_counts`` on the support. Needs ``aux``.
+    - "rlu": RLU (Chen & Vikalo, ICML 2024) on the public pool ``aux`` (``rlu_counts``). Needs ``aux``.
     Raises ValueError for an unknown estimator or "aux" without aux data; KeyError without the
     output layer in the update.
     """
@@ -344,6 +523,8 @@ def recover_counts(
     if estimator in NEEDS_AUX and aux is None:
         raise ValueError(f"label estimator {estimator!r} needs public auxiliary data (AuxiliaryData)")
     k = update.metadata.num_samples
+    if estimator == "rlu":
+        return rlu_counts(update, aux, model, seed=seed)
     if estimator == "paper":
         return round_counts(estimate_class_counts(update, model, seed=seed), k)
     support = class_support(update)

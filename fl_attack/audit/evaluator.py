@@ -2,9 +2,9 @@
 
 The federation (strategies/), ``fl-attack replay``, ``fl-attack attack`` and the paper experiments
 all hand an ``AttackOutcome`` (fl_attack.attacker.workers) and the victim's truth to ``Evaluator.record``,
-which scores it and returns THE row (``attack_row``: the columns of attacks.csv,
-``fl_attack.audit.runs.ATTACKS``; ``results_row`` renames it for results.csv and the
-experiments' CSVs).
+which scores it and returns THE row (``attack_row``: the columns of attacks.csv, defined once in
+``fl_attack.audit.runs.ATTACK_SCHEMA`` with where each value comes from; ``results_row`` renames it
+for results.csv and the experiments' CSVs).
 
 * ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
   label-count accuracy;
@@ -28,35 +28,31 @@ import torch
 
 from fl_attack.audit.images import save_comparison_grid, save_evidence
 from fl_attack.audit.metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
-from fl_attack.audit.runs import ATTACK_COLUMNS, evidence_path
-from fl_attack.audit.verdict import VERDICT_COLUMNS, Verdict
+from fl_attack.audit.runs import (
+    ATTACK_COLUMNS,
+    ATTACK_SCHEMA,
+    OUTCOME,
+    SCORE,
+    TARGET,
+    VERDICT,
+    attack_columns,
+    evidence_path,
+)
+from fl_attack.audit.verdict import Verdict
 from fl_attack.federation.data import get_spec
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Evaluator", "score", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
 
-_SCORES = ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
-# results.csv (fl-attack attack; the experiments' CSVs take nodes..seconds): ATTACK_COLUMNS names but for these two.
-RESULT_COLUMNS = (
-    "dataset",
-    "client",
-    "method",
-    "local_steps",
-    "nodes",
-    "iterations",
-    "labels",
-    "psnr",
-    "ssim",
-    "fsim",
-    "lpips",
-    "lsim_honest",
-    "lsim_calibrated",
-    "label_accuracy",
-    "seconds",
-    *VERDICT_COLUMNS,
-)
+_SCORES = attack_columns(SCORE)  # psnr, ssim, fsim, lpips, label_accuracy: ``score``'s
+_VERDICT = attack_columns(VERDICT)  # the verdict's (fl_attack.audit.verdict.VERDICT_COLUMNS)
+# results.csv (fl-attack attack; the experiments' CSVs take nodes..seconds): a view of attacks.csv, these of its
+# columns in this order, two of them renamed (older results.csv files and the experiments' CSVs carry these names).
 RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
+RESULT_FROM = ("dataset", "partition_id", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim")
+RESULT_FROM += ("fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds", *_VERDICT)
+RESULT_COLUMNS = tuple(RESULT_RENAMES.get(c, c) for c in RESULT_FROM)
 
 
 # ----------------------------------------------------------------------------------- scoring
@@ -94,16 +90,11 @@ def psnr_trace(truth: torch.Tensor) -> Callable[[int, torch.Tensor], dict]:
 # -------------------------------------------------------------------------------------- rows
 
 
-# attack_row's columns that a row must be given, and the defaults of the others (None: an empty cell).
-_REQUIRED = ("method", "dataset", "local_steps", "nodes", "iterations", "labels", "partition_id", "label_estimator")
-_DEFAULTS = dict.fromkeys(("client_id", "error", "image", "worker_node", "worker_id", "device", "precision"), "")
-_DEFAULTS |= {"compile": ""}
-_DEFAULTS |= dict.fromkeys(("memory", "optimizer"), "") | {"defense": "none", "status": "ok"}
-_DEFAULTS |= dict.fromkeys(("lsim_honest", "lsim_calibrated", "attack_seconds"), math.nan)
-# The columns an AttackOutcome carries under the same name.
-_FROM_OUTCOME = ("method", "local_steps", "nodes", "iterations", "label_estimator", "lsim_honest", "lsim_calibrated")
-_FROM_OUTCOME += ("status", "error", "worker_node", "worker_id", "device", "precision", "threads", "memory")
-_FROM_OUTCOME += ("parameters", "unknowns", "optimizer", "compile", "batch")
+# attack_row's columns that a row must be given, and every column's default, in order (ATTACK_SCHEMA's).
+_REQUIRED = tuple(c.name for c in ATTACK_SCHEMA if c.required)
+_DEFAULTS = {c.name: c.default for c in ATTACK_SCHEMA}
+# (column, TARGET or OUTCOME, the attribute) of the columns ``record`` reads off the outcome and its target.
+_CARRIED = tuple((c.name, c.source, c.attribute or c.name) for c in ATTACK_SCHEMA if c.source in (TARGET, OUTCOME))
 
 
 def attack_row(*, scores: dict | None = None, **columns) -> dict:
@@ -118,13 +109,13 @@ def attack_row(*, scores: dict | None = None, **columns) -> dict:
     (``fl_attack.audit.verdict.VERDICT_COLUMNS``) where judged; None leaves the metrics NaN and the verdict
     empty (a failed attack). Raises TypeError for a name that is not a column or a missing required one.
     """
-    unknown = sorted(columns.keys() - set(ATTACK_COLUMNS) | columns.keys() & set(_SCORES + VERDICT_COLUMNS))
+    unknown = sorted(columns.keys() - set(ATTACK_COLUMNS) | columns.keys() & set(_SCORES + _VERDICT))
     missing = [c for c in _REQUIRED if c not in columns]
     if unknown or missing:
         raise TypeError(f"attack_row: not a column {unknown}, missing {missing}")
-    row = dict.fromkeys(ATTACK_COLUMNS)
-    row.update(_DEFAULTS, **columns, **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES})
-    row.update({c: (scores or {}).get(c) for c in VERDICT_COLUMNS})
+    row = dict(_DEFAULTS)
+    row.update(columns, **{m: float((scores or {}).get(m, math.nan)) for m in _SCORES})
+    row.update({c: (scores or {}).get(c) for c in _VERDICT})
     return row
 
 
@@ -234,20 +225,10 @@ class Evaluator:
         many rounds after its own the attack finished (the federation's attacker lag). epsilon: the
         DP budget the attacked client(s) had spent by the update's round (None without DP)."""
         target = outcome.target
-        seconds = round(outcome.seconds, 3) if math.isfinite(outcome.seconds) else math.nan
-        row = attack_row(
-            round=target.round,
-            node_id=target.node_id,
-            partition_id=target.partition_id,
-            client_id=target.client_id,
-            dataset=self.dataset,
-            defense=self.defense,
-            labels=outcome.label_source,
-            attack_seconds=seconds,
-            lag_rounds=lag_rounds,
-            epsilon=epsilon,
-            **{column: getattr(outcome, column) for column in _FROM_OUTCOME},
-        )
+        carried = {name: getattr(target if source == TARGET else outcome, at) for name, source, at in _CARRIED}
+        seconds = carried["attack_seconds"]
+        carried["attack_seconds"] = round(seconds, 3) if math.isfinite(seconds) else math.nan  # to the ms
+        row = attack_row(dataset=self.dataset, defense=self.defense, lag_rounds=lag_rounds, epsilon=epsilon, **carried)
         if outcome.status == "ok" and truth is None:  # an audit without the ground truth: kept, unscored
             try:
                 self._save(outcome.images.detach().cpu(), None, target, outcome.method, image, row)
@@ -268,7 +249,7 @@ class Evaluator:
                         )
                         scores.update(judged)
                 row.update({m: float(scores[m]) for m in _SCORES})
-                row.update({c: scores.get(c) for c in VERDICT_COLUMNS})
+                row.update({c: scores.get(c) for c in _VERDICT})
                 self._save(scores["matched_recon"].cpu(), truth[0], target, outcome.method, image, row)
             except Exception as exc:  # a scoring bug must not lose the run either
                 row.update(status="failed", error=f"evaluation: {type(exc).__name__}: {exc}")

@@ -22,7 +22,7 @@ With ``missing=True`` it completes the run itself instead: the recorded updates 
 (round, partition, method) has no row in the run's attacks.csv are attacked with the run's own
 methods and settings, and their rows appended to the run's attacks.csv.
 
-The run config is read back with the federation's own parser (fl_attack.run_config).
+The run config is read back with the run's own parser (fl_attack.audit.settings.RunSettings).
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.workers import RayWorkers, make_workers, resolve_batch
 from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
 from fl_attack.audit.service import AuditService
+from fl_attack.audit.settings import RunSettings
 from fl_attack.audit.verdict import verdict_line, verdict_summary
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.config import parse_key_values
 from fl_attack.federation.update import AttackTarget, load_update, read_update_index, verify_update
 from fl_attack.privacy.accountant import PrivacyLedger
 from fl_attack.records import header_mismatch, read_csv, write_bytes_atomic
-from fl_attack.run_config import RunSettings
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
@@ -70,7 +70,7 @@ class RecordedRun:
     """A run folder with recorded updates, as a replay needs it.
 
     config: config.json; run_config: its flat Flower run config (kebab-case keys), parsed as the
-    federation parsed it into ``settings`` (fl_attack.run_config.RunSettings); attack_config: the
+    federation parsed it into ``settings`` (fl_attack.audit.settings.RunSettings); attack_config: the
     run's own AttackConfig; defense: the run's defense label; index: the rows of
     updates/index.csv, in file order; privacy: config.json's DP accounting with rounds.csv's
     participants, so a replayed row carries the ε the run's client had spent.

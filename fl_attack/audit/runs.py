@@ -3,10 +3,14 @@
 Each file, and what it holds, is in ``FOLDER_FILES``; docs/run-folder.md is generated from it and from the
 row schemas (python -m analysis.docs run-folder).
 
-The writers (strategies/, fl_attack.audit.replay) and the reader (analysis/load.py) share ``ROUNDS`` and
-``ATTACKS``: each column with its type (int, float or str). New columns go at the end, except in
-ATTACKS where "image" stays last: the reader spots a cut-off last line by its image path. Every
-write is crash-safe (fl_attack.records). No torch at import.
+Each CSV's columns are defined once, in ``ROUND_SCHEMA`` (rounds.csv) and ``ATTACK_SCHEMA`` (attacks.csv:
+the one vocabulary of an attack's result; the attacker's ``AttackOutcome``, the evaluator's row, the
+report and analysis/ use its names): each ``Column`` with its type, its meaning and, for attacks.csv,
+where its value comes from. The writers (fl_attack.audit.service, fl_attack.audit.replay) and the
+reader (analysis/load.py) share the views ``ROUNDS`` / ``ATTACKS`` (column -> type) and
+``ROUND_COLUMNS`` / ``ATTACK_COLUMNS``. New columns go at the end, except in attacks.csv where
+"image" stays last: the reader spots a cut-off last line by its image path. Every write is
+crash-safe (fl_attack.records). No torch at import.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import math
 import platform
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -30,167 +35,226 @@ from fl_attack.records import (
 
 log = logging.getLogger(__name__)
 
-# Column -> type. node_id and client_id are text: Flower node ids are 64-bit and would lose digits as floats.
-# Each column's meaning is in ROUND_DESCRIPTIONS / ATTACK_DESCRIPTIONS below (docs/run-folder.md is made from them).
-ROUNDS: dict[str, type] = {
-    "round": int,
-    "clients": int,
-    "train_loss": float,
-    "eval_loss": float,
-    "eval_accuracy": float,
-    "attacks_in_flight": int,
-    "seconds": float,
-    "global_loss": float,
-    "global_accuracy": float,
-    "attack_lag_rounds": int,
-    "attacks_dispatched": int,
-    "attacks_skipped": int,
-    "excluded": str,
-    "participants": str,
-    "epsilon": float,
-    "epsilon_tracked": str,
-}
-ATTACKS: dict[str, type] = {
-    "round": int,
-    "node_id": str,
-    "partition_id": int,
-    "client_id": str,
-    "method": str,
-    "dataset": str,
-    "defense": str,
-    "local_steps": int,
-    "nodes": float,
-    "iterations": int,
-    "labels": str,
-    "psnr": float,
-    "ssim": float,
-    "fsim": float,
-    "lpips": float,
-    "lsim_honest": float,
-    "lsim_calibrated": float,
-    "label_accuracy": float,
-    "attack_seconds": float,
-    "status": str,
-    "error": str,
-    "label_estimator": str,
-    "lag_rounds": int,
-    "worker_node": str,
-    "worker_id": str,
-    "device": str,
-    "precision": str,
-    "compile": str,
-    "batch": int,
-    "threads": int,
-    "memory": str,
-    "epsilon": float,
-    "parameters": int,
-    "unknowns": int,
-    "optimizer": str,
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a run folder's CSV, defined once: its name, how it is read, what it holds and,
+    for attacks.csv, where its value comes from.
+
+    name: the header's. kind: int, float or str (analysis/load.py reads the first two as numbers; node_id
+    and client_id are text: Flower node ids are 64-bit and would lose digits as floats). doc: what it
+    holds, one line (docs/run-folder.md is made from it). source (attacks.csv): who gives an attack
+    row the value (``fl_attack.audit.evaluator.attack_row`` / ``Evaluator.record``): ``TARGET`` (the
+    ``AttackTarget``'s attribute), ``OUTCOME`` (the ``AttackOutcome``'s field), ``SCORE`` (the evaluator's
+    metrics), ``VERDICT`` (``fl_attack.audit.verdict.VERDICT_COLUMNS``) or ``EVALUATOR`` (the evaluator
+    or its caller). attribute: the name of that attribute or field where it is not the column's own.
+    default: the value of a row not given it (None: an empty cell). required: ``attack_row`` refuses
+    a row without it.
+    """
+
+    name: str
+    kind: type
+    doc: str
+    source: str = ""
+    default: object = None
+    required: bool = False
+    attribute: str = ""
+
+
+TARGET, OUTCOME, SCORE, VERDICT, EVALUATOR = "target", "outcome", "score", "verdict", "evaluator"
+NAN = math.nan
+# New columns go at the end, except in attacks.csv where "image" stays last (see the module's docstring).
+ROUND_SCHEMA: tuple[Column, ...] = (
+    Column("round", int, "the server round, 1..num-server-rounds"),
+    Column("clients", int, "the updates the round's aggregate was made from"),
+    Column("train_loss", float, "the clients' mean training loss (empty when they report none)"),
+    Column("eval_loss", float, "the clients' federated evaluation of the round's global model: loss"),
+    Column("eval_accuracy", float, "... accuracy"),
+    Column("attacks_in_flight", int, "attacks dispatched and not yet finished at the round's end"),
+    Column("seconds", float, "the round's wall time, from configure to its row"),
+    Column(
+        "global_loss",
+        float,
+        "the server's evaluation of the global model on its held-out set (server-test-samples): loss",
+    ),
+    Column("global_accuracy", float, "... accuracy"),
+    Column("attack_lag_rounds", int, "how many rounds the attacker is behind the federation at the round's end"),
+    Column("attacks_dispatched", int, "attacks (client x method) the round sent to the attacker"),
+    Column(
+        "attacks_skipped", int, "attacks the round left out (attack-budget, attack-max-backlog; events.log says why)"
+    ),
+    Column("excluded", str, '"1,3": the partitions left out of the round (a non-finite update)'),
+    Column("participants", str, '"0,1,2": the partitions whose updates the round received'),
+    Column(
+        "epsilon",
+        float,
+        "DP budget spent by the round (fl_attack.privacy): the most any client spent; empty without DP",
+    ),
+    Column("epsilon_tracked", str, '"0:1.2;1:0.9": each tracked client\'s (attack-clients ids) under local-dp'),
+)
+ATTACK_SCHEMA: tuple[Column, ...] = (
+    Column("round", int, "the round whose update was attacked", TARGET),
+    Column("node_id", str, "the client's Flower node id (64-bit, kept as text)", TARGET),
+    Column(
+        "partition_id", int, "the client's data partition (empty for an aggregate under secagg)", TARGET, required=True
+    ),
+    Column(
+        "client_id", str, "the client's name in the data (a FEMNIST writer), or the aggregate's", TARGET, default=""
+    ),
+    Column(
+        "method",
+        str,
+        'the attack (pisme, nlsme, sme, ig, ...; "METHOD+memory" for a remembering server\'s row)',
+        OUTCOME,
+        required=True,
+    ),
+    Column("dataset", str, "femnist or cifar100", EVALUATOR, required=True),
+    Column(
+        "defense",
+        str,
+        'the defense\'s label, e.g. "topk(0.1)+local-dp(C=0.05,eps=10)"; "none"',
+        EVALUATOR,
+        default="none",
+    ),
+    Column(
+        "local_steps",
+        int,
+        "the client's local steps (epochs x batches): the update's steps the attack models",
+        OUTCOME,
+        required=True,
+    ),
+    Column(
+        "nodes",
+        float,
+        "gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME",
+        OUTCOME,
+        required=True,
+    ),
+    Column("iterations", int, "the attack's iterations", OUTCOME, required=True),
+    Column(
+        "labels",
+        str,
+        "where the attack's labels came from: recovered (from the update) or oracle",
+        OUTCOME,
+        required=True,
+        attribute="label_source",  # AttackOutcome.labels is the label tensor
+    ),
+    Column("psnr", float, "PSNR (dB) of the matched reconstruction against the originals", SCORE, default=NAN),
+    Column("ssim", float, "SSIM, matched", SCORE, default=NAN),
+    Column("fsim", float, "FSIM, matched", SCORE, default=NAN),
+    Column("lpips", float, "LPIPS, matched (lower is closer)", SCORE, default=NAN),
+    Column(
+        "lsim_honest",
+        float,
+        "the attack's final gradient-matching loss Lsim, as the server can compute it",
+        OUTCOME,
+        default=NAN,
+    ),
+    Column("lsim_calibrated", float, "... with the attack's calibrated scale", OUTCOME, default=NAN),
+    Column("label_accuracy", float, "the fraction of the client's labels the attack got right", SCORE, default=NAN),
+    Column("attack_seconds", float, "the attack's wall time", OUTCOME, default=NAN),
+    Column("status", str, "ok or failed", OUTCOME, default="ok"),
+    Column("error", str, "why a failed attack failed (an exception, a time-out, a NaN update)", OUTCOME, default=""),
+    Column(
+        "label_estimator",
+        str,
+        "the AttackConfig's, recorded even with oracle labels (where it is unused)",
+        OUTCOME,
+        required=True,
+    ),
+    Column(
+        "lag_rounds",
+        int,
+        "how many rounds after its own the attack finished (the federation's attacker lag)",
+        EVALUATOR,
+    ),
+    Column("worker_node", str, "where the attack ran (fl_attack.attacker.workers.where_am_i)", OUTCOME, default=""),
+    Column("worker_id", str, "the worker that ran it", OUTCOME, default=""),
+    Column("device", str, "the torch device it ran on (cpu, cuda); empty where unknown", OUTCOME, default=""),
+    Column(
+        "precision",
+        str,
+        'the attack\'s arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs',
+        OUTCOME,
+        default="",
+    ),
+    Column(
+        "compile",
+        str,
+        'how its steps ran: compiled, eager, "eager (<why>)" (attacker/attacks/compiled.py); empty: older',
+        OUTCOME,
+        default="",
+    ),
+    Column(
+        "batch",
+        int,
+        "the attacks run as one reconstruct_batch with it (1: alone; attack-batch); empty in older runs",
+        OUTCOME,
+    ),
+    Column("threads", int, "the attack's torch threads: what reproduces its numbers exactly", OUTCOME),
+    Column(
+        "memory",
+        str,
+        'a "+memory" row\'s attack memory (labels, keep, joint; fl_attack.attacker.memory), else empty',
+        OUTCOME,
+        default="",
+    ),
+    Column(
+        "epsilon",
+        float,
+        "the DP budget the attacked client(s) had spent by the update's round; empty without DP",
+        EVALUATOR,
+    ),
+    Column("parameters", int, "the update's floating-point entries: the equations the attack has", OUTCOME),
+    Column("unknowns", int, "the client's pixels k*C*H*W: what it must recover", OUTCOME),
+    Column("optimizer", str, 'the client\'s optimizer, e.g. "momentum 0.9, weight decay 0.0005"', OUTCOME, default=""),
     # The verdict (fl_attack.audit.verdict, docs/verdict.md); empty for a failed attack or an older run.
-    "k": int,
-    "recovered": int,
-    "recovered_low": int,
-    "recovered_high": int,
-    "guess_recovered": int,
-    "reidentified": float,
-    "reid_chance": float,
-    "reid_noise": float,
-    "reid_chance_matched": float,
-    "reid_chance_labels": float,
-    "reid_chance_uniform": float,
-    "guess_reidentified": float,
-    "recognized": float,
-    "recognized_low": float,
-    "recognized_high": float,
-    "recognized_truth": float,
-    "recognized_guess": float,
-    "guess_psnr": float,
-    "guess_ssim": float,
-    "guess_lpips": float,
-    "psnr_margin": float,
-    "guesses": str,
-    "image": str,
-}
-# What each column holds: the same keys as the schemas (tests/test_docs.py holds them equal).
-ROUND_DESCRIPTIONS: dict[str, str] = {
-    "round": "the server round, 1..num-server-rounds",
-    "clients": "the updates the round's aggregate was made from",
-    "train_loss": "the clients' mean training loss (empty when they report none)",
-    "eval_loss": "the clients' federated evaluation of the round's global model: loss",
-    "eval_accuracy": "... accuracy",
-    "attacks_in_flight": "attacks dispatched and not yet finished at the round's end",
-    "seconds": "the round's wall time, from configure to its row",
-    "global_loss": "the server's evaluation of the global model on its held-out set (server-test-samples): loss",
-    "global_accuracy": "... accuracy",
-    "attack_lag_rounds": "how many rounds the attacker is behind the federation at the round's end",
-    "attacks_dispatched": "attacks (client x method) the round sent to the attacker",
-    "attacks_skipped": "attacks the round left out (attack-budget, attack-max-backlog; events.log says why)",
-    "excluded": '"1,3": the partitions left out of the round (a non-finite update)',
-    "participants": '"0,1,2": the partitions whose updates the round received',
-    "epsilon": "DP budget spent by the round (fl_attack.privacy): the most any client spent; empty without DP",
-    "epsilon_tracked": '"0:1.2;1:0.9": each tracked client\'s (attack-clients ids) under local-dp',
-}
-ATTACK_DESCRIPTIONS: dict[str, str] = {
-    "round": "the round whose update was attacked",
-    "node_id": "the client's Flower node id (64-bit, kept as text)",
-    "partition_id": "the client's data partition (empty for an aggregate under secagg)",
-    "client_id": "the client's name in the data (a FEMNIST writer), or the aggregate's",
-    "method": 'the attack (pisme, nlsme, sme, ig, ...; "METHOD+memory" for a remembering server\'s row)',
-    "dataset": "femnist or cifar100",
-    "defense": 'the defense\'s label, e.g. "topk(0.1)+local-dp(C=0.05,eps=10)"; "none"',
-    "local_steps": "the client's local steps (epochs x batches): the update's steps the attack models",
-    "nodes": "gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME",
-    "iterations": "the attack's iterations",
-    "labels": "where the attack's labels came from: recovered (from the update) or oracle",
-    "psnr": "PSNR (dB) of the matched reconstruction against the originals",
-    "ssim": "SSIM, matched",
-    "fsim": "FSIM, matched",
-    "lpips": "LPIPS, matched (lower is closer)",
-    "lsim_honest": "the attack's final gradient-matching loss Lsim, as the server can compute it",
-    "lsim_calibrated": "... with the attack's calibrated scale",
-    "label_accuracy": "the fraction of the client's labels the attack got right",
-    "attack_seconds": "the attack's wall time",
-    "status": "ok or failed",
-    "error": "why a failed attack failed (an exception, a time-out, a NaN update)",
-    "label_estimator": "the AttackConfig's, recorded even with oracle labels (where it is unused)",
-    "lag_rounds": "how many rounds after its own the attack finished (the federation's attacker lag)",
-    "worker_node": "where the attack ran (fl_attack.attacker.workers.where_am_i)",
-    "worker_id": "the worker that ran it",
-    "device": "the torch device it ran on (cpu, cuda); empty where unknown",
-    "precision": 'the attack\'s arithmetic as it ran (fp32, bf16, tf32: "auto" resolved); empty in older runs',
-    "compile": 'how its steps ran: compiled, eager, "eager (<why>)" (attacker/attacks/compiled.py); empty: older',
-    "batch": "the attacks run as one reconstruct_batch with it (1: alone; attack-batch); empty in older runs",
-    "threads": "the attack's torch threads: what reproduces its numbers exactly",
-    "memory": 'a "+memory" row\'s attack memory (labels, keep, joint; fl_attack.attacker.memory), else empty',
-    "epsilon": "the DP budget the attacked client(s) had spent by the update's round; empty without DP",
-    "parameters": "the update's floating-point entries: the equations the attack has",
-    "unknowns": "the client's pixels k*C*H*W: what it must recover",
-    "optimizer": 'the client\'s optimizer, e.g. "momentum 0.9, weight decay 0.0005"',
-    "k": "the client's images (the attacked samples)",
-    "recovered": "of the k: singled out and read by the reader as their original is",
-    "recovered_low": "its exact 95% interval over the k images (Clopper-Pearson), low end",
-    "recovered_high": "... high end",
-    "guess_recovered": "the same count for the best guess without the update (the floor)",
-    "reidentified": "the fraction singled out: own original nearest among k + D candidates",
-    "reid_chance": "update-free outputs' rate under the same matching (the largest of the four below)",
-    "reid_noise": "the attacks' N(0, I) starts, matched and ranked like the attack",
-    "reid_chance_matched": "k / (k + D): an output exchangeable with the candidates",
-    "reid_chance_labels": "a random candidate of each recovered label's class",
-    "reid_chance_uniform": "1 / (k + D): a random ranking's, before the matching (not the chance)",
-    "guess_reidentified": "the best guess's fraction singled out (the floor)",
-    "recognized": "the fraction the reader classifies as their original's true class",
-    "recognized_low": "its exact 95% interval, low end",
-    "recognized_high": "... high end",
-    "recognized_truth": "the reader's accuracy on the originals (the ceiling)",
-    "recognized_guess": "... on the best guess (the floor)",
-    "guess_psnr": "the best update-free guess's matched PSNR (dB): the floor",
-    "guess_ssim": "... its SSIM",
-    "guess_lpips": "... its LPIPS",
-    "psnr_margin": "psnr - guess_psnr (dB): above the floor when positive",
-    "guesses": "JSON: each guess's reidentified, recognized, recovered, psnr, ssim, lpips",
-    "image": "the grid's path relative to the run folder (stays the last column)",
-}
+    Column("k", int, "the client's images (the attacked samples)", VERDICT),
+    Column("recovered", int, "of the k: singled out and read by the reader as their original is", VERDICT),
+    Column("recovered_low", int, "its exact 95% interval over the k images (Clopper-Pearson), low end", VERDICT),
+    Column("recovered_high", int, "... high end", VERDICT),
+    Column("guess_recovered", int, "the same count for the best guess without the update (the floor)", VERDICT),
+    Column("reidentified", float, "the fraction singled out: own original nearest among k + D candidates", VERDICT),
+    Column(
+        "reid_chance",
+        float,
+        "update-free outputs' rate under the same matching (the largest of the four below)",
+        VERDICT,
+    ),
+    Column("reid_noise", float, "the attacks' N(0, I) starts, matched and ranked like the attack", VERDICT),
+    Column("reid_chance_matched", float, "k / (k + D): an output exchangeable with the candidates", VERDICT),
+    Column("reid_chance_labels", float, "a random candidate of each recovered label's class", VERDICT),
+    Column(
+        "reid_chance_uniform", float, "1 / (k + D): a random ranking's, before the matching (not the chance)", VERDICT
+    ),
+    Column("guess_reidentified", float, "the best guess's fraction singled out (the floor)", VERDICT),
+    Column("recognized", float, "the fraction the reader classifies as their original's true class", VERDICT),
+    Column("recognized_low", float, "its exact 95% interval, low end", VERDICT),
+    Column("recognized_high", float, "... high end", VERDICT),
+    Column("recognized_truth", float, "the reader's accuracy on the originals (the ceiling)", VERDICT),
+    Column("recognized_guess", float, "... on the best guess (the floor)", VERDICT),
+    Column("guess_psnr", float, "the best update-free guess's matched PSNR (dB): the floor", VERDICT),
+    Column("guess_ssim", float, "... its SSIM", VERDICT),
+    Column("guess_lpips", float, "... its LPIPS", VERDICT),
+    Column("psnr_margin", float, "psnr - guess_psnr (dB): above the floor when positive", VERDICT),
+    Column("guesses", str, "JSON: each guess's reidentified, recognized, recovered, psnr, ssim, lpips", VERDICT),
+    Column("image", str, "the grid's path relative to the run folder (stays the last column)", EVALUATOR, default=""),
+)
+
+# The views the writers and readers use: column -> type, column -> meaning, the columns in order.
+ROUNDS: dict[str, type] = {c.name: c.kind for c in ROUND_SCHEMA}
+ATTACKS: dict[str, type] = {c.name: c.kind for c in ATTACK_SCHEMA}
+ROUND_DESCRIPTIONS: dict[str, str] = {c.name: c.doc for c in ROUND_SCHEMA}
+ATTACK_DESCRIPTIONS: dict[str, str] = {c.name: c.doc for c in ATTACK_SCHEMA}
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
+
+
+def attack_columns(source: str) -> tuple[str, ...]:
+    """The attacks.csv columns whose value comes from ``source`` (``TARGET``, ``OUTCOME``, ``SCORE``,
+    ``VERDICT`` or ``EVALUATOR``), in their order."""
+    return tuple(c.name for c in ATTACK_SCHEMA if c.source == source)
+
+
 # Every file of a run folder -> what it holds (RunFolder's paths; docs/run-folder.md is made from it).
 FOLDER_FILES: dict[str, str] = {
     "config.json": "the full run config, the AttackConfig, the defense, versions and seed (and each resume); "
@@ -389,8 +453,8 @@ def check_resumable(settings, run_config: dict) -> tuple | None:
     if not settings.resume:
         return None
     from fl_attack.attacker.memory import AttackMemory
+    from fl_attack.audit.settings import ADDED_KEYS, RESUMABLE_KEYS
     from fl_attack.paths import resolve_in_project
-    from fl_attack.run_config import ADDED_KEYS, RESUMABLE_KEYS
 
     folder = RunFolder(resolve_in_project(settings.resume))
     refused = f"invalid run config: resume='{settings.resume}' cannot be resumed"

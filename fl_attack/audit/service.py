@@ -31,18 +31,17 @@ from tqdm import tqdm
 
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory
-from fl_attack.attacker.workers import AttackJob, AttackOutcome, Pipeline, Workers, make_workers, memory_key, remember
+from fl_attack.attacker.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember, resolve_batch
 from fl_attack.attacker.workers import outcomes as outcomes_of
 from fl_attack.audit.evaluator import Evaluator
 from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.settings import RunSettings
 from fl_attack.audit.timings import Timings
 from fl_attack.audit.verdict import Verdict, verdict_line, verdict_summary
 from fl_attack.federation.data import run_writers
 from fl_attack.federation.update import AttackTarget, ObservedUpdate, save_torch_atomic, save_update
-from fl_attack.paths import resolve_in_project
 from fl_attack.privacy.accountant import PrivacyLedger, format_epsilons
 from fl_attack.records import read_csv
-from fl_attack.run_config import RunSettings, usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -52,42 +51,21 @@ Hook = Callable[[str, int, "AuditService"], None]
 
 
 def federation_workers(settings: RunSettings, threads: int) -> Workers:
-    """The run's attack workers: actors on the Ray runtime when one is up (Flower's simulation),
-    else on the Ray cluster at ``attack-ray-address``, else local processes (the deployment engine)."""
-    import ray
-
-    s = settings
-    kind = "ray" if ray.is_initialized() else f"ray cluster {s.attack_ray_address}" if s.attack_ray_address else ""
-    log.info("attacks run on %s (%d worker(s))", kind or "local processes", s.attack_actors)
-    return make_workers(
-        s.attack_actors,
-        address=s.attack_ray_address or None,
-        threads=max(1, int(threads)),
-        device=s.attack_device,
-        num_gpus=s.attack_num_gpus,
-        ray_runtime=ray.is_initialized(),
-    )
+    """The run's attack workers (AuditSettings.make_workers), made at its first attack; tests swap it."""
+    return settings.make_workers(threads)
 
 
 def new_run_folder(settings: RunSettings) -> RunFolder:
-    """The run's folder. A named run (run-name) must not exist yet, so that two runs never share
-    one record; an unnamed one gets a fresh name (timestamp-dataset-methods, with -2, -3 ... when
-    taken). Raises ValueError for a named folder that already holds a run."""
-    root = resolve_in_project(settings.results_dir)
-    if settings.run_name:
-        folder = RunFolder(root / settings.run_name)
-        if folder.holds_run:
-            raise ValueError(
-                f"invalid run config: run folder {folder} already holds a run; choose another "
-                f'run-name, or resume it with resume="{folder}"'
-            )
-        return folder
-    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.dataset}-{'-'.join(settings.methods)}"
-    path, n = root / base, 1
-    while path.exists():
-        n += 1
-        path = root / f"{base}-{n}"
-    return RunFolder(path)
+    """The run's folder (AuditSettings.run_path, stamped with the time now). A named run (run-name)
+    must not exist yet, so that two runs never share one record. Raises ValueError for a named
+    folder that already holds a run."""
+    folder = RunFolder(settings.run_path(settings.dataset, time.strftime("%Y%m%d-%H%M%S")))
+    if settings.run_name and folder.holds_run:
+        raise ValueError(
+            f"invalid run config: run folder {folder} already holds a run; choose another "
+            f'run-name, or resume it with resume="{folder}"'
+        )
+    return folder
 
 
 class AuditService:
@@ -148,7 +126,7 @@ class AuditService:
         # the attack workers, chosen at the first submit (Flower's Ray runtime is up by then)
         self.pipeline = Pipeline(
             workers or (lambda: federation_workers(settings, self.attack_threads)),
-            batch=settings.attack_batch_size() if batch is None else batch,
+            batch=resolve_batch(settings.attack_batch, settings.attack_device) if batch is None else batch,
         )
         self.timings = Timings()  # the evaluator's scoring, images and writing phases too
         public = (test_set.images, test_set.labels) if test_set is not None else None
@@ -168,11 +146,8 @@ class AuditService:
                 exclude_writers=run_writers(settings.data) if settings.num_partitions is not None else (),
             ),
         )
-        if isinstance(memory, str):
-            memory = settings.attack_memory_state()  # the server's memory of its tracked clients
-            if settings.attack_memory != "none" and self.folder.memory_file.exists():  # a resumed run
-                memory = AttackMemory.load(self.folder.memory_file)
-                memory.cut_back(round_offset)
+        if isinstance(memory, str):  # the server's memory of its tracked clients (a resumed run's, cut back)
+            memory = settings.attack_memory_state(self.folder.memory_file, round_offset)
         self.memory = memory
         self.privacy = privacy  # the DP budget spent (fl_attack.privacy), None without local-dp or central-dp
         if privacy is not None and round_offset:  # a resumed run: who took part in the rounds kept
@@ -195,12 +170,7 @@ class AuditService:
         self.on_row: Callable[[dict, AttackOutcome], None] | None = None  # each row written, with its outcome
         self._jobs = 0
         if clients_per_round is not None:  # a federation (a replay has no rounds of clients)
-            self.folder.event(
-                f"attacker: {self.attack_threads} torch thread(s) per attack while clients train, "
-                f"{self.drain_threads} for the last round's attacks (attack-threads={settings.attack_threads}, "
-                f"{usable_cpus()} cores, client-num-cpus={settings.client_num_cpus}, "
-                f"clients per round={clients_per_round})"
-            )
+            self.folder.event(f"attacker: {settings.describe_threads(clients_per_round)}")
 
     # -- a round ----------------------------------------------------------------------------------
     def round_started(self, server_round: int) -> None:
@@ -217,28 +187,12 @@ class AuditService:
         return self.current_round - self.pipeline.rounds_in_flight()[0] if self.pipeline.in_flight else 0
 
     def plan(self, server_round: int, candidates: list[int]) -> list[int]:
-        """The partitions to attack this round (each with every method), by the run config's schedule:
-        attack-rounds, attack-clients, attack-max-backlog (skip while that many are in flight) and
-        attack-budget (at most so many attacks a round)."""
-        if not self.settings.attacks_round(server_round):
-            self.folder.event(f"round {server_round}: not attacked (attack-rounds={self.settings.attack_rounds})")
-            return []
-        targets = self.settings.select_clients(candidates, server_round)
-        methods = len(self.settings.methods)
-        backlog = self.settings.attack_max_backlog
-        if backlog and self.pipeline.in_flight >= backlog:
-            self._round[server_round]["skipped"] += len(targets) * methods
-            self.folder.event(
-                f"round {server_round}: {len(targets) * methods} attack(s) skipped: "
-                f"{self.pipeline.in_flight} still in flight (attack-max-backlog={backlog})"
-            )
-            return []
-        budget = self.settings.attack_budget
-        if budget and len(targets) * methods > budget:
-            kept = targets[: max(0, budget // methods)]
-            self._round[server_round]["skipped"] += (len(targets) - len(kept)) * methods
-            self.folder.event(f"round {server_round}: attack-budget={budget} keeps partitions {kept} of {targets}")
-            targets = kept
+        """The partitions to attack this round (each with every method), by the run config's schedule
+        (AuditSettings.schedule: attack-rounds, attack-clients, attack-max-backlog, attack-budget)."""
+        targets, skipped, note = self.settings.schedule(server_round, candidates, self.pipeline.in_flight)
+        self._round[server_round]["skipped"] += skipped
+        if note:
+            self.folder.event(f"round {server_round}: {note}")
         return targets
 
     def observe(

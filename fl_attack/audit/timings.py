@@ -3,7 +3,7 @@
 Each role measures its own work: the clients put ``train-seconds`` in their fit metrics (and the
 epoch second they started, ``train-started``, in their simulation bookkeeping); the strategy times
 its hooks, each round's training and federated-evaluation spans and the final wait for attacks; the
-attacker times each attack (AttackOutcome.seconds); the evaluator times its scoring, images and CSV
+attacker times each attack (AttackOutcome.attack_seconds); the evaluator times its scoring, images and CSV
 rows; the ServerApp times its own writes. The ServerApp stores the record as ``timings`` in
 summary.json; the launcher adds its clock (launch, ``flwr run`` exit) and prints ``table``.
 

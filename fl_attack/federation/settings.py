@@ -2,12 +2,13 @@
 
 ``FederationSettings`` holds the keys of the simulated federation: its data and partitions (dataset,
 data-dir, samples-per-client, classes-per-client, partitioner, dirichlet-alpha, the server's held-out
-server-test-samples, seed), its model, the clients' local training (local-epochs, batch-size, lr,
-client-*) and ``defense``, the ``DefenseSettings`` of the defenses the clients apply ("defense",
-"defense-*", "secagg-*"; fl_attack.federation.defense_settings). ``from_run_config`` types each key,
-``validate`` checks each once and raises ValueError "invalid run config: <key> ...". The ClientApp
-and its mods (clients/) read the run config through this module alone, so a client loads no attack
-code; the server's ``fl_attack.run_config.RunSettings`` extends it with the audit's keys.
+server-test-samples, seed), its model, the clients drawn per round (fraction-train, fraction-evaluate),
+the clients' local training (local-epochs, batch-size, lr, client-*) and ``defense``, the
+``DefenseSettings`` of the defenses the clients apply ("defense", "defense-*", "secagg-*";
+fl_attack.federation.defense_settings). ``from_run_config`` types each key, ``validate`` checks each
+once and raises ValueError "invalid run config: <key> ...". The ClientApp and its mods (clients/)
+read the run config through this module alone, so a client loads no attack code; the server's
+``fl_attack.audit.settings.RunSettings`` composes it with the audit's keys (``AuditSettings``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,21 @@ from fl_attack.federation.data import PARTITIONERS, get_spec
 from fl_attack.federation.defense_settings import DefenseSettings
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds take 32-bit values
+NOT_KEYS = frozenset({"defense", "num_partitions", "extra"})  # settings fields that are not run-config keys
+
+
+def typed_fields(cls, run_config) -> dict:
+    """{field name: value} for each key of ``run_config`` that names a field of the settings dataclass
+    ``cls`` ('-' for '_'; the defense's keys and ``NOT_KEYS`` excepted), typed like the field's default
+    (fl_attack.federation.config.typed_value). ValueError "run config '<key>' must be ..." for a value
+    of the wrong type; ranges are ``validate``'s."""
+    names = {f.name for f in fields(cls)} - NOT_KEYS
+    values = {}
+    for key, value in dict(run_config).items():
+        name = key.replace("-", "_")
+        if name in names and not DefenseSettings.owns(key):
+            values[name] = typed_value(f"run config '{key}'", value, getattr(cls, name))
+    return values
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,8 @@ class FederationSettings:
     server_test_samples: int = 1000
     seed: int = 0
     model: str = ""
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0
     # Not a run-config key: the federation's node count, which the Flower partitioners cut the data
     # by (with_partitions: the ServerApp's grid, the node config's num-partitions, config.json's num_nodes).
     num_partitions: int | None = None
@@ -232,26 +250,26 @@ class FederationSettings:
                 f"partitions of {self.samples} samples; lower num-supernodes or samples-per-client"
             )
 
+    def clients_per_round(self, num_nodes: int) -> int:
+        """The clients sampled per round in a federation of ``num_nodes`` (at most that many):
+        Flower's count of fraction-train, at least SecAgg+'s minimum under secagg. ValueError when the
+        defense cannot run with that many (DefenseSettings.check_clients)."""
+        from fl_attack.federation.participants import sample_size
+
+        minimum = self.defense.secagg_min_clients if self.defense.secagg else 1
+        sampled = sample_size(num_nodes, self.fraction_train, minimum)
+        self.defense.check_clients(sampled)
+        return sampled
+
     # Parsing --------------------------------------------------------------------------------
     @classmethod
-    def from_run_config(cls, run_config):
-        """Parse Flower's run config into ``cls``: each key that names a field is typed like its
-        default, the defense keys go to DefenseSettings; other keys go to ``extra`` when ``cls`` has
-        one (RunSettings), else are left to their owner. Raises ValueError naming the key for every
-        invalid value (``validate``)."""
-        known = {f.name for f in fields(cls) if f.name not in ("extra", "defense", "num_partitions")}
-        values, extra = {}, {}
-        for key, value in dict(run_config).items():
-            if DefenseSettings.owns(key):
-                continue
-            name = key.replace("-", "_")
-            if name in known:
-                values[name] = typed_value(f"run config '{key}'", value, getattr(cls, name))
-            else:
-                extra[key] = value
-        if "extra" in {f.name for f in fields(cls)}:
-            values["extra"] = extra
-        settings = cls(**values, defense=DefenseSettings.from_run_config(run_config))
+    def from_run_config(cls, run_config) -> FederationSettings:
+        """Parse Flower's run config into FederationSettings: each key that names one of its fields is
+        typed like its default (``typed_fields``), the defense keys go to DefenseSettings; other keys
+        (the audit's) are left to their owner. Raises ValueError naming the key for every invalid
+        value (``validate``)."""
+        defense = DefenseSettings.from_run_config(run_config)
+        settings = cls(**typed_fields(FederationSettings, run_config), defense=defense)
         settings.validate()
         return settings
 
@@ -316,6 +334,8 @@ class FederationSettings:
             (self.client_num_cpus >= 1, "client-num-cpus must be >= 1 (the federation's client-resources-num-cpus)"),
             (self.client_threads >= 0, f"client-threads must be >= 0 (0 = 1 thread), got {self.client_threads}"),
             (self.server_test_samples >= 0, "server-test-samples must be >= 0 (0 = no centralised evaluation)"),
+            (0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
+            (0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -329,16 +349,22 @@ class FederationSettings:
             )
         self.defense.validate()
         if self.model.strip() or self.defense.low_rank:  # a user model: resolved once here, before round 1
-            try:
-                state = self.new_model(seed=0).state_dict()
-                self._check_model_state(state, spec.num_classes)
-            except ValueError as exc:
-                raise ValueError(f"invalid run config: model: {exc}") from None
-            except KeyError as exc:
-                raise ValueError(f"invalid run config: model: {exc.args[0]}") from None
-            if self.defense.low_rank:
-                self.defense.check_model(state)
+            self.check_model()
 
-    def _check_model_state(self, state: dict, num_classes: int) -> None:
-        """What else the run needs of the model's ``state`` (none here; RunSettings: the attack's
-        output bias). ValueError or KeyError, reported as "invalid run config: model: ..."."""
+    def check_model(self, *checks) -> None:
+        """Resolve the run's model spec (``new_model``) and check its state dict: a low-rank defense's
+        ranks (DefenseSettings.check_model) and each of ``checks``, called as check(state, the
+        dataset's number of classes) (RunSettings: the audit's AuditSettings.check_output_bias).
+        ValueError "invalid run config: model: ..." for a spec that does not resolve or a check that
+        raises ValueError or KeyError."""
+        num_classes = get_spec(self.dataset).num_classes
+        try:
+            state = self.new_model(seed=0).state_dict()
+            for check in checks:
+                check(state, num_classes)
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: model: {exc}") from None
+        except KeyError as exc:
+            raise ValueError(f"invalid run config: model: {exc.args[0]}") from None
+        if self.defense.low_rank:
+            self.defense.check_model(state)

@@ -1,0 +1,179 @@
+"""An attack job and what comes back from it: the one unit the workers move (fl_attack.attacker.workers).
+
+``AttackJob``: one attack to run, from the observed update and public metadata alone (no private data).
+``AttackOutcome``: its reconstruction or its failure, with where and how it ran.
+Result shipping: ``outcomes`` (the rows one job yields), ``remember`` (a "+memory" outcome into the
+server's memory) and the failed outcomes the pools and actors settle jobs with (``_failed_like``,
+``_died``). No worker here, and no Flower import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fl_attack.attacker.attacks import ATTACKS, AttackConfig
+from fl_attack.attacker.labels import AuxiliaryData
+from fl_attack.attacker.memory import MEMORY_SUFFIX, MemoryInputs
+from fl_attack.federation.update import AttackTarget, ObservedUpdate
+
+RESUBMITS = 1  # a job whose worker died under it is resubmitted this many times, then recorded as failed
+
+
+@dataclass
+class AttackJob:
+    """One attack to run: the observed update, the method and its settings (no private data)."""
+
+    job_id: int
+    update: ObservedUpdate
+    method: str
+    config: AttackConfig
+    target: AttackTarget  # whose update (public identifiers)
+    labels: object = "recovered"  # "recovered", or an oracle label tensor the evaluator gave
+    time_limit: float | None = None
+    threads: int | None = None  # torch threads on the worker for this job (None = the worker's own)
+    model: str = (
+        ""  # the victims' architecture as a spec (fl_attack.federation.models.resolve_model), rebuilt on the worker
+    )
+    memory: MemoryInputs | None = (
+        None  # a "+memory" method's snapshot of the server's memory (fl_attack.attacker.memory)
+    )
+    label_aux: AuxiliaryData | None = None  # the server's public labelled data, for label_estimator "aux"
+    with_memoryless: bool = False  # a "+memory" job that also yields its METHOD's memoryless row (``outcomes``)
+    # the other jobs run with this one as one reconstruct_batch (Pipeline, ``batch_key``); () alone
+    batch: tuple = ()
+
+    def described(self, trace: list | None = None) -> dict:
+        """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
+        estimator) and its problem (the update's size against the unknowns, the client's
+        optimizer), the same whether it succeeded or not (None / "" for a job without an update)."""
+        attack = ATTACKS.get(self.method.removesuffix(MEMORY_SUFFIX))
+        u = self.update
+        return dict(
+            local_steps=u.metadata.local_steps if u is not None else None,
+            nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
+            iterations=self.config.iterations,
+            label_estimator=self.config.label_estimator,
+            parameters=u.num_parameters if u is not None else None,
+            unknowns=u.num_unknowns if u is not None else None,
+            optimizer=u.metadata.optimizer.describe() if u is not None else "",
+        )
+
+
+def memory_key(target: AttackTarget, method: str) -> tuple:
+    """The server's memory's key for one tracked client and "+memory" method."""
+    return (target.partition_id, method)
+
+
+def remember(memory, outcome: AttackOutcome) -> None:
+    """Hand a "+memory" outcome's candidates to the server's memory (fl_attack.attacker.memory.AttackMemory);
+    the outcome then carries the estimate the server holds after it, which its row scores. A failed
+    outcome (no candidates) leaves the memory as it was."""
+    if outcome.candidates:
+        held = memory.remember(memory_key(outcome.target, outcome.method), outcome.candidates)
+        outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
+        outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
+
+
+def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
+    """The rows one job yields: its outcome, preceded, for a "+memory" job ``with_memoryless``, by
+    the round's memoryless attack (the job ran it anyway; failed when the job failed)."""
+    if not (job.with_memoryless and job.method.endswith(MEMORY_SUFFIX)):
+        return [outcome]
+    base = job.method.removesuffix(MEMORY_SUFFIX)
+    memoryless = outcome.memoryless or AttackOutcome.failed(
+        AttackJob(job.job_id, job.update, base, job.config, job.target, job.labels),
+        outcome.error,
+        outcome.attack_seconds,
+    )
+    if outcome.memoryless is None:
+        memoryless.worker_node, memoryless.worker_id, memoryless.device, memoryless.precision = (
+            outcome.worker_node,
+            outcome.worker_id,
+            outcome.device,
+            outcome.precision,
+        )
+    outcome.memoryless = None
+    return [memoryless, outcome]
+
+
+@dataclass
+class AttackOutcome:
+    """What came back: a reconstruction (images (k,C,H,W) in [0,1], labels (k,)), or status
+    "failed" with the error text. worker_node / worker_id: where it ran.
+
+    A field that fills an attacks.csv column carries that column's name (the audit's
+    ``fl_attack.audit.runs.ATTACK_SCHEMA`` names the field of each; tests/test_schema.py holds them
+    together), but for ``label_source``, the ``labels`` column: ``labels`` here is the label tensor.
+    attack_seconds: the attack's wall time (``Reconstruction.seconds``; NaN when it never ran to the end).
+    """
+
+    job_id: int
+    method: str
+    target: AttackTarget
+    status: str
+    error: str = ""
+    images: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    label_source: str = ""
+    lsim_honest: float = float("nan")
+    lsim_calibrated: float = float("nan")
+    attack_seconds: float = float("nan")
+    device: str = ""
+    precision: str = ""  # the arithmetic the attack ran with (fl_attack.attacker.precision: fp32, bf16, tf32)
+    local_steps: int | None = None  # T of the attacked update
+    nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
+    iterations: int | None = None  # K, the attack's iterations (its AttackConfig's)
+    label_estimator: str = ""  # the AttackConfig's (recorded even with oracle labels, where it is unused)
+    parameters: int | None = None  # the update's floating-point entries (ObservedUpdate.num_parameters)
+    unknowns: int | None = None  # the client's pixels k*C*H*W (ObservedUpdate.num_unknowns)
+    optimizer: str = ""  # the client's optimizer (ClientOptimizer.describe)
+    trace: list | None = None  # the attack's trace (Reconstruction.trace)
+    worker_node: str = ""
+    worker_id: str = ""
+    threads: int | None = None  # torch threads the attack ran with
+    candidates: list | None = None  # a "+memory" job's fl_attack.attacker.memory.Candidates, for the server's memory
+    memory: str = ""  # a "+memory" job's attack memory mode
+    memoryless: AttackOutcome | None = None  # a "+memory" job's memoryless attack of the round (its METHOD row)
+    compile: str = ""  # how its steps ran (Reconstruction.compile: compiled, eager, "eager (<why>)")
+    batch: int | None = None  # the attacks of the reconstruct_batch it ran in (1: alone); None: no attack ran
+    batched: list | None = None  # a batch job's outcomes of its other jobs, in ``AttackJob.batch``'s order
+
+    @classmethod
+    def failed(cls, job: AttackJob, error: str, attack_seconds: float = float("nan")) -> AttackOutcome:
+        """A job that produced no reconstruction, with the cause."""
+        return cls(
+            job.job_id,
+            job.method,
+            job.target,
+            "failed",
+            error=error,
+            attack_seconds=attack_seconds,
+            label_source="oracle" if not isinstance(job.labels, str) else job.labels,
+            memory=job.memory.mode if job.memory is not None else "",
+            **job.described(),
+        )
+
+    @property
+    def seconds(self) -> float:
+        """``attack_seconds`` under its former name, for readers not yet moved to it."""
+        return self.attack_seconds
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _failed_like(job: AttackJob, outcome: AttackOutcome) -> AttackOutcome:
+    """``job``'s failed outcome when the batch it ran in failed as a whole with ``outcome``."""
+    failed = AttackOutcome.failed(job, outcome.error, outcome.attack_seconds)
+    failed.worker_node, failed.worker_id, failed.device = outcome.worker_node, outcome.worker_id, outcome.device
+    failed.precision, failed.threads = outcome.precision, outcome.threads
+    return failed
+
+
+def _died(job: AttackJob, deaths: int, cause: str, error: str, worker: str) -> AttackOutcome:
+    """A job whose worker died under it more than ``RESUBMITS`` times."""
+    return AttackOutcome.failed(job, f"{error}: the {worker} died under this job {deaths} times; last cause: {cause}")

@@ -1,0 +1,143 @@
+"""One result vocabulary: attacks.csv's columns are defined once (``fl_attack.audit.runs.ATTACK_SCHEMA``),
+and the attacker's outcome, the evaluator's row, results.csv, the docs and analysis/ use its names.
+
+A real written attacks.csv (the evaluator through the run folder's writer; a short in-process
+federation) has exactly the schema's header; every column is typed and documented, and names where
+its value comes from, which the outcome and its target really carry; an older attacks.csv (the golden
+record, from before the compile and batch columns) still loads with every column.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from analysis import aggregate, load
+from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.workers import AttackJob, AttackOutcome
+from fl_attack.audit import runs
+from fl_attack.audit.evaluator import RESULT_COLUMNS, RESULT_FROM, RESULT_RENAMES, Evaluator, attack_row, results_row
+from fl_attack.audit.runs import ATTACK_COLUMNS, ATTACK_SCHEMA, ROUND_SCHEMA, RunFolder
+from fl_attack.audit.verdict import VERDICT_COLUMNS
+from fl_attack.federation.update import AttackTarget
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = (runs.TARGET, runs.OUTCOME, runs.SCORE, runs.VERDICT, runs.EVALUATOR)
+
+
+def _header(path: Path) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f))
+
+
+def test_every_column_is_named_once_typed_and_documented():
+    for schema in (ROUND_SCHEMA, ATTACK_SCHEMA):
+        names = [c.name for c in schema]
+        assert len(set(names)) == len(names)
+        assert all(c.kind in (int, float, str) for c in schema)
+        assert all(c.doc.strip() for c in schema)
+    assert ATTACK_COLUMNS[-1] == "image"  # the reader spots a cut-off last line by its image path
+    assert runs.ATTACK_DESCRIPTIONS == {c.name: c.doc for c in ATTACK_SCHEMA}
+    assert runs.ATTACKS == {c.name: c.kind for c in ATTACK_SCHEMA}
+    documented = (ROOT / "docs" / "run-folder.md").read_text(encoding="utf-8")
+    assert [c.name for c in ATTACK_SCHEMA if f"| `{c.name}` |" not in documented] == []
+
+
+def test_each_attack_column_names_a_source_that_carries_it():
+    assert {c.source for c in ATTACK_SCHEMA} == set(SOURCES)
+    fields = {f.name for f in dataclasses.fields(AttackOutcome)}
+    target = AttackTarget(1, (0,), 7, "w0")
+    for column in ATTACK_SCHEMA:
+        attribute = column.attribute or column.name
+        if column.source == runs.OUTCOME:
+            assert attribute in fields, column.name
+        elif column.source == runs.TARGET:
+            assert hasattr(target, attribute), column.name
+        else:
+            assert not column.attribute, column.name
+    assert runs.attack_columns(runs.VERDICT) == tuple(VERDICT_COLUMNS)
+    assert runs.attack_columns(runs.SCORE) == ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
+
+
+def test_the_outcome_fills_its_columns_under_their_names():
+    # the outcome's fields carry the names of the columns they fill; the one exception is the labels
+    # column, whose name the outcome gives the label tensor (its value is label_source)
+    fields = {f.name for f in dataclasses.fields(AttackOutcome)}
+    assert [c.name for c in ATTACK_SCHEMA if c.attribute] == ["labels"]
+    assert "attack_seconds" in fields and "seconds" not in fields
+    # and no field named like a column holds anything but that column's value
+    assert [c for c in ATTACK_COLUMNS if c in fields and c not in runs.attack_columns(runs.OUTCOME)] == []
+
+
+def test_an_attack_row_written_to_a_run_folder_has_the_schemas_header(tmp_path):
+    folder = RunFolder(tmp_path)
+    job = AttackJob(3, None, "pisme", AttackConfig(iterations=5), AttackTarget(2, (4,), 99, "w4"))
+    outcome = AttackOutcome.failed(job, "RuntimeError: boom", attack_seconds=1.23456)
+    row = Evaluator("femnist", defense="topk(0.1)", table=folder.append_attack).record(outcome, None, lag_rounds=1)
+    assert list(row) == ATTACK_COLUMNS and _header(folder.attacks_file) == ATTACK_COLUMNS
+    with open(folder.attacks_file, newline="") as f:
+        (written,) = list(csv.DictReader(f))
+    assert written["round"] == "2" and written["partition_id"] == "4" and written["node_id"] == "99"
+    assert written["client_id"] == "w4" and written["method"] == "pisme" and written["labels"] == "recovered"
+    assert written["status"] == "failed" and written["error"] == "RuntimeError: boom"
+    assert written["attack_seconds"] == "1.235" and written["iterations"] == "5" and written["lag_rounds"] == "1"
+    assert written["defense"] == "topk(0.1)" and written["dataset"] == "femnist"
+    assert math.isnan(float(written["psnr"])) and written["k"] == ""
+
+
+def test_results_csv_is_a_view_of_attacks_csv():
+    assert set(RESULT_FROM) <= set(ATTACK_COLUMNS)
+    assert set(RESULT_RENAMES) <= set(RESULT_FROM)
+    assert RESULT_COLUMNS == tuple(RESULT_RENAMES.get(c, c) for c in RESULT_FROM)
+    row = attack_row(
+        method="ig",
+        dataset="femnist",
+        local_steps=2,
+        nodes=1,
+        iterations=1,
+        labels="recovered",
+        partition_id=0,
+        label_estimator="support",
+        attack_seconds=2.5,
+    )
+    result = results_row(row)
+    assert tuple(result) == RESULT_COLUMNS and result["client"] == 0 and result["seconds"] == 2.5
+
+
+def test_analysis_reads_the_schemas_columns():
+    readable = set(ATTACK_COLUMNS) | set(load.DERIVED)
+    used = [*aggregate.GROUP_KEYS, *aggregate.METRICS, *load.ATTACK_KEY, *load.ATTACK_REQUIRED]
+    assert [c for c in used if c not in readable] == []
+    assert load.ATTACK_COLUMNS is ATTACK_COLUMNS and load.ATTACK_NUMERIC == runs.numeric(runs.ATTACKS)
+
+
+def test_an_older_attacks_csv_still_loads_with_every_column(tmp_path):
+    golden = ROOT / "tests" / "golden"
+    for name in ("attacks.csv", "rounds.csv"):
+        shutil.copy(golden / name, tmp_path / name)
+    older = _header(tmp_path / "attacks.csv")
+    missing = [c for c in ATTACK_COLUMNS if c not in older]
+    assert "compile" in missing and "batch" in missing and set(older) <= set(ATTACK_COLUMNS)
+    run = load.load_run(tmp_path)
+    assert len(run.attacks) == 8
+    assert list(run.attacks.columns[: len(ATTACK_COLUMNS)]) == ATTACK_COLUMNS
+    assert run.attacks["batch"].isna().all() and (run.attacks["labels"] == "recovered").all()
+
+
+@pytest.mark.heavy
+def test_a_federations_attacks_csv_has_the_schemas_header(tmp_path):
+    from tests.inprocess import serve
+
+    run = serve(tmp_path, partitions=(0, 1), num_rounds=1, attack_method="ig", attack_iterations=1)
+    assert _header(run / "attacks.csv") == ATTACK_COLUMNS
+    with open(run / "attacks.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    for r in rows:
+        assert r["labels"] == "recovered" and float(r["attack_seconds"]) > 0 and r["batch"] == "1"
+        assert math.isfinite(float(r["psnr"])) and r["k"] != "" and r["worker_id"] and r["compile"]
