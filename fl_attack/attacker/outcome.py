@@ -74,6 +74,7 @@ def remember(memory, outcome: AttackOutcome) -> None:
         held = memory.remember(memory_key(outcome.target, outcome.method), outcome.candidates)
         outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
         outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
+        outcome.snapshots = None  # the held estimate is not this attack's trajectory: no trend to judge
 
 
 def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
@@ -139,6 +140,8 @@ class AttackOutcome:
     compile: str = ""  # how its steps ran (Reconstruction.compile: compiled, eager, "eager (<why>)")
     batch: int | None = None  # the attacks of the reconstruct_batch it ran in (1: alone); None: no attack ran
     batched: list | None = None  # a batch job's outcomes of its other jobs, in ``AttackJob.batch``'s order
+    snapshots: dict | None = None  # X_hat part-way, {iteration: images} (Reconstruction.snapshots)
+    start_images: torch.Tensor | None = None  # its public start (Reconstruction.start_images), a guess to score
 
     @classmethod
     def failed(cls, job: AttackJob, error: str, attack_seconds: float = float("nan")) -> AttackOutcome:

@@ -156,6 +156,8 @@ def _succeeded(job: AttackJob, method: str, rec, batch: int = 1, **where) -> Att
         precision=rec.precision,
         compile=rec.compile,
         batch=batch,
+        snapshots=rec.snapshots,
+        start_images=rec.start_images,
         **job.described(rec.trace),
         **where,
     )

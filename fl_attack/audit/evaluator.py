@@ -246,6 +246,9 @@ class Evaluator:
                             psnr=scores["psnr"],
                             lpips=get_lpips("cpu"),
                             client_id=target.client_id,
+                            snapshots=outcome.snapshots,
+                            iterations=outcome.iterations,
+                            start=outcome.start_images,
                         )
                         scores.update(judged)
                 row.update({m: float(scores[m]) for m in _SCORES})

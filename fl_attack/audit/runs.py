@@ -238,6 +238,20 @@ ATTACK_SCHEMA: tuple[Column, ...] = (
     Column("guess_lpips", float, "... its LPIPS", VERDICT),
     Column("psnr_margin", float, "psnr - guess_psnr (dB): above the floor when positive", VERDICT),
     Column("guesses", str, "JSON: each guess's reidentified, recognized, recovered, psnr, ssim, lpips", VERDICT),
+    Column(
+        "recovered_curve",
+        str,
+        "JSON {iteration: recovered}: the count at the attack's snapshots (1/4, 1/2) and at the whole budget",
+        VERDICT,
+        default="",
+    ),
+    Column(
+        "count_trend",
+        str,
+        '"still rising" (the count rose after the last snapshot: a lower bound) or "converged"; empty: no snapshots',
+        VERDICT,
+        default="",
+    ),
     Column("image", str, "the grid's path relative to the run folder (stays the last column)", EVALUATOR, default=""),
 )
 

@@ -114,7 +114,10 @@ VERDICT_COLUMNS = (
     "guess_lpips",
     "psnr_margin",
     "guesses",
+    "recovered_curve",
+    "count_trend",
 )
+START_GUESS = "public start"  # the attack's own start when it started from public images (AttackConfig.start)
 
 
 def pixel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -485,6 +488,9 @@ class Verdict:
         psnr: float,
         lpips,
         client_id: str = "",
+        snapshots: dict | None = None,
+        iterations: int | None = None,
+        start: torch.Tensor | None = None,
     ) -> dict:
         """The verdict's columns (``VERDICT_COLUMNS``) for one attack.
 
@@ -495,7 +501,13 @@ class Verdict:
         (fl_attack.audit.metrics.LPIPS) for the guesses. client_id: the attacked client's, to warn when
         the reader was trained on it. Every update-free output (the guesses, ``NOISE_OUTPUTS`` noise
         starts) is matched to ``truth`` with ``match_pairs`` as the attack was. Returns floats (counts as
-        ints; ``guesses`` a JSON object of each guess's columns); ValueError for mismatched shapes."""
+        ints; ``guesses`` a JSON object of each guess's columns); ValueError for mismatched shapes.
+        start: the attack's own start (k,C,H,W) in [0,1] when it started from public images
+        (``AttackConfig.start`` "public"): scored as one more guess, ``START_GUESS``, so what the start
+        alone recovers is in the floor. snapshots: {iteration: X_hat (k,C,H,W) in [0,1]} part-way
+        (``Reconstruction.snapshots``), each matched and judged as the attack: ``recovered_curve`` (JSON
+        {iteration: recovered}, the whole budget ``iterations`` included) and ``count_trend``: "still rising"
+        when the count at the end is above the last snapshot's, else "converged" ("" without snapshots)."""
         matched, truth = matched.detach().float().cpu().clamp(0, 1), truth.detach().float().cpu().clamp(0, 1)
         if matched.shape != truth.shape:
             raise ValueError(
@@ -517,7 +529,10 @@ class Verdict:
             return outputs[torch.as_tensor(order)]
 
         per_guess = {}
-        for name, guess in self.guesses(recon_labels, truth).items():
+        guesses = self.guesses(recon_labels, truth)
+        if start is not None:
+            guesses[START_GUESS] = start.detach().float().cpu().clamp(0, 1)
+        for name, guess in guesses.items():
             g = pair(guess)
             theirs = self.judge(g, truth, labels, candidates, mine["read_truth"])
             per_guess[name] = {
@@ -539,6 +554,18 @@ class Verdict:
         chances = [reid_noise, best("reidentified"), matched_chance]
         chances += [label_chance] if math.isfinite(label_chance) else []
         recovered, recognized = int(mine["recovered"].sum()), int(mine["recognized"].sum())
+        curve = {
+            int(it): int(
+                self.judge(pair(x.float().cpu().clamp(0, 1)), truth, labels, candidates, mine["read_truth"])[
+                    "recovered"
+                ].sum()
+            )
+            for it, x in sorted((snapshots or {}).items())
+        }
+        trend = ""
+        if curve:
+            trend = "still rising" if recovered > curve[max(curve)] else "converged"
+            curve[int(iterations) if iterations else max(curve) + 1] = recovered
         rec_low, rec_high = interval(recovered, k)
         recog_low, recog_high = interval(recognized, k)
         return {
@@ -564,6 +591,8 @@ class Verdict:
             "guess_lpips": best("lpips", min),
             "psnr_margin": float(psnr) - best("psnr"),
             "guesses": json.dumps({n: {c: round(v, 6) for c, v in g.items()} for n, g in per_guess.items()}),
+            "recovered_curve": json.dumps({str(it): n for it, n in curve.items()}) if curve else "",
+            "count_trend": trend,
         }
 
     # ------------------------------------------------------------------------------- the evidence
@@ -689,7 +718,25 @@ def verdict_line(row: dict) -> str:
         f"({chance}); recognized {percent(_num(row, 'recognized'))} ({r_span}reader: "
         f"{percent(_num(row, 'recognized_truth'))} of the originals, {percent(_num(row, 'recognized_guess'))} "
         f"of the best guess); PSNR {_num(row, 'psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
+        + _trend_words(row)
     )
+
+
+def _trend_words(row: dict) -> str:
+    """ "; a lower bound: still rising (0, 1, 2 at 50, 100, 200 iterations)" or "; converged (...)" from the
+    row's count_trend and recovered_curve; "" for a row without them."""
+    trend = row.get("count_trend") or ""
+    if trend not in ("still rising", "converged"):
+        return ""
+    try:
+        curve = json.loads(row.get("recovered_curve") or "{}")
+    except (TypeError, ValueError):
+        curve = {}
+    steps = ""
+    if curve:
+        its = sorted(curve, key=int)
+        steps = f" ({', '.join(str(curve[i]) for i in its)} at {', '.join(its)} iterations)"
+    return f"; {'a lower bound: still rising' if trend == 'still rising' else 'converged'}{steps}"
 
 
 def verdict_summary(rows: list[dict]) -> dict:
@@ -715,16 +762,20 @@ def verdict_summary(rows: list[dict]) -> dict:
     if memoryless:
         recovered, images = sum(int(r["recovered"]) for r in memoryless), sum(int(r["k"]) for r in memoryless)
         budget = "/".join(str(i) for i in sorted({r["iterations"] for r in memoryless}))
+        # More iterations help only where a count was still rising (rows without the trend: assume they may)
+        rising = [r for r in memoryless if (r.get("count_trend") or "still rising") == "still rising"]
         few = recovered < FEW * images
+        hint = ""
+        if few and rising:
+            hint = (
+                f"; still rising in {len(rising)} of {len(memoryless)}: `fl-attack replay RUN_DIR --iterations 1000` "
+                "attacks the recorded updates again with more (docs/time-to-quality.md)"
+            )
+        elif few:
+            hint = "; every count had converged: more iterations would not add to it"
         lines.append(
             f"in all: {recovered} of {images} attacked images recovered by {len(memoryless)} attack(s) of "
-            f"{budget} iterations"
-            + (
-                "; few at this budget: `fl-attack replay RUN_DIR --iterations 1000` attacks the recorded "
-                "updates again with more (README, Quick start)"
-                if few
-                else ""
-            )
+            f"{budget} iterations" + hint
         )
     keys = ("round", "partition_id", "method", *VERDICT_COLUMNS)
     return {"lines": lines, "attacks": [{key: r.get(key) for key in keys} for r in scored]}
