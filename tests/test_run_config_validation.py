@@ -202,7 +202,17 @@ BAD = [
     (
         {"attack-options": "label_estimator=aux", "server-test-samples": 0},
         "server-test-samples",
-        "label_estimator=aux estimates labels from the server's held-out test pool: set server-test-samples > 0",
+        "attack-options label_estimator=aux reads the server's held-out test pool: set server-test-samples > 0",
+    ),
+    (
+        {"attack-options": "label_estimator=rlu", "server-test-samples": 0},
+        "server-test-samples",
+        "attack-options label_estimator=rlu reads the server's held-out test pool: set server-test-samples > 0",
+    ),
+    (
+        {"attack-options": "start=public", "server-test-samples": 0},
+        "server-test-samples",
+        "attack-options start=public reads the server's held-out test pool: set server-test-samples > 0",
     ),
     (
         {"attack-options": "bn_stats_weight=1"},

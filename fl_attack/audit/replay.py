@@ -40,7 +40,6 @@ import torch
 
 from fl_attack.attacker.api import resolve_device
 from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.attacker.labels import NEEDS_AUX
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, memory_methods
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.workers import RayWorkers, make_workers, resolve_batch
@@ -404,10 +403,12 @@ def prepare_replay(
 
 def _server_test_set(settings: RunSettings, config: AttackConfig):
     """The run's held-out pool (None with server-test-samples = 0), drawn once. ReplayError when
-    label_estimator=aux needs it and the run had none."""
+    the attack needs it (label_estimator aux or rlu, start=public) and the run had none."""
     test_set = settings.server_test_set()
-    if test_set is None and config.label_estimator in NEEDS_AUX:
-        raise ReplayError("label_estimator=aux needs the server's held-out pool: the run had server-test-samples = 0")
+    if test_set is None and config.needs_public:
+        raise ReplayError(
+            f"{config.needs_public} needs the server's held-out pool: the run had server-test-samples = 0"
+        )
     return test_set
 
 

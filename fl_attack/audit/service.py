@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import torch
 from tqdm import tqdm
 
-from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData
+from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory
 from fl_attack.attacker.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember, resolve_batch
 from fl_attack.attacker.workers import outcomes as outcomes_of
@@ -157,7 +157,7 @@ class AuditService:
         self._memory_busy: set = set()  # the keys with a "+memory" job in flight
         self.label_aux = (
             AuxiliaryData(test_set.images, test_set.labels)
-            if self.attack_config.label_estimator in NEEDS_AUX and test_set is not None
+            if self.attack_config.needs_public and test_set is not None
             else None
         )
         self.round_times: dict[int, dict] = {}

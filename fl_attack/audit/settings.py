@@ -539,9 +539,9 @@ class RunSettings(AuditSettings, FederationSettings):
                 "invalid run config: attack-options bn_stats_weight > 0 needs client-train-mode = true "
                 "(batch norm's running statistics change only in train mode)"
             )
-        if config.label_estimator == "aux" and not self.server_test_samples:
+        if config.needs_public and not self.server_test_samples:
             raise ValueError(
-                "invalid run config: label_estimator=aux estimates labels from the server's held-out "
+                f"invalid run config: attack-options {config.needs_public} reads the server's held-out "
                 "test pool: set server-test-samples > 0"
             )
         if self.attack_labels == "recovered" and (self.model.strip() or self.defense.low_rank):

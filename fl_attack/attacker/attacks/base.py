@@ -192,6 +192,15 @@ class AttackConfig:
         if self.compile not in ("off", "on", "auto"):
             raise ValueError(f"compile must be one of off, on, auto, got {self.compile!r}")
 
+    @property
+    def needs_public(self) -> str:
+        """What needs the server's public pool (``label_aux``): "label_estimator=NAME", "start=public", or ""."""
+        from fl_attack.attacker.labels import NEEDS_AUX
+
+        if self.label_estimator in NEEDS_AUX:
+            return f"label_estimator={self.label_estimator}"
+        return "start=public" if self.start == "public" else ""
+
     @classmethod
     def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:
         """A copy of ``config`` (or the defaults) with ``overrides``; unknown names raise ValueError."""
