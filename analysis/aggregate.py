@@ -543,8 +543,23 @@ def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
         f"{math.ceil(high * images - 1e-9)}) over "
         f"{len(ok)} attack{'s' if len(ok) != 1 else ''} (a guess without the update: "
         f"{int(ok['guess_recovered'].sum())}); the most, {int(best['recovered'])} of {int(best['k'])}, "
-        f"of {whose(best)} in round {int(best['round'])}; {tail}."
+        f"of {whose(best)} in round {int(best['round'])}; {tail}{_trend_sentence(ok)}."
     )
+
+
+def _trend_sentence(ok: pd.DataFrame) -> str:
+    """ "; a lower bound: the count was still rising at the end in 2 of 3 attacks" (or "; every count
+    converged within its schedule") from the rows' count_trend; "" where no row has one (older runs)."""
+    if "count_trend" not in ok:
+        return ""
+    trends = ok["count_trend"].fillna("").astype(str)
+    judged = trends[trends != ""]
+    if judged.empty:
+        return ""
+    rising = int((judged == "still rising").sum())
+    if rising:
+        return f"; a lower bound: the count was still rising at the end in {rising} of {len(judged)} attacks"
+    return "; every count converged within its schedule"
 
 
 def verdict_sentences(attacks: pd.DataFrame) -> list[str]:

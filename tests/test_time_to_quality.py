@@ -149,5 +149,6 @@ def test_the_trend_says_still_rising_only_when_the_count_rose_after_the_last_sna
     assert verdict_line({**rising, "psnr": 40.0}).endswith(
         f"a lower bound: still rising (0, 0, {k} at 50, 100, 200 iterations)"
     )
-    assert verdict_line({**flat, "psnr": 40.0}).endswith(f"converged (0, {k}, {k} at 50, 100, 200 iterations)")
+    flat_line = verdict_line({**flat, "psnr": 40.0})
+    assert flat_line.endswith(f"converged within its schedule (0, {k}, {k} at 50, 100, 200 iterations)")
     assert "rising" not in verdict_line({**none, "psnr": 40.0})

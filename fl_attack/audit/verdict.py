@@ -736,7 +736,7 @@ def _trend_words(row: dict) -> str:
     if curve:
         its = sorted(curve, key=int)
         steps = f" ({', '.join(str(curve[i]) for i in its)} at {', '.join(its)} iterations)"
-    return f"; {'a lower bound: still rising' if trend == 'still rising' else 'converged'}{steps}"
+    return f"; {'a lower bound: still rising' if trend == 'still rising' else 'converged within its schedule'}{steps}"
 
 
 def verdict_summary(rows: list[dict]) -> dict:
@@ -771,8 +771,8 @@ def verdict_summary(rows: list[dict]) -> dict:
                 f"; still rising in {len(rising)} of {len(memoryless)}: `fl-attack replay RUN_DIR --iterations 1000` "
                 "attacks the recorded updates again with more (docs/time-to-quality.md)"
             )
-        elif few:
-            hint = "; every count had converged: more iterations would not add to it"
+        elif few:  # flat within each attack's schedule; a longer schedule may still add (docs/time-to-quality.md)
+            hint = "; every count was flat over the last half of its schedule"
         lines.append(
             f"in all: {recovered} of {images} attacked images recovered by {len(memoryless)} attack(s) of "
             f"{budget} iterations" + hint

@@ -1,0 +1,97 @@
+"""The short-budget lever table (issue 50, item 1; docs/time-to-quality.md), from replays' records.
+
+    python -m analysis.experiments.time_to_quality RUN_DIR NAME [NAME ...] [--out DIR]
+
+Each NAME is a replay of RUN_DIR (``fl-attack replay RUN_DIR --name NAME --options ... --iterations K``,
+docs/time-to-quality/run.sh runs them): its attacks.csv rows are the attacks of one lever setting on the
+run's recorded updates. Writes DIR/levers.csv (one row per replay and attack: lever, round, client,
+iterations, recovered and its 95% interval, the best update-free guess's count, singled out, PSNR,
+attack seconds, count_trend, recovered_curve, lsim_honest) and DIR/levers.md (per lever: the count
+summed over the attacked updates, each update's count, the floor, mean PSNR and attack seconds), both
+rewritten from the records, never by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+from fl_attack.records import csv_text, write_text_atomic
+
+COLUMNS = (
+    "lever",
+    "round",
+    "client_id",
+    "iterations",
+    "recovered",
+    "recovered_low",
+    "recovered_high",
+    "guess_recovered",
+    "k",
+    "reidentified",
+    "reid_chance",
+    "psnr",
+    "attack_seconds",
+    "count_trend",
+    "recovered_curve",
+    "lsim_honest",
+    "options",
+)
+
+
+def collect(run_dir: Path, names: list[str]) -> list[dict]:
+    """One row per attack of each replay ``names`` of ``run_dir`` (its attacks.csv, status ok)."""
+    import json
+
+    rows = []
+    for name in names:
+        folder = run_dir / "replays" / name
+        with open(folder / "attacks.csv", newline="") as f:
+            attacks = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+        config = json.loads((folder / "config.json").read_text())
+        options = config.get("run_config", {}).get("attack-options", "")
+        for r in attacks:
+            rows.append({"lever": name, **{c: r.get(c, "") for c in COLUMNS[1:-1]}, "options": options})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table: per lever, summed counts and means over its attacks."""
+    lines = [
+        "| replay | options | iterations | recovered (sum) | per update (round: count) | best guess (sum) | "
+        "trend | mean PSNR (dB) | mean attack (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    levers = list(dict.fromkeys(r["lever"] for r in rows))
+    for lever in levers:
+        mine = sorted((r for r in rows if r["lever"] == lever), key=lambda r: int(r["round"]))
+        n = len(mine)
+        k = sum(int(r["k"]) for r in mine)
+        per = ", ".join(f"{r['round']}: {r['recovered']}" for r in mine)
+        trends = ", ".join(sorted({r["count_trend"] or "n/a" for r in mine}))
+        psnr = sum(float(r["psnr"]) for r in mine) / n
+        secs = sum(float(r["attack_seconds"]) for r in mine) / n
+        lines.append(
+            f"| {lever} | `{mine[0]['options'] or '(defaults)'}` | {mine[0]['iterations']} | "
+            f"{sum(int(r['recovered']) for r in mine)} of {k} | {per} | "
+            f"{sum(int(float(r['guess_recovered'])) for r in mine)} | {trends} | {psnr:.2f} | {secs:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--out", type=Path, default=Path("docs/time-to-quality"))
+    args = parser.parse_args(argv)
+    rows = collect(args.run_dir, args.names)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out / "levers.csv", csv_text(rows, COLUMNS))
+    write_text_atomic(args.out / "levers.md", table(rows))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
