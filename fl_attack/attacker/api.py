@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from fl_attack.attacker.attacks import AttackConfig, get_attack
-from fl_attack.attacker.attacks.base import JointAttack, build_optimizers, lr_milestones
+from fl_attack.attacker.attacks.base import JointAttack, build_optimizers, lr_milestones  # noqa: F401
 from fl_attack.attacker.attacks.batchnorm import check_statistics_use, surrogate_mode
 from fl_attack.attacker.attacks.compiled import prepare_step
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
@@ -566,11 +566,7 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     attack.prepare(x, y)
     step, compiled = prepare_step(attack, x, config.compile, precision)
     optimizers = build_optimizers(x, attack, config)
-    schedulers = (
-        [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
-        if config.lr_decay
-        else []
-    )
+    schedulers = attack.schedulers(optimizers)  # SME's x0.1 drops (config.lr_decay), or the attack's own
     traces = [[] for _ in clients]
     steps = range(config.iterations)
     if progress:

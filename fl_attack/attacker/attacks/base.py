@@ -242,7 +242,8 @@ class Attack:
 
     name = "base"
     batchable = True
-    generates_images = False  # True: X_hat is the output of the attack's own generator (ginas)
+    generates_images = False  # True: X_hat is the output of the attack's own variables (ginas' generator)
+    own_variables = "generator"  # what those variables are, for the message refusing a joint attack
     uses_prior = False  # True: the diffusion prior guides X_hat whatever config.image_prior says (dggi)
 
     def __init__(
@@ -330,6 +331,12 @@ class Attack:
 
     def param_groups(self) -> list[dict]:
         return []
+
+    def schedulers(self, optimizers: list) -> list:
+        """The learning-rate schedules the loop steps after each iteration, given the loop's optimizers:
+        SME's x0.1 at 3/8, 5/8 and 7/8 of the iterations when ``config.lr_decay`` (``sme_schedulers``);
+        an attack with its own schedule overrides this."""
+        return sme_schedulers(optimizers, self.config)
 
     def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once before the loop with the initial X_hat and the labels (ginas searches its
@@ -428,9 +435,10 @@ class JointAttack:
             raise ValueError(
                 f"a joint attack needs n >= 2 attacks and (n,) weights, got {len(attacks)} and {tuple(weights.shape)}"
             )
-        if any(a.generates_images for a in attacks):
+        own = next((a for a in attacks if a.generates_images), None)
+        if own is not None:
             raise ValueError(
-                f"attack '{attacks[0].name}' fits its own generator to one update; attack the updates one by one"
+                f"attack '{own.name}' fits its own {own.own_variables} to one update; attack the updates one by one"
             )
         self.attacks, self.weights = attacks, weights
 
@@ -447,6 +455,9 @@ class JointAttack:
 
     def param_groups(self) -> list[dict]:
         return [group for attack in self.attacks for group in attack.param_groups()]
+
+    def schedulers(self, optimizers: list) -> list:
+        return self.attacks[0].schedulers(optimizers)  # one config for all updates
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         terms = [attack.objective(x, y) for attack in self.attacks]
@@ -556,6 +567,13 @@ def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> l
     if sgd_groups:
         optimizers.append(torch.optim.SGD(sgd_groups))
     return optimizers
+
+
+def sme_schedulers(optimizers: list, config: AttackConfig) -> list:
+    """SME's schedule on each optimizer (x0.1 at ``lr_milestones``) when ``config.lr_decay``, else none."""
+    if not config.lr_decay:
+        return []
+    return [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
 
 
 def lr_milestones(iterations: int) -> list[int]:
