@@ -85,6 +85,15 @@ class AttackConfig:
     numbers up to rounding). "auto" compiles on CUDA, not on the CPU, as measured in
     docs/performance.md ("Compiled step"); attacks without a compiled form run eagerly whatever it is,
     and a compile that fails falls back to eager (``Reconstruction.compile`` says which ran).
+    dimitrov_*: dimitrov only (``fl_attack.attacker.attacks.dimitrov``, Dimitrov et al. TMLR 2022; the authors'
+    scripts, /work/shared/PEERS.md section 1); each default stands for the update's dataset's value
+    (``dimitrov.DATASET_DEFAULTS``: FEMNIST / CIFAR-100): dimitrov_lr, Adam's initial rate (0: 0.4 / 0.1);
+    dimitrov_lr_decay and dimitrov_decay_every, the rate times dimitrov_lr_decay^(i / dimitrov_decay_every)
+    at iteration i (0: 0.995 and 10 / 0.997 and 20); dimitrov_data_start, dimitrov_data_end, the data
+    term's weight f ramped geometrically from f0 to f1 over the first half of the iterations (0: 1 -> 2 /
+    4 -> 2); dimitrov_tv, dimitrov_clip, dimitrov_invariance, the weights of the squared TV, the pixel-box
+    term and the epoch-order-invariant prior (-1: 1e-3, 2, 1000 / 2e-4, 10, 6.075; 0 turns a term off);
+    dimitrov_restarts: fresh starts allowed after a non-finite loss (then the last finite images are kept).
     """
 
     iterations: int = 1000
@@ -120,6 +129,15 @@ class AttackConfig:
     prior_strength: float = 0.3
     prior_steps: int = 10
     compile: str = "auto"
+    dimitrov_lr: float = 0.0  # 0: the dataset's (dimitrov.DATASET_DEFAULTS)
+    dimitrov_lr_decay: float = 0.0
+    dimitrov_decay_every: int = 0
+    dimitrov_data_start: float = 0.0
+    dimitrov_data_end: float = 0.0
+    dimitrov_tv: float = -1.0  # -1: the dataset's; 0: off
+    dimitrov_clip: float = -1.0
+    dimitrov_invariance: float = -1.0
+    dimitrov_restarts: int = 1
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -174,6 +192,17 @@ class AttackConfig:
         check_precision(self.precision)
         if self.compile not in ("off", "on", "auto"):
             raise ValueError(f"compile must be one of off, on, auto, got {self.compile!r}")
+        for f in ("dimitrov_lr", "dimitrov_data_start", "dimitrov_data_end"):
+            if not getattr(self, f) >= 0:
+                raise ValueError(f"{f} must be >= 0 (0: the dataset's), got {getattr(self, f)}")
+        if not 0 <= self.dimitrov_lr_decay <= 1:
+            raise ValueError(f"dimitrov_lr_decay must be in [0, 1] (0: the dataset's), got {self.dimitrov_lr_decay}")
+        for f in ("dimitrov_decay_every", "dimitrov_restarts"):
+            if int(getattr(self, f)) < 0:
+                raise ValueError(f"{f} must be an integer >= 0, got {getattr(self, f)}")
+        for f in ("dimitrov_tv", "dimitrov_clip", "dimitrov_invariance"):
+            if not (getattr(self, f) >= 0 or getattr(self, f) == -1):
+                raise ValueError(f"{f} must be >= 0, or -1 for the dataset's, got {getattr(self, f)}")
 
     @classmethod
     def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:
@@ -242,7 +271,7 @@ class Attack:
 
     name = "base"
     batchable = True
-    generates_images = False  # True: X_hat is the output of the attack's own variables (ginas' generator)
+    generates_images = False  # True: X_hat is the output of the attack's own variables (ginas, dimitrov)
     own_variables = "generator"  # what those variables are, for the message refusing a joint attack
     uses_prior = False  # True: the diffusion prior guides X_hat whatever config.image_prior says (dggi)
 
