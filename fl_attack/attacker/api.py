@@ -97,7 +97,7 @@ def reconstruct(
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata), or
     from several observed updates of the same k samples (a client watched over several rounds).
 
-    method: "pisme" (default), "nlsme", "sme", "ig", "pisme-adaptive", "ginas" or "dggi"
+    method: "pisme" (default), "nlsme", "sme", "ig", "pisme-adaptive", "ginas", "dggi" or "dimitrov"
     (``fl_attack.attacker.attacks.ATTACKS``).
     labels: "recovered" (from the output-bias update, fl_attack.attacker.labels) or an (k,) int64 tensor of
     oracle labels, recorded as label_source "oracle".
@@ -141,7 +141,8 @@ def reconstruct(
     update's attack. Recovered labels are read from the update of the largest weight.
     weights: (n,) non-negative, not all 0, normalised to sum 1 (default: equal).
     init: (k,C,H,W) images in [0,1] to start X_hat from (a warm start, e.g. a remembered estimate)
-    instead of N(0, I) noise (ginas, whose X_hat is its generator's output, does not use it).
+    instead of N(0, I) noise (ginas, whose X_hat is its generator's output, does not use it; dimitrov starts
+    its first epoch's set there).
     Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, a model that
     breaks the contract (``fl_attack.federation.models.check_model``), an update that is not the model's
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
