@@ -33,6 +33,7 @@ from .load import Run
 
 _LINESTYLES = ("-", "--", ":", "-.")
 _METHOD_COLORS = dict(zip(METHOD_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple")))
+_METHOD_COLORS["dimitrov"] = "tab:olive"  # its hash would share ginas' pink
 _OTHER_COLORS = ("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 _METRIC_LABELS = {
     "recovered_fraction": "images recovered (fraction of k)",

@@ -159,7 +159,7 @@ def test_an_interrupted_run_keeps_the_rows_already_written(tmp_path, monkeypatch
 
 
 BAD_INPUTS = [
-    (["--methods", "pisme,dlgx"], "argument --methods: unknown attack method 'dlgx'; choose from: dggi, ginas, ig"),
+    (["--methods", "pisme,dlgx"], "argument --methods: unknown attack method 'dlgx'; choose from: dggi, dimitrov"),
     (["--methods", "pisme+memory"], "'pisme+memory' attacks a client over a federation's rounds: give attack-memory"),
     (["--dataset", "mnist"], "unknown dataset 'mnist'; choose one of: cifar100, femnist"),
     (["--nodes", "0"], "the number of quadrature nodes m must be an integer >= 1, got 0"),

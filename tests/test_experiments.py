@@ -129,7 +129,7 @@ def test_table1_covers_the_grid_and_quotes_the_paper(outputs):
     _, rows = read(outputs, "table1")
     cells = {(r["dataset"], int(r["paper_T"]), r["method"]) for r in rows}
     assert cells == {(d, t, m) for d in ("femnist", "cifar100") for t in (100, 250) for m in METHODS}
-    assert set(METHODS) == {"ig", "ginas", "dggi", "sme", "nlsme", "pisme"}
+    assert set(METHODS) == {"ig", "ginas", "dggi", "sme", "nlsme", "pisme", "dimitrov"}
     for r in rows:
         expected = paper_psnr(r["dataset"], int(r["paper_T"]), r["method"])
         assert num(r["paper_psnr"]) == expected or (math.isnan(expected) and math.isnan(num(r["paper_psnr"])))

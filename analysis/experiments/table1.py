@@ -1,5 +1,6 @@
 """Table 1 of the PI-SME paper: IG, GI-NAS, DGGI, SME, NL-SME and PI-SME on CIFAR-100 and FEMNIST at
-T=100 and 250.
+T=100 and 250, and beside them Dimitrov et al.'s FedAvg attack (``dimitrov``, TMLR 2022; not in the paper's
+table, which has no number for it).
 
 Every attack gets only the observed update (w0, wT, public metadata), recovers the labels from it
 and runs the scale's iterations (paper: 1000, m=7). GI-NAS and DGGI, the paper's prior-enhanced
@@ -36,7 +37,7 @@ from .common import (
 )
 
 DATASETS = ("femnist", "cifar100")
-METHODS = ("ig", "ginas", "dggi", "sme", "nlsme", "pisme")  # the paper's row order
+METHODS = ("ig", "ginas", "dggi", "sme", "nlsme", "pisme", "dimitrov")  # the paper's row order, then dimitrov
 SINGLE_STEP = ("ig", "ginas", "dggi")  # designed for one gradient (GI-NAS, DGGI: with an image prior)
 SURROGATE = ("sme", "nlsme", "pisme")  # the surrogate line
 LABELS = {
@@ -47,6 +48,7 @@ LABELS = {
     "nlsme": "NL-SME",
     "pisme": "PI-SME",
     "pisme-adaptive": "PI-SME adaptive",
+    "dimitrov": "Dimitrov et al.",
 }
 PAPER_PSNR = {  # Table 1 of the paper (dB), 1000 iterations on a GPU; no FEMNIST rows for GI-NAS and DGGI
     ("cifar100", 100): {"ig": 15.01, "ginas": 16.00, "dggi": 19.93, "sme": 21.88, "nlsme": 25.77, "pisme": 26.52},
@@ -136,6 +138,8 @@ def _report(ctx: Context, rows: list[dict]) -> None:
         if {"dggi", "sme"} <= set(by):
             paper_dggi = f"{paper['dggi'] - paper['sme']:+.2f}" if "dggi" in paper else "-"
             margins.append(f"{dataset} T={T}: DGGI - SME = {by['dggi'] - by['sme']:+.2f} dB (paper {paper_dggi})")
+        if {"dimitrov", "pisme"} <= set(by):
+            margins.append(f"{dataset} T={T}: Dimitrov et al. - PI-SME = {by['dimitrov'] - by['pisme']:+.2f} dB")
         if {"pisme", "nlsme", "ig"} <= set(by):
             ours = sorted(by, key=lambda m: -by[m])
             margins.append(

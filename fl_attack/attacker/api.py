@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from fl_attack.attacker.attacks import AttackConfig, get_attack
-from fl_attack.attacker.attacks.base import JointAttack, build_optimizers, lr_milestones
+from fl_attack.attacker.attacks.base import JointAttack, build_optimizers, lr_milestones  # noqa: F401
 from fl_attack.attacker.attacks.batchnorm import check_statistics_use, surrogate_mode
 from fl_attack.attacker.attacks.compiled import prepare_step
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
@@ -108,7 +108,7 @@ def reconstruct(
     """Reconstruct a client's k private images from its observed update (w0, wT, metadata), or
     from several observed updates of the same k samples (a client watched over several rounds).
 
-    method: "pisme" (default), "nlsme", "sme", "ig", "pisme-adaptive", "ginas" or "dggi"
+    method: "pisme" (default), "nlsme", "sme", "ig", "pisme-adaptive", "ginas", "dggi" or "dimitrov"
     (``fl_attack.attacker.attacks.ATTACKS``).
     labels: "recovered" (from the output-bias update, fl_attack.attacker.labels) or an (k,) int64 tensor of
     oracle labels, recorded as label_source "oracle".
@@ -152,7 +152,8 @@ def reconstruct(
     update's attack. Recovered labels are read from the update of the largest weight.
     weights: (n,) non-negative, not all 0, normalised to sum 1 (default: equal).
     init: (k,C,H,W) images in [0,1] to start X_hat from (a warm start, e.g. a remembered estimate)
-    instead of N(0, I) noise (ginas, whose X_hat is its generator's output, does not use it).
+    instead of N(0, I) noise (ginas, whose X_hat is its generator's output, does not use it; dimitrov starts
+    its first epoch's set there).
     Returns a Reconstruction. Raises ValueError for an unknown method, bad settings, a model that
     breaks the contract (``fl_attack.federation.models.check_model``), an update that is not the model's
     (``ObservedUpdate.check_against``: foreign keys such as 'private_images', missing keys, other
@@ -591,11 +592,7 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     attack.prepare(x, y)
     step, compiled = prepare_step(attack, x, config.compile, precision)
     optimizers = build_optimizers(x, attack, config)
-    schedulers = (
-        [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
-        if config.lr_decay
-        else []
-    )
+    schedulers = attack.schedulers(optimizers)  # SME's x0.1 drops (config.lr_decay), or the attack's own
     traces = [[] for _ in clients]
     steps = range(config.iterations)
     if progress:

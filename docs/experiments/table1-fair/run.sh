@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Table 1 with its six rows (IG, GI-NAS, DGGI, SME, NL-SME, PI-SME; issue #41) at a fair scale for a 2-core CPU:
+# Table 1 with its six rows (IG, GI-NAS, DGGI, SME, NL-SME, PI-SME; issue #41) and Dimitrov et al.'s FedAvg attack
+# beside them (dimitrov; issue #50: rerunning adds only its rows) at a fair scale for a 2-core CPU:
 # the cpu scale's victims (k=8, B=4, E=50 -> T=100 and E=125 -> T=250) and attacks (100 iterations, m=7),
 # CLIENTS (default 3) clients per cell on both datasets, 1 seed, labels recovered from the update, 1 torch thread.
 # Resumable: rerunning it skips the rows table1.csv already holds (whole clients first, client-major).

@@ -1,6 +1,16 @@
-"""Attack registry: importing this package registers ig, sme, nlsme, pisme, pisme-adaptive, ginas and dggi."""
+"""Attack registry: importing this package registers ig, sme, nlsme, pisme, pisme-adaptive, ginas, dggi
+and dimitrov."""
 
-from fl_attack.attacker.attacks import dggi, ginas, ig, nlsme, pisme, pisme_adaptive, sme  # noqa: F401  (registration side effect)
+from fl_attack.attacker.attacks import (  # noqa: F401  (registration side effect)
+    dggi,
+    dimitrov,
+    ginas,
+    ig,
+    nlsme,
+    pisme,
+    pisme_adaptive,
+    sme,
+)
 from fl_attack.attacker.attacks.base import (
     ATTACKS,
     Attack,

@@ -95,6 +95,15 @@ class AttackConfig:
     numbers up to rounding). "auto" compiles on CUDA, not on the CPU, as measured in
     docs/performance.md ("Compiled step"); attacks without a compiled form run eagerly whatever it is,
     and a compile that fails falls back to eager (``Reconstruction.compile`` says which ran).
+    dimitrov_*: dimitrov only (``fl_attack.attacker.attacks.dimitrov``, Dimitrov et al. TMLR 2022; the authors'
+    scripts, /work/shared/PEERS.md section 1); each default stands for the update's dataset's value
+    (``dimitrov.DATASET_DEFAULTS``: FEMNIST / CIFAR-100): dimitrov_lr, Adam's initial rate (0: 0.4 / 0.1);
+    dimitrov_lr_decay and dimitrov_decay_every, the rate times dimitrov_lr_decay^(i / dimitrov_decay_every)
+    at iteration i (0: 0.995 and 10 / 0.997 and 20); dimitrov_data_start, dimitrov_data_end, the data
+    term's weight f ramped geometrically from f0 to f1 over the first half of the iterations (0: 1 -> 2 /
+    4 -> 2); dimitrov_tv, dimitrov_clip, dimitrov_invariance, the weights of the squared TV, the pixel-box
+    term and the epoch-order-invariant prior (-1: 1e-3, 2, 1000 / 2e-4, 10, 6.075; 0 turns a term off);
+    dimitrov_restarts: fresh starts allowed after a non-finite loss (then the last finite images are kept).
     """
 
     iterations: int = 1000
@@ -132,6 +141,15 @@ class AttackConfig:
     prior_strength: float = 0.3
     prior_steps: int = 10
     compile: str = "auto"
+    dimitrov_lr: float = 0.0  # 0: the dataset's (dimitrov.DATASET_DEFAULTS)
+    dimitrov_lr_decay: float = 0.0
+    dimitrov_decay_every: int = 0
+    dimitrov_data_start: float = 0.0
+    dimitrov_data_end: float = 0.0
+    dimitrov_tv: float = -1.0  # -1: the dataset's; 0: off
+    dimitrov_clip: float = -1.0
+    dimitrov_invariance: float = -1.0
+    dimitrov_restarts: int = 1
 
     def __post_init__(self):
         if int(self.iterations) < 1:
@@ -191,6 +209,17 @@ class AttackConfig:
         check_precision(self.precision)
         if self.compile not in ("off", "on", "auto"):
             raise ValueError(f"compile must be one of off, on, auto, got {self.compile!r}")
+        for f in ("dimitrov_lr", "dimitrov_data_start", "dimitrov_data_end"):
+            if not getattr(self, f) >= 0:
+                raise ValueError(f"{f} must be >= 0 (0: the dataset's), got {getattr(self, f)}")
+        if not 0 <= self.dimitrov_lr_decay <= 1:
+            raise ValueError(f"dimitrov_lr_decay must be in [0, 1] (0: the dataset's), got {self.dimitrov_lr_decay}")
+        for f in ("dimitrov_decay_every", "dimitrov_restarts"):
+            if int(getattr(self, f)) < 0:
+                raise ValueError(f"{f} must be an integer >= 0, got {getattr(self, f)}")
+        for f in ("dimitrov_tv", "dimitrov_clip", "dimitrov_invariance"):
+            if not (getattr(self, f) >= 0 or getattr(self, f) == -1):
+                raise ValueError(f"{f} must be >= 0, or -1 for the dataset's, got {getattr(self, f)}")
 
     @property
     def needs_public(self) -> str:
@@ -268,7 +297,8 @@ class Attack:
 
     name = "base"
     batchable = True
-    generates_images = False  # True: X_hat is the output of the attack's own generator (ginas)
+    generates_images = False  # True: X_hat is the output of the attack's own variables (ginas, dimitrov)
+    own_variables = "generator"  # what those variables are, for the message refusing a joint attack
     uses_prior = False  # True: the diffusion prior guides X_hat whatever config.image_prior says (dggi)
 
     def __init__(
@@ -356,6 +386,12 @@ class Attack:
 
     def param_groups(self) -> list[dict]:
         return []
+
+    def schedulers(self, optimizers: list) -> list:
+        """The learning-rate schedules the loop steps after each iteration, given the loop's optimizers:
+        SME's x0.1 at 3/8, 5/8 and 7/8 of the iterations when ``config.lr_decay`` (``sme_schedulers``);
+        an attack with its own schedule overrides this."""
+        return sme_schedulers(optimizers, self.config)
 
     def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Called once before the loop with the initial X_hat and the labels (ginas searches its
@@ -454,9 +490,10 @@ class JointAttack:
             raise ValueError(
                 f"a joint attack needs n >= 2 attacks and (n,) weights, got {len(attacks)} and {tuple(weights.shape)}"
             )
-        if any(a.generates_images for a in attacks):
+        own = next((a for a in attacks if a.generates_images), None)
+        if own is not None:
             raise ValueError(
-                f"attack '{attacks[0].name}' fits its own generator to one update; attack the updates one by one"
+                f"attack '{own.name}' fits its own {own.own_variables} to one update; attack the updates one by one"
             )
         self.attacks, self.weights = attacks, weights
 
@@ -473,6 +510,9 @@ class JointAttack:
 
     def param_groups(self) -> list[dict]:
         return [group for attack in self.attacks for group in attack.param_groups()]
+
+    def schedulers(self, optimizers: list) -> list:
+        return self.attacks[0].schedulers(optimizers)  # one config for all updates
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         terms = [attack.objective(x, y) for attack in self.attacks]
@@ -582,6 +622,13 @@ def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> l
     if sgd_groups:
         optimizers.append(torch.optim.SGD(sgd_groups))
     return optimizers
+
+
+def sme_schedulers(optimizers: list, config: AttackConfig) -> list:
+    """SME's schedule on each optimizer (x0.1 at ``lr_milestones``) when ``config.lr_decay``, else none."""
+    if not config.lr_decay:
+        return []
+    return [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
 
 
 def lr_milestones(iterations: int) -> list[int]:
