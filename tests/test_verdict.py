@@ -224,9 +224,13 @@ def test_verdict_line_and_summary_read_a_row():
     assert lines[0].startswith("round 1, partition 0, pisme: 9 of 32 images recovered")
     assert lines[2] == "the remembering server (pisme+memory) holds 11 of 32 images of partition 0 after round 2"
     assert lines[3] == "in all: 9 of 32 attacked images recovered by 1 attack(s) of 200 iterations"
-    rows[0]["recovered"] = 7  # under a quarter: how to attack harder
-    hint = verdict_summary(rows)["lines"][3]
-    assert hint.startswith("in all: 7 of 32 attacked images recovered by 1 attack(s) of 200 iterations; few")
+    rows[0]["recovered"] = 7  # under a quarter: how to attack harder, where it would help
+    hint = verdict_summary(rows)["lines"][3]  # a row without the trend: it may still be rising
+    assert hint.startswith("in all: 7 of 32 attacked images recovered by 1 attack(s) of 200 iterations; still rising")
+    assert "--iterations 1000" in hint
+    rows[0]["count_trend"] = "converged"  # flat over the last half of its schedule: no replay offered
+    flat = verdict_summary(rows)["lines"][3]
+    assert flat.endswith("; every count was flat over the last half of its schedule")
 
 
 def test_the_blocked_ranking_is_the_whole_matrix_s(setup):
