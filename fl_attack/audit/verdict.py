@@ -771,8 +771,11 @@ def verdict_summary(rows: list[dict]) -> dict:
                 f"; still rising in {len(rising)} of {len(memoryless)}: `fl-attack replay RUN_DIR --iterations 1000` "
                 "attacks the recorded updates again with more (docs/time-to-quality.md)"
             )
-        elif few:  # flat within each attack's schedule; a longer schedule may still add (docs/time-to-quality.md)
-            hint = "; every count was flat over the last half of its schedule"
+        elif few:  # flat within each attack's schedule, which a longer one still moves (docs/time-to-quality.md)
+            hint = (
+                "; every count was flat over the last half of its schedule, which a longer schedule can still "
+                "move: `fl-attack replay RUN_DIR --iterations 1000` (docs/time-to-quality.md)"
+            )
         lines.append(
             f"in all: {recovered} of {images} attacked images recovered by {len(memoryless)} attack(s) of "
             f"{budget} iterations" + hint
