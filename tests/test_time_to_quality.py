@@ -162,8 +162,9 @@ def test_the_lever_page_shows_the_table_its_records_make():
     from analysis.experiments.time_to_quality import table
 
     root = Path(__file__).resolve().parents[1] / "docs"
-    with open(root / "time-to-quality" / "levers.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    made = table(rows)
-    assert (root / "time-to-quality" / "levers.md").read_text() == made
-    assert made.strip() in (root / "time-to-quality.md").read_text()
+    for folder in (root / "time-to-quality", root / "time-to-quality" / "paper"):  # the demo's, the second run's
+        with open(folder / "levers.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        made = table(rows)
+        assert (folder / "levers.md").read_text() == made
+        assert made.strip() in (root / "time-to-quality.md").read_text()

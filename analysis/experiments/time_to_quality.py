@@ -59,16 +59,17 @@ def collect(run_dir: Path, names: list[str]) -> list[dict]:
 def table(rows: list[dict]) -> str:
     """The markdown table: per lever, summed counts and means over its attacks."""
     lines = [
-        "| replay | options | iterations | recovered (sum) | per update (round: count) | best guess (sum) | "
-        "trend | mean PSNR (dB) | mean attack (s) |",
+        "| replay | options | iterations | recovered (sum) | per update (round: each client's count) | "
+        "best guess (sum) | trend | mean PSNR (dB) | mean attack (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     levers = list(dict.fromkeys(r["lever"] for r in rows))
     for lever in levers:
-        mine = sorted((r for r in rows if r["lever"] == lever), key=lambda r: int(r["round"]))
+        mine = sorted((r for r in rows if r["lever"] == lever), key=lambda r: (int(r["round"]), r["client_id"]))
         n = len(mine)
         k = sum(int(r["k"]) for r in mine)
-        per = ", ".join(f"{r['round']}: {r['recovered']}" for r in mine)
+        rounds = dict.fromkeys(r["round"] for r in mine)  # each round's counts, its clients in order
+        per = "; ".join(f"{rnd}: {', '.join(r['recovered'] for r in mine if r['round'] == rnd)}" for rnd in rounds)
         trends = ", ".join(sorted({r["count_trend"] or "n/a" for r in mine}))
         psnr = sum(float(r["psnr"]) for r in mine) / n
         secs = sum(float(r["attack_seconds"]) for r in mine) / n
