@@ -4,12 +4,12 @@ THE REFERENCE: ``literal_loss`` below simulates the client's local run step by s
 ``torch.autograd.grad`` per step on dict parameters (torch.optim's update rules written out: plain
 SGD, heavy-ball and Nesterov momentum, Adam, AdamW, with weight decay) and builds the attack's loss
 (layer-weighted squared distance of the simulated update, squared TV, clip term, the
-epoch-order-invariant prior over all E^2 pairs of epochs) from /work/shared/PEERS.md section 1. That
-section uses torch alone: nothing from fl_attack. In float64 the attack's loss and its gradient with
-respect to the per-epoch image sets agree with it to 1e-10, on the FEMNIST CNN (the structured
-gradient path), a tanh MLP (the generic path), the CIFAR-100 CNN (the random-convolution prior) and
-two clients batched (the vmapped path). Then the merge, the schedules, the restart on NaN, and on a
-real FEMNIST client the attack against its update-free null.
+epoch-order-invariant prior over all E^2 pairs of epochs) from Dimitrov et al., TMLR 2022, and the
+authors' eth-sri/fedavg_leakage code. That section uses torch alone: nothing from fl_attack. In float64
+the attack's loss and its gradient with respect to the per-epoch image sets agree with it to 1e-10,
+on the FEMNIST CNN (the structured gradient path), a tanh MLP (the generic path), the CIFAR-100 CNN
+(the random-convolution prior) and two clients batched (the vmapped path). Then the merge, the
+schedules, the restart on NaN, and on a real FEMNIST client the attack against its update-free null.
 """
 
 from __future__ import annotations

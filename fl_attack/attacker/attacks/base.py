@@ -1,5 +1,8 @@
 """The shared attack interface: the settings (AttackConfig), the registry and the objective's parts.
 
+Over 600 lines on purpose: most of it is AttackConfig, every attack's settings documented and checked in
+one place (a split would scatter one dataclass's fields and their checks).
+
 Each attack (IG, SME, NL-SME, PI-SME) only says how it builds its surrogate gradient G(X_hat) and
 which extra variables it learns. The one optimisation loop that drives every attack (Adam over
 X_hat and those variables, the box clamp, the learning-rate schedule and the trace; the paper's
@@ -96,7 +99,7 @@ class AttackConfig:
     docs/performance.md ("Compiled step"); attacks without a compiled form run eagerly whatever it is,
     and a compile that fails falls back to eager (``Reconstruction.compile`` says which ran).
     dimitrov_*: dimitrov only (``fl_attack.attacker.attacks.dimitrov``, Dimitrov et al. TMLR 2022; the authors'
-    scripts, /work/shared/PEERS.md section 1); each default stands for the update's dataset's value
+    scripts in eth-sri/fedavg_leakage); each default stands for the update's dataset's value
     (``dimitrov.DATASET_DEFAULTS``: FEMNIST / CIFAR-100): dimitrov_lr, Adam's initial rate (0: 0.4 / 0.1);
     dimitrov_lr_decay and dimitrov_decay_every, the rate times dimitrov_lr_decay^(i / dimitrov_decay_every)
     at iteration i (0: 0.995 and 10 / 0.997 and 20); dimitrov_data_start, dimitrov_data_end, the data

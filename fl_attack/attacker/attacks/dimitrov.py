@@ -2,7 +2,8 @@
 Averaging", TMLR 2022, arXiv 2206.12395, sections 4-5; the authors' code eth-sri/fedavg_leakage:
 fedavg/utils/flax_losses.py and fedavg/attacks/grad_attack.py, their scripts reconstruct_*_table1.sh).
 
-Instead of one gradient, it inverts the whole local run (/work/shared/PEERS.md, section 1):
+Instead of one gradient, it inverts the whole local run (Dimitrov et al., "Data Leakage in Federated
+Averaging", TMLR 2022, section 4, and the authors' eth-sri/fedavg_leakage code):
 
 1. the target is D = (w0 - wT) / eta, the sum of the client's T minibatch-mean gradients;
 2. the variables are one set X[e] of k dummy images per local epoch e (E sets, N(0, 1) in normalised
