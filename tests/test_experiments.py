@@ -367,6 +367,7 @@ def test_paired_differences_pair_the_same_victim():
 
 
 @pytest.mark.runtime
+@pytest.mark.slow  # 27 s: the suite's 15-minute budget; CI keeps the rerun and the killed run's resume above
 def test_two_workers_share_a_grid_and_write_the_same_rows(tmp_path):
     """--workers: the grid's attacks fan out over local processes; the rows do not depend on how many.
     (The speed-up is measured in docs/scale-out.md, not asserted here: timings vary with load.)"""

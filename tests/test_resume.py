@@ -60,6 +60,8 @@ def write_rows(path: Path, records: list[dict], columns: list[str]) -> None:
 
 
 @pytest.mark.runtime
+# 144 s (three federations): slow for the suite's 15-minute budget; CI keeps the cut-back and SIGKILL tests below
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_last_round(tmp_path):
     """Also with a remembering server (attack-memory="keep"): the resumed run starts from the
     memory.pt the crash left, cut back to the checkpoint, and its history goes on from it."""

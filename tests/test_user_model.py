@@ -378,6 +378,8 @@ def test_the_flower_app_recipe_with_a_batch_norm_model_in_train_mode(tmp_path):
 
 
 @pytest.mark.runtime
+# 41 s: slow for the suite's 15-minute budget; test_quickstart_app audits a user's model through flwr run in CI
+@pytest.mark.slow
 def test_a_real_federation_attacks_a_user_model(tmp_path):
     results = tmp_path / "results"
     run_config = (
