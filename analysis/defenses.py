@@ -76,6 +76,7 @@ SCALE = {
     "attack-clients": "0",
     "attack-iterations": 100,
     "attack-nodes": 3,
+    "attack-lr-schedule": "steps",  # as its docs were recorded
     "seed": 0,
 }
 # The privacy-budget study (docs/defenses.md, "The privacy budget spent"): a learning FEMNIST
@@ -114,6 +115,7 @@ PRIVACY_SCALE = {
     "attack-clients": "0,1,2",
     "attack-iterations": 100,
     "attack-nodes": 3,
+    "attack-lr-schedule": "steps",  # as its docs were recorded
     "seed": 0,
 }
 GRIDS = {"defenses": (GRID, SCALE), "privacy": (PRIVACY_GRID, PRIVACY_SCALE)}

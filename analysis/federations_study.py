@@ -38,6 +38,7 @@ BASE = {
     "attack-method": "pisme",
     "attack-iterations": 100,
     "attack-nodes": 7,
+    "attack-lr-schedule": "steps",  # as its docs were recorded
     "server-test-samples": 500,
     "seed": 0,
 }
@@ -80,6 +81,7 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
             "attack-memory": "none",
             "attack-iterations": 100,
             "attack-nodes": 7,
+            "attack-lr-schedule": "steps",  # as its docs were recorded
             "server-test-samples": 500,
         },
         10,

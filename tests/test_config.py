@@ -112,6 +112,7 @@ def test_the_former_copies_read_the_presets():
         "attack-clients": "0",
         "attack-iterations": 100,
         "attack-nodes": 3,
+        "attack-lr-schedule": "steps",
         "seed": 0,
     }
 
@@ -236,6 +237,7 @@ def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():
         "attack-method": "pisme",
         "attack-iterations": 200,
         "attack-nodes": 3,
+        "attack-lr-schedule": "steps",
         "attack-options": "label_estimator=paper",
         "server-test-samples": 1000,
         "seed": 0,

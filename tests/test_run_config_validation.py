@@ -239,6 +239,11 @@ BAD = [
         "attack-options sets compile; set the run-config key attack-compile",
     ),
     ({"attack-nodes": 0}, "attack-nodes", "attack-nodes (m) must be >= 1, got 0"),
+    (
+        {"attack-lr-schedule": "fast"},
+        "attack-lr-schedule",
+        "attack-lr-schedule must be one of steps, constant, got 'fast'",
+    ),
     ({"attack-iterations": 0}, "attack-iterations", "attack-iterations must be >= 1"),
     ({"attack-labels": "x"}, "attack-labels", "attack-labels must be 'recovered' or 'oracle'"),
     ({"attack-num-gpus": -1.0}, "attack-num-gpus", "attack-num-gpus must be >= 0"),

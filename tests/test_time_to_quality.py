@@ -4,6 +4,7 @@ scores to say whether a count was still rising. Real FEMNIST updates, fixed seed
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -162,9 +163,97 @@ def test_the_lever_page_shows_the_table_its_records_make():
     from analysis.experiments.time_to_quality import table
 
     root = Path(__file__).resolve().parents[1] / "docs"
-    for folder in (root / "time-to-quality", root / "time-to-quality" / "paper"):  # the demo's, the second run's
+    runs = sorted(p.parent for p in (root / "time-to-quality").glob("*/levers.csv"))  # paper, heldout, ...
+    assert len(runs) >= 2
+    for folder in (root / "time-to-quality", *runs):  # the demo's, then each other run's
         with open(folder / "levers.csv", newline="") as f:
             rows = list(csv.DictReader(f))
         made = table(rows)
         assert (folder / "levers.md").read_text() == made
         assert made.strip() in (root / "time-to-quality.md").read_text()
+
+
+# --- the learning-rate schedule made for short budgets (attack-lr-schedule) ------------------------------
+
+
+def test_the_steps_schedule_is_todays_attack_and_the_audit_default_sets_its_own_rates():
+    """Unit test: "steps" gives AttackConfig's own (the paper's) rates, so today's attack stays reachable;
+    the audit's default sets its schedule's values, and attack-options still override them."""
+    from fl_attack.attacker.attacks import LR_SCHEDULES
+    from fl_attack.audit.settings import ADDED_KEYS, AuditSettings
+
+    paper = AttackConfig()
+    steps = AuditSettings(attack_lr_schedule="steps").attack_config()
+    assert (steps.lr_images, steps.lr_decay, steps.lr_schedule) == (paper.lr_images, paper.lr_decay, paper.lr_schedule)
+    default = AuditSettings()
+    assert default.attack_lr_schedule != "steps"  # the short-budget one is the audit's default
+    config = default.attack_config()
+    for name, value in LR_SCHEDULES[default.attack_lr_schedule].items():
+        assert getattr(config, name) == value
+    mine = AuditSettings(attack_options="lr_images=0.7").attack_config()
+    assert mine.lr_images == 0.7 and mine.lr_decay == config.lr_decay
+    assert ADDED_KEYS["attack-lr-schedule"] == "steps"  # a run recorded before the key resumes as it ran
+
+
+def test_an_unknown_lr_schedule_is_refused_before_any_work():
+    from fl_attack.audit.settings import AuditSettings
+
+    with pytest.raises(ValueError, match="attack-lr-schedule must be one of"):
+        AuditSettings.from_run_config({"attack-lr-schedule": "fast"})
+    with pytest.raises(ValueError, match="lr_schedule must be one of steps, cosine, plateau"):
+        AttackConfig(lr_schedule="linear")
+
+
+@pytest.mark.parametrize("iterations", [8, 200])
+def test_the_cosine_schedule_is_the_half_cosine_written_out(iterations):
+    """Unit test against the formula (not the code): after step i the rate is lr (1 + cos(pi i / K)) / 2."""
+
+    from fl_attack.attacker.attacks.base import sme_schedulers
+
+    x = torch.zeros(3, requires_grad=True)
+    optimizer = torch.optim.Adam([x], lr=0.3)
+    (scheduler,) = sme_schedulers([optimizer], AttackConfig(iterations=iterations, lr_schedule="cosine"))
+    for i in range(1, iterations + 1):
+        optimizer.step()
+        scheduler.step()
+        want = 0.3 * (1 + math.cos(math.pi * i / iterations)) / 2
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(want, abs=1e-12)
+    assert sme_schedulers([optimizer], AttackConfig(iterations=iterations, lr_decay=False)) == []
+
+
+def test_dimitrov_keeps_its_own_decay_whatever_smes_switch_says():
+    """Unit test: lr_decay (SME's) does not switch off Dimitrov et al.'s exponential decay."""
+    from fl_attack.federation.update import ClientOptimizer
+    from tests.test_dimitrov import TanhMLP, _case
+
+    for lr_decay in (True, False):
+        attack = _case(TanhMLP(), "femnist", 4, 2, 1, ClientOptimizer("sgd"), iterations=20, lr_decay=lr_decay)[0]
+        optimizer = torch.optim.Adam([torch.zeros(2, requires_grad=True)], lr=0.4)
+        (scheduler,) = attack.schedulers([optimizer])
+        for _ in range(10):
+            optimizer.step()
+            scheduler.step()
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4 * 0.995)  # FEMNIST: x0.995 every 10
+
+
+def test_the_plateau_schedule_cuts_the_rate_when_the_loss_stalls_as_written_out():
+    """Unit test against the rule written out (not torch's code): a loss that has not reached a new low
+    (by 1e-4 relative) for more than `patience` steps multiplies every rate by `factor`."""
+    from fl_attack.attacker.attacks.base import sme_schedulers
+
+    config = AttackConfig(iterations=100, lr_schedule="plateau", lr_plateau_patience=3, lr_plateau_factor=0.5)
+    x = torch.zeros(3, requires_grad=True)
+    optimizer = torch.optim.Adam([x], lr=0.3)
+    (scheduler,) = sme_schedulers([optimizer], config)
+    losses = [1.0, 0.9, 0.9, 0.95, 0.9, 0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.79999, 0.7]
+    best, bad, lr = math.inf, 0, 0.3
+    for loss in losses:
+        scheduler.step(loss)
+        if loss < best * (1 - 1e-4):
+            best, bad = loss, 0
+        else:
+            bad += 1
+        if bad > 3:
+            lr, bad = lr * 0.5, 0
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(lr, abs=1e-15)
+    assert lr < 0.3  # the sequence stalls long enough to cut the rate at least once

@@ -621,7 +621,10 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
         for o in optimizers:
             o.step()
         for s in schedulers:
-            s.step()
+            if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau):  # lr_schedule "plateau"
+                s.step(float(terms["loss"].detach().sum()))
+            else:
+                s.step()
         with torch.no_grad():
             if attack.generates_images:  # X_hat follows the generator (its output before this step)
                 x.copy_(shown.detach())

@@ -2,8 +2,8 @@
 
 ``AuditSettings`` holds the audit's run-config keys, each parsed and checked here once: which rounds
 and clients are attacked (num-server-rounds, attack-rounds, attack-clients, attack-budget,
-attack-max-backlog), with what (attack-method, -iterations, -nodes, -labels, -options, -precision,
--compile, -memory, -memory-rounds), on what (attack-actors, -threads, -batch, -device, -num-gpus,
+attack-max-backlog), with what (attack-method, -iterations, -nodes, -lr-schedule, -labels, -options,
+-precision, -compile, -memory, -memory-rounds), on what (attack-actors, -threads, -batch, -device, -num-gpus,
 -ray-address, -timeout) and the record (record-updates, resume, results-dir, run-name).
 ``from_run_config`` types them, ``validate`` raises ValueError "invalid run config: <key> ..."; the
 attack-batch check is the attacker's own (``fl_attack.attacker.workers.resolve_batch``).
@@ -23,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.attacks import LR_SCHEDULES, AttackConfig
 from fl_attack.attacker.precision import PRECISIONS
 from fl_attack.federation.config import check_field_types, parse_key_values
 from fl_attack.federation.defense_settings import DefenseSettings
@@ -54,7 +54,7 @@ RESUMABLE_KEYS = {
 }
 # Run-config keys added after runs were recorded, with the value such a run ran with: a run
 # recorded without one resumes as if it had been set so.
-ADDED_KEYS = {"attack-precision": "fp32"}
+ADDED_KEYS = {"attack-precision": "fp32", "attack-lr-schedule": "steps"}
 # AttackConfig settings that have a run-config key of their own (attack-options may not set them).
 OWN_KEYS = {
     "iterations": "attack-iterations",
@@ -113,6 +113,7 @@ class AuditSettings:
     attack_clients: str = "0"
     attack_iterations: int = 200
     attack_nodes: int = 3
+    attack_lr_schedule: str = "constant"
     attack_labels: str = "recovered"
     attack_num_gpus: float = 0.0
     attack_actors: int = 1
@@ -181,9 +182,10 @@ class AuditSettings:
         return path
 
     def attack_config(self, federation: FederationSettings | None = None) -> AttackConfig:
-        """The AttackConfig of every attack: attack-iterations, -nodes, -precision, -compile and
-        attack-options, with the federation's seed and its defense's adaptation (observed_only, which
-        attack-options overrides); without ``federation`` AttackConfig's own seed and none. ValueError
+        """The AttackConfig of every attack: attack-iterations, -nodes, -precision, -compile, the
+        learning rates of attack-lr-schedule (``LR_SCHEDULES``) and attack-options (which override them),
+        with the federation's seed and its defense's adaptation (observed_only, which attack-options
+        overrides); without ``federation`` AttackConfig's own seed and none. ValueError
         for a bad attack-options value, or naming the key when attack-options sets a setting that has
         a run-config key of its own (attack-iterations, attack-nodes, seed, attack-precision, attack-compile)."""
         try:
@@ -197,6 +199,7 @@ class AuditSettings:
             )
         own = dict(iterations=self.attack_iterations, nodes=self.attack_nodes)
         own |= dict(precision=self.attack_precision, compile=self.attack_compile)
+        options = {**LR_SCHEDULES[self.attack_lr_schedule], **options}
         if federation is not None:
             own["seed"] = federation.seed
             options = {"observed_only": federation.defense.observed_only, **options}
@@ -378,6 +381,10 @@ class AuditSettings:
             (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
             (self.attack_iterations >= 1, "attack-iterations must be >= 1"),
             (self.attack_nodes >= 1, f"attack-nodes (m) must be >= 1, got {self.attack_nodes}"),
+            (
+                self.attack_lr_schedule in LR_SCHEDULES,
+                f"attack-lr-schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.attack_lr_schedule!r}",
+            ),
             (self.attack_labels in ("recovered", "oracle"), "attack-labels must be 'recovered' or 'oracle'"),
             (self.attack_num_gpus >= 0, "attack-num-gpus must be >= 0"),
             (self.attack_actors >= 1, "attack-actors must be >= 1"),

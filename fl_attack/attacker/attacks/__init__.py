@@ -13,6 +13,7 @@ from fl_attack.attacker.attacks import (  # noqa: F401  (registration side effec
 )
 from fl_attack.attacker.attacks.base import (
     ATTACKS,
+    LR_SCHEDULES,
     Attack,
     AttackConfig,
     get_attack,
@@ -22,4 +23,14 @@ from fl_attack.attacker.attacks.base import (
     total_variation,
 )
 
-__all__ = ["ATTACKS", "Attack", "AttackConfig", "get_attack", "lsim", "parse_methods", "register", "total_variation"]
+__all__ = [
+    "ATTACKS",
+    "LR_SCHEDULES",
+    "Attack",
+    "AttackConfig",
+    "get_attack",
+    "lsim",
+    "parse_methods",
+    "register",
+    "total_variation",
+]

@@ -30,6 +30,15 @@ _EPS = 1e-12
 
 
 STARTS = ("noise", "public")  # AttackConfig.start
+LR_SHAPES = ("steps", "cosine", "plateau")  # AttackConfig.lr_schedule
+# Learning-rate schedules of X_hat, by name: the AttackConfig values each sets (the audit's attack-lr-schedule).
+# "steps" is the paper's (docs/PISME.md: Adam at 1.0, SME's x0.1 at 3/8, 5/8 and 7/8 of the iterations);
+# "constant" holds 0.3, made for short budgets: on the demo's updates at 200 iterations it recovers what
+# "steps" recovers at 1,000, at the cost of 200 (docs/time-to-quality.md, where both are measured).
+LR_SCHEDULES = {
+    "steps": {"lr_images": 1.0, "lr_decay": True},
+    "constant": {"lr_images": 0.3, "lr_decay": False},
+}
 
 
 @dataclass
@@ -41,8 +50,13 @@ class AttackConfig:
     (SME's alpha, NL-SME's t). control_point_optimizer: "adam" or "sgd" for P1.
     tv_weight (lambda_tv), tv_reduction ("mean" as SME's code, or "sum" as eq. 9),
     control_point_weight (lambda_p), calibration_weight (lambda_d), calibration bounds [0.1, 10].
-    box_clamp: clamp X_hat to the valid pixel box after each step. lr_decay: x0.1 at 3/8, 5/8 and
-    7/8 of the iterations. trace_every: record the trace every N iterations. seed: X_hat's init.
+    box_clamp: clamp X_hat to the valid pixel box after each step. lr_decay: decay every rate of the
+    attacks that use it (all but dimitrov, which has its own) as lr_schedule says: "steps" (SME's x0.1 at
+    3/8, 5/8 and 7/8 of the iterations), "cosine" (a half cosine to 0) or "plateau" (x lr_plateau_factor
+    whenever the attack's own loss has not reached a new low for lr_plateau_patience iterations; not in
+    the paper, nor is cosine);
+    ``LR_SCHEDULES`` names the measured combinations of lr_images, lr_decay and lr_schedule. trace_every: record the
+    trace every N iterations. seed: X_hat's init.
     start: where X_hat starts: "noise" (default: N(0, I) in normalised space, docs/PISME.md) or "public"
     (for each label the attack uses, a random image of that class from the server's public pool,
     ``reconstruct(..., label_aux=...)``; a class the pool lacks starts from noise). Not in the paper: a
@@ -124,6 +138,9 @@ class AttackConfig:
     calibration_max: float = 10.0
     box_clamp: bool = True
     lr_decay: bool = True
+    lr_schedule: str = "steps"
+    lr_plateau_patience: int = 10
+    lr_plateau_factor: float = 0.3
     trace_every: int = 10
     seed: int = 0
     start: str = "noise"
@@ -185,6 +202,13 @@ class AttackConfig:
         if not all(0 < float(f) < 1 for f in self.snapshots):
             raise ValueError(f"snapshots must be fractions of the iterations in (0, 1), got {self.snapshots!r}")
         self.snapshots = tuple(float(f) for f in self.snapshots)
+        if self.lr_schedule not in LR_SHAPES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SHAPES)}, got {self.lr_schedule!r}")
+        if int(self.lr_plateau_patience) < 1 or not 0 < self.lr_plateau_factor < 1:
+            raise ValueError(
+                "lr_plateau_patience must be >= 1 and lr_plateau_factor in (0, 1), got "
+                f"{self.lr_plateau_patience} and {self.lr_plateau_factor}"
+            )
         if self.start not in STARTS:
             raise ValueError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
         if int(self.trace_every) < 1:
@@ -628,9 +652,22 @@ def build_optimizers(x: torch.Tensor, attack: Attack, config: AttackConfig) -> l
 
 
 def sme_schedulers(optimizers: list, config: AttackConfig) -> list:
-    """SME's schedule on each optimizer (x0.1 at ``lr_milestones``) when ``config.lr_decay``, else none."""
+    """The decay of every rate when ``config.lr_decay``, else none: SME's x0.1 at ``lr_milestones``
+    (lr_schedule "steps"), a half cosine from the rate to 0 over the iterations ("cosine";
+    Loshchilov & Hutter, ICLR 2017, without restarts) or x lr_plateau_factor when the loss stalls
+    ("plateau": torch's ReduceLROnPlateau, relative threshold 1e-4; the loop steps it with the loss,
+    summed over a batch's clients, which is the attacker's own objective, never a score)."""
     if not config.lr_decay:
         return []
+    if config.lr_schedule == "plateau":
+        return [
+            torch.optim.lr_scheduler.ReduceLROnPlateau(
+                o, mode="min", factor=config.lr_plateau_factor, patience=int(config.lr_plateau_patience)
+            )
+            for o in optimizers
+        ]
+    if config.lr_schedule == "cosine":
+        return [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=config.iterations) for o in optimizers]
     return [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
 
 

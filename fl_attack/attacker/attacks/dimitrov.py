@@ -305,11 +305,10 @@ class Dimitrov(Attack):
         return [{"params": [self.dummy], "lr": self.settings["lr"]}]
 
     def schedulers(self, optimizers):
-        """Adam's rate times lr_decay^(i / decay_every) (optax's exponential_decay), when config.lr_decay;
-        keeps the optimizers, whose moments a restart zeroes."""
+        """Adam's rate times lr_decay^(i / decay_every) (optax's exponential_decay), the authors' schedule
+        whatever config.lr_decay (SME's) says: dimitrov_lr_decay=1 holds the rate. Keeps the optimizers,
+        whose moments a restart zeroes."""
         self._optimizers = list(optimizers)
-        if not self.config.lr_decay:
-            return []
         decay, every = self.settings["lr_decay"], self.settings["decay_every"]
         return [torch.optim.lr_scheduler.LambdaLR(o, lambda i: decay ** (i / every)) for o in optimizers]
 
