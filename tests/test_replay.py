@@ -282,6 +282,17 @@ def test_a_run_without_recorded_updates_is_refused(copy_of, capsys):
     assert "has no recorded updates" in _one_error_line(capsys)
 
 
+def test_a_run_that_audited_an_apps_own_model_is_refused_before_any_attack(copy_of, capsys):
+    """strategies/audit.py records the app's model class, not a way to rebuild it: a replay would attack
+    the update with fl-attack's own CNN and fail every attack (seen on the quickstart app's record)."""
+    config = json.loads((copy_of / "config.json").read_text())
+    config["audit"] = {"strategy": "FedAvg", "model": "quickstart.task.Net", "normalize": None, "scored": True}
+    (copy_of / "config.json").write_text(json.dumps(config))
+    assert main(["replay", str(copy_of), "--name", "app"]) == 2
+    assert "audited an app's own model (quickstart.task.Net), which a replay cannot rebuild" in _one_error_line(capsys)
+    assert not (copy_of / "replays").exists()
+
+
 def test_every_attack_failing_exits_1_with_the_failures_recorded(copy_of, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("boom")

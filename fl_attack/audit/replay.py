@@ -107,7 +107,8 @@ def open_run(path: str | Path) -> RecordedRun:
     """Read the run folder ``path``: config.json and updates/index.csv.
 
     Raises ReplayError when it is not a run folder (no config.json, unreadable, a run config that
-    does not parse here, a model spec that does not resolve here), or when it recorded no update.
+    does not parse here, a model spec that does not resolve here), when it audited an app's own model
+    (strategies/audit.py records its class, not a way to rebuild it), or when it recorded no update.
     """
     folder = RunFolder(path)
     if not folder.path.is_dir():
@@ -121,6 +122,12 @@ def open_run(path: str | Path) -> RecordedRun:
     run_config = config.get("run_config")
     if not isinstance(run_config, dict):
         raise ReplayError(f"{folder.config_file} has no run_config")
+    audit = config.get("audit")
+    if isinstance(audit, dict) and audit.get("model"):  # strategies/audit.py: an app's own model instance
+        raise ReplayError(
+            f"{folder} audited an app's own model ({audit['model']}), which a replay cannot rebuild (it builds "
+            "the model a run config's `model` names); run the app again with more attack-iterations instead"
+        )
     try:
         settings = RunSettings.from_run_config(run_config)  # the model spec must resolve here too
         # The federation's node count: the Flower partitioners' ground truth needs it (config.json).
