@@ -80,6 +80,11 @@ def run(ctx: Context) -> None:
 
 def _report(ctx: Context, rows: list[dict]) -> None:
     sc = ctx.scale
+    # Each cell's methods in the paper's row order, whichever invocation recorded them (dimitrov came later).
+    order = {d: i for i, d in enumerate(DATASETS)}
+    rows = sorted(
+        rows, key=lambda r: (order.get(r["dataset"], len(order)), int(r["paper_T"]), METHODS.index(r["method"]))
+    )
     header = [
         "dataset",
         "T",

@@ -5,7 +5,7 @@
 Each NAME is a replay of RUN_DIR (``fl-attack replay RUN_DIR --name NAME --options ... --iterations K``,
 docs/time-to-quality/run.sh runs them): its attacks.csv rows are the attacks of one lever setting on the
 run's recorded updates. Writes DIR/levers.csv (one row per replay and attack: lever, round, client,
-iterations, recovered and its 95% interval, the best update-free guess's count, singled out, PSNR,
+iterations, nodes m, recovered and its 95% interval, the best update-free guess's count, singled out, PSNR,
 attack seconds, count_trend, recovered_curve, lsim_honest) and DIR/levers.md (per lever: the count
 summed over the attacked updates, each update's count, the floor, mean PSNR and attack seconds), both
 rewritten from the records, never by hand.
@@ -24,6 +24,7 @@ COLUMNS = (
     "round",
     "client_id",
     "iterations",
+    "nodes",
     "recovered",
     "recovered_low",
     "recovered_high",
@@ -59,9 +60,9 @@ def collect(run_dir: Path, names: list[str]) -> list[dict]:
 def table(rows: list[dict]) -> str:
     """The markdown table: per lever, summed counts and means over its attacks."""
     lines = [
-        "| replay | options | iterations | recovered (sum) | per update (round: each client's count) | "
+        "| replay | options | iterations | m | recovered (sum) | per update (round: each client's count) | "
         "best guess (sum) | trend | mean PSNR (dB) | mean attack (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     levers = list(dict.fromkeys(r["lever"] for r in rows))
     for lever in levers:
@@ -74,7 +75,7 @@ def table(rows: list[dict]) -> str:
         psnr = sum(float(r["psnr"]) for r in mine) / n
         secs = sum(float(r["attack_seconds"]) for r in mine) / n
         lines.append(
-            f"| {lever} | `{mine[0]['options'] or '(defaults)'}` | {mine[0]['iterations']} | "
+            f"| {lever} | `{mine[0]['options'] or '(defaults)'}` | {mine[0]['iterations']} | {mine[0]['nodes']} | "
             f"{sum(int(r['recovered']) for r in mine)} of {k} | {per} | "
             f"{sum(int(float(r['guess_recovered'])) for r in mine)} | {trends} | {psnr:.2f} | {secs:.1f} |"
         )

@@ -3,6 +3,7 @@
 # setting, then the table from their records. Resumable: a replay with a summary.json is not run again.
 #   bash docs/time-to-quality/run.sh RUN_DIR        (RUN_DIR: a `make demo` run folder, which records its updates)
 #   ROUNDS=1,2 OUT=docs/time-to-quality/paper bash docs/time-to-quality/run.sh RUN_DIR   (another run, its rounds)
+#   SWEEP=demo bash docs/time-to-quality/run.sh RUN_DIR   (the second measurement too; see SPECS below)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUN=${1:?usage: run.sh RUN_DIR}
@@ -12,14 +13,34 @@ OUT=${OUT:-docs/time-to-quality}
 mkdir -p "$OUT"
 F="$PY -m fl_attack.cli replay $RUN --methods pisme --rounds $ROUNDS --memory none --threads 1"
 NAMES=()
-for spec in "ttq-steps-200|200|" "ttq-constant-200|200|lr_decay=false" "ttq-public-200|200|start=public" \
-  "ttq-public-constant-200|200|start=public,lr_decay=false" "ttq-steps-1000|1000|"; do
-  IFS='|' read -r name K opts <<< "$spec"
+# name|iterations|m (empty: the run's)|attack-options. Without SWEEP: the first measurement (ttq-*), on a
+# run recorded with the paper's steps. SWEEP=demo or paper adds the second on that run (the rate, the shape
+# of its decay, fewer nodes); SWEEP=heldout is the second alone, on a run recorded with the
+# constant schedule, so today's attack there is asked for by its rates.
+TODAY="lr_decay=true,lr_images=1.0"
+SPECS=("ttq-steps-200|200||" "ttq-constant-200|200||lr_decay=false" "ttq-public-200|200||start=public"
+  "ttq-public-constant-200|200||start=public,lr_decay=false" "ttq-steps-1000|1000||")
+case "${SWEEP:-}" in
+  demo) SPECS+=("sw-A-m3c03|200||lr_decay=false,lr_images=0.3" "sw-E-m3c01|200||lr_decay=false,lr_images=0.1"
+    "sw-F-m3cos|200||lr_schedule=cosine" "sw-G-m3cos03|200||lr_schedule=cosine,lr_images=0.3"
+    "sw-S-m3steps03|200||lr_images=0.3" "sw-PL-m3pl10|200||lr_schedule=plateau"
+    "sw-PL03-m3pl10|200||lr_schedule=plateau,lr_images=0.3"
+    "sw-B-m1c-400|400|1|lr_decay=false" "sw-C-m1c-600|600|1|lr_decay=false") ;;
+  paper) SPECS+=("sw-P-m7c03|200||lr_decay=false,lr_images=0.3" "sw-P-m7cos|200||lr_schedule=cosine"
+    "sw-P-m7pl10|200||lr_schedule=plateau" "sw-P-m7pl03|200||lr_schedule=plateau,lr_images=0.3") ;;
+  heldout) SPECS=("sw-H-today-200|200||$TODAY" "sw-H-A-m3c03|200||lr_decay=false,lr_images=0.3"
+    "sw-H-today-1000|1000||$TODAY") ;;
+esac
+for spec in "${SPECS[@]}"; do
+  IFS='|' read -r name K M opts <<< "$spec"
   NAMES+=("$name")
   [ -f "$RUN/replays/$name/summary.json" ] && continue
   rm -rf "$RUN/replays/$name"
   start=$(date +%s)
-  if [ -n "$opts" ]; then $F --iterations "$K" --options "$opts" --name "$name"; else $F --iterations "$K" --name "$name"; fi
+  args=(--iterations "$K" --name "$name")
+  [ -n "$M" ] && args+=(--nodes "$M")
+  [ -n "$opts" ] && args+=(--options "$opts")
+  $F "${args[@]}"
   echo "$name: $(( $(date +%s) - start )) s wall" | tee -a "$OUT/run.log"
 done
 PYTHONPATH=. "$PY" -m analysis.experiments.time_to_quality "$RUN" "${NAMES[@]}" --out "$OUT"
