@@ -594,9 +594,6 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
     optimizers = build_optimizers(x, attack, config)
     schedulers = attack.schedulers(optimizers)  # SME's x0.1 drops (config.lr_decay), or the attack's own
     traces = [[] for _ in clients]
-    coarse_until, z = _coarse_start(x, attack, config, optimizers)
-    if coarse_until:
-        step = None  # the coarse phase runs eagerly
     steps = range(config.iterations)
     if progress:
         from tqdm.auto import tqdm
@@ -615,12 +612,10 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
         terms = step(x, y) if step is not None else None  # the compiled step sets the .grad itself
         if terms is None and step is not None:  # its compile failed: eager from here, the reason recorded
             step, compiled = None, step.note
-        if z is not None and it == coarse_until:  # the fine phase: X_hat's own pixels from here
-            z = _coarse_end(x, z, optimizers)
         if terms is None:
             with precision_scope(precision, x.device):  # tf32: the flags, for this step's forward and backward
                 with autocast(precision, x.device):  # bf16: the forwards and node gradients
-                    shown = attack.images(x) if z is None else _upsample(z, x.shape)
+                    shown = attack.images(x)  # X_hat itself, or a generator's output (ginas)
                     terms = attack.objective(shown, y)
                 terms["loss"].sum().backward()  # the clients' losses share no variable: each gradient is its own
         for o in optimizers:
@@ -633,9 +628,6 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
         with torch.no_grad():
             if attack.generates_images:  # X_hat follows the generator (its output before this step)
                 x.copy_(shown.detach())
-            elif z is not None:
-                z.copy_(torch.maximum(torch.minimum(z, _pool(hi, z)), _pool(lo, z)))
-                x.copy_(_upsample(z.detach(), x.shape))
             elif config.box_clamp:
                 x.copy_(torch.maximum(torch.minimum(x, hi), lo))
             attack.project()
@@ -662,43 +654,6 @@ def _optimise(attack, x, y, spec, config, *, method, refine, callback, progress,
             x.copy_(attack.images(x))  # the generator's output at its final weights
     final = attack.objective(x, y)
     return y, traces, final, compiled, snapshots
-
-
-def _coarse_start(x, attack, config, optimizers):
-    """(iteration at which the coarse phase ends, Z) for ``config.coarse_fraction`` > 0, else (0, None).
-    Z: X_hat average-pooled by ``coarse_factor`` (..., C, H/f, W/f), a leaf that replaces X_hat in Adam's
-    first group; the objective sees X_hat = bilinear upsampling of Z (coarse-to-fine, not in the paper)."""
-    until = round(config.coarse_fraction * config.iterations)
-    if not until or attack.generates_images:
-        return 0, None
-    f = int(config.coarse_factor)
-    flat = x.detach().flatten(0, -4)
-    z = torch.nn.functional.avg_pool2d(flat, f, ceil_mode=True)
-    z = z.reshape(*x.shape[:-2], *z.shape[-2:]).clone().requires_grad_(True)
-    group = optimizers[0].param_groups[0]
-    group["params"] = [z]
-    with torch.no_grad():
-        x.copy_(_upsample(z, x.shape))
-    return until, z
-
-
-def _coarse_end(x, z, optimizers) -> None:
-    """X_hat back in Adam's first group, with fresh moments; Z dropped."""
-    optimizer = optimizers[0]
-    optimizer.state.pop(z, None)
-    optimizer.param_groups[0]["params"] = [x]
-    return None
-
-
-def _upsample(z: torch.Tensor, shape) -> torch.Tensor:
-    flat = z.flatten(0, -4)
-    up = torch.nn.functional.interpolate(flat, size=tuple(shape[-2:]), mode="bilinear", align_corners=False)
-    return up.reshape(*z.shape[:-2], *shape[-2:])
-
-
-def _pool(bound: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """A per-channel pixel box bound (broadcastable (C,1,1)) for Z."""
-    return bound
 
 
 def snapshot_iterations(config: AttackConfig) -> list[int]:

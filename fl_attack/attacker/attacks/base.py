@@ -30,7 +30,7 @@ _EPS = 1e-12
 
 
 STARTS = ("noise", "public")  # AttackConfig.start
-LR_SHAPES = ("steps", "cosine", "plateau", "late")  # AttackConfig.lr_schedule
+LR_SHAPES = ("steps", "cosine", "plateau")  # AttackConfig.lr_schedule
 # Learning-rate schedules of X_hat, by name: the AttackConfig values each sets (the audit's attack-lr-schedule).
 # "steps" is the paper's (docs/PISME.md: Adam at 1.0, SME's x0.1 at 3/8, 5/8 and 7/8 of the iterations);
 # "constant" holds 0.3, made for short budgets: on the demo's updates at 200 iterations it recovers what
@@ -141,8 +141,6 @@ class AttackConfig:
     lr_schedule: str = "steps"
     lr_plateau_patience: int = 10
     lr_plateau_factor: float = 0.3
-    coarse_fraction: float = 0.0
-    coarse_factor: int = 2
     trace_every: int = 10
     seed: int = 0
     start: str = "noise"
@@ -210,11 +208,6 @@ class AttackConfig:
             raise ValueError(
                 "lr_plateau_patience must be >= 1 and lr_plateau_factor in (0, 1), got "
                 f"{self.lr_plateau_patience} and {self.lr_plateau_factor}"
-            )
-        if not 0 <= float(self.coarse_fraction) < 1 or int(self.coarse_factor) < 2:
-            raise ValueError(
-                "coarse_fraction must be in [0, 1) and coarse_factor an integer >= 2, got "
-                f"{self.coarse_fraction} and {self.coarse_factor}"
             )
         if self.start not in STARTS:
             raise ValueError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
@@ -675,9 +668,6 @@ def sme_schedulers(optimizers: list, config: AttackConfig) -> list:
         ]
     if config.lr_schedule == "cosine":
         return [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=config.iterations) for o in optimizers]
-    if config.lr_schedule == "late":
-        late = [math.floor(config.iterations * 7 / 8)]
-        return [torch.optim.lr_scheduler.MultiStepLR(o, late, 0.1) for o in optimizers]
     return [torch.optim.lr_scheduler.MultiStepLR(o, lr_milestones(config.iterations), 0.1) for o in optimizers]
 
 
