@@ -160,17 +160,40 @@ def test_the_lever_page_shows_the_table_its_records_make():
     import csv
     from pathlib import Path
 
-    from analysis.experiments.time_to_quality import table
+    from analysis.experiments.time_to_quality import seed_table, table
 
     root = Path(__file__).resolve().parents[1] / "docs"
     runs = sorted(p.parent for p in (root / "time-to-quality").glob("*/levers.csv"))  # paper, heldout, ...
     assert len(runs) >= 2
+    page = (root / "time-to-quality.md").read_text()
+    seeded = 0
     for folder in (root / "time-to-quality", *runs):  # the demo's, then each other run's
         with open(folder / "levers.csv", newline="") as f:
             rows = list(csv.DictReader(f))
         made = table(rows)
         assert (folder / "levers.md").read_text() == made
-        assert made.strip() in (root / "time-to-quality.md").read_text()
+        assert made.strip() in page
+        if (folder / "seeds.md").exists():  # the third measurement's: each setting over its seeds
+            seeded += 1
+            assert (folder / "seeds.md").read_text() == seed_table(rows)
+            assert seed_table(rows).strip() in page
+    assert seeded >= 3
+
+
+def test_the_seed_table_groups_replays_that_differ_only_in_the_seed():
+    """Unit test: one row per setting (options without seed=, iterations, m), each seed's summed count."""
+    from analysis.experiments.time_to_quality import seed_table
+
+    def row(lever, options, recovered, iterations="200"):
+        return {"lever": lever, "options": options, "iterations": iterations, "nodes": "3", "recovered": recovered,
+                "k": "32", "psnr": "15.0", "attack_seconds": "20.0"}  # fmt: skip
+
+    rows = [row("a", "lr_images=0.3", "5"), row("a", "lr_images=0.3", "2"), row("b", "lr_images=0.3,seed=1", "4"),
+            row("c", "lr_images=0.3", "9", iterations="1000")]  # fmt: skip
+    lines = seed_table(rows).splitlines()
+    assert lines[2] == "| `lr_images=0.3` | 200 | 3 | 0, 1 | 7, 4 of 64 | 5.5 | 15.00 | 20.0 |"
+    assert lines[3].startswith("| `lr_images=0.3` | 1000 | 3 | 0 | 9 of 32 | 9.0 |")
+    assert len(lines) == 4
 
 
 # --- the learning-rate schedule made for short budgets (attack-lr-schedule) ------------------------------

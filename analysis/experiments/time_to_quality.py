@@ -6,9 +6,10 @@ Each NAME is a replay of RUN_DIR (``fl-attack replay RUN_DIR --name NAME --optio
 docs/time-to-quality/run.sh runs them): its attacks.csv rows are the attacks of one lever setting on the
 run's recorded updates. Writes DIR/levers.csv (one row per replay and attack: lever, round, client,
 iterations, nodes m, recovered and its 95% interval, the best update-free guess's count, singled out, PSNR,
-attack seconds, count_trend, recovered_curve, lsim_honest) and DIR/levers.md (per lever: the count
-summed over the attacked updates, each update's count, the floor, mean PSNR and attack seconds), both
-rewritten from the records, never by hand.
+attack seconds, count_trend, recovered_curve, lsim_honest), DIR/levers.md (per lever: the count
+summed over the attacked updates, each update's count, the floor, mean PSNR and attack seconds) and
+DIR/seeds.md (per setting, its replays that differ only in the attack's seed, ``seed=`` in the options:
+each seed's summed count and their mean), all rewritten from the records, never by hand.
 """
 
 from __future__ import annotations
@@ -82,6 +83,38 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _setting(options: str) -> tuple[str, int]:
+    """(the options without the attack's seed, that seed: 0 when not given)."""
+    parts = [p for p in options.split(",") if p]
+    seeds = [int(p.split("=", 1)[1]) for p in parts if p.startswith("seed=")]
+    return ",".join(p for p in parts if not p.startswith("seed=")), (seeds[0] if seeds else 0)
+
+
+def seed_table(rows: list[dict]) -> str:
+    """The markdown table of one setting over seeds: each seed's count summed over the attacked updates
+    (seed order), their mean, and the mean PSNR and attack seconds over every attack of the setting."""
+    lines = [
+        "| options | iterations | m | seeds | recovered (sum) per seed | mean | mean PSNR (dB) | mean attack (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict = {}
+    for r in rows:
+        options, seed = _setting(r["options"])
+        groups.setdefault((options, r["iterations"], r["nodes"]), {}).setdefault(seed, []).append(r)
+    for (options, iterations, nodes), by_seed in groups.items():
+        seeds = sorted(by_seed)
+        counts = [sum(int(r["recovered"]) for r in by_seed[s]) for s in seeds]
+        k = sum(int(r["k"]) for r in by_seed[seeds[0]])
+        every = [r for s in seeds for r in by_seed[s]]
+        psnr = sum(float(r["psnr"]) for r in every) / len(every)
+        secs = sum(float(r["attack_seconds"]) for r in every) / len(every)
+        lines.append(
+            f"| `{options or '(defaults)'}` | {iterations} | {nodes} | {', '.join(map(str, seeds))} | "
+            f"{', '.join(map(str, counts))} of {k} | {sum(counts) / len(counts):.1f} | {psnr:.2f} | {secs:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
@@ -92,7 +125,9 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out / "levers.csv", csv_text(rows, COLUMNS))
     write_text_atomic(args.out / "levers.md", table(rows))
+    write_text_atomic(args.out / "seeds.md", seed_table(rows))
     print(table(rows))
+    print(seed_table(rows))
 
 
 if __name__ == "__main__":
