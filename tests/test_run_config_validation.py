@@ -242,7 +242,7 @@ BAD = [
     (
         {"attack-lr-schedule": "fast"},
         "attack-lr-schedule",
-        "attack-lr-schedule must be one of steps, constant, got 'fast'",
+        "attack-lr-schedule must be one of steps, constant, plateau, got 'fast'",
     ),
     ({"attack-iterations": 0}, "attack-iterations", "attack-iterations must be >= 1"),
     ({"attack-labels": "x"}, "attack-labels", "attack-labels must be 'recovered' or 'oracle'"),

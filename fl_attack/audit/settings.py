@@ -111,9 +111,9 @@ class AuditSettings:
     num_server_rounds: int = 3
     attack_method: str = "pisme"
     attack_clients: str = "0"
-    attack_iterations: int = 200
-    attack_nodes: int = 3
-    attack_lr_schedule: str = "constant"
+    attack_iterations: int = 400
+    attack_nodes: int = 1
+    attack_lr_schedule: str = "plateau"
     attack_labels: str = "recovered"
     attack_num_gpus: float = 0.0
     attack_actors: int = 1
