@@ -144,11 +144,11 @@ def test_audit_refuses_what_would_go_unnoticed_before_any_round(tmp_path):
 
     from strategies.audit import audit
 
-    images, labels = torch.rand(4, 3, 32, 32), torch.arange(4)
+    images, labels = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(4)
     with pytest.raises(ValueError, match="unknown run-config key 'attack-iteration'"):  # a typo Flower accepts
         audit(FedAvg(), _context(tmp_path, **{"attack-iteration": 5}), model=_net, dataset="cifar100")
     with pytest.raises(
-        ValueError, match=r"images must be in \[0,1\], got \[0.*, 255\] \(divide 0-255 pixels by 255"
+        ValueError, match=r"images must be in \[0,1\], got \[[0-9.e+-]+, 255\] \(divide 0-255 pixels by 255"
     ):  # forgot the /255
         audit(FedAvg(), _context(tmp_path), model=_net, dataset="cifar100", truth=lambda p: (images * 255, labels))
     with pytest.raises(ValueError, match=r"images must be float \(k,3,32,32\)"):  # HWC, as stored
