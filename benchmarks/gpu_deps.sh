@@ -7,7 +7,7 @@
 # Why: the GPU machine reaches no package index and runs its own python3 with its own torch, so the
 # project's .venv (Python 3.11 here, gigabytes) cannot go there. Its image has torch, numpy, pandas,
 # scipy, matplotlib, pytest and most small libraries, but not Flower, Ray, lpips or piq
-# (/work/.library/device/KINDS.md lists what it has). The list below is what flwr[simulation]==1.42.0,
+# (the device machine's own notes list what it has). The list below is what flwr[simulation]==1.42.0,
 # lpips and piq need beyond that image, at the versions of this project's .venv, plus the libraries
 # whose versions Flower's generated code depends on (grpcio, protobuf) or pins (typer, click, rich),
 # so the GPU machine runs the same combination as the test suite here.
