@@ -51,10 +51,11 @@ case "${SWEEP:-}" in
     "x-H-m3c03-300|300||lr_decay=false,lr_images=0.3" "x-H-m1c03-400|400|1|lr_decay=false,lr_images=0.3"
     "x-H-m1c10-400|400|1|lr_decay=false,lr_images=1.0") ;;
   third-paper) SPECS=("sw-P-m7c03|200||lr_decay=false,lr_images=0.3"
-    "x-P-c03-seed1|200||lr_decay=false,lr_images=0.3,seed=1"
+    "x-P-c03-seed1|200||lr_decay=false,lr_images=0.3,seed=1" "x-P-c03-seed2|200||lr_decay=false,lr_images=0.3,seed=2"
     "x-P-m1pl10-400|400|1|lr_schedule=plateau,lr_images=1.0"
     "x-P-m1pl10-400-seed1|400|1|lr_schedule=plateau,lr_images=1.0,seed=1"
-    "ttq-steps-200|200||" "ttq-steps-1000|1000||" "x-P-m1c03-400|400|1|lr_decay=false,lr_images=0.3"
+    "x-P-m1pl10-400-seed2|400|1|lr_schedule=plateau,lr_images=1.0,seed=2"
+    "ttq-steps-200|200||" "ttq-steps-1000|1000||" "x-P-today1000-seed1|1000||seed=1" "x-P-m1c03-400|400|1|lr_decay=false,lr_images=0.3"
     "x-P-m1c10-400|400|1|lr_decay=false,lr_images=1.0") ;;
 esac
 for spec in "${SPECS[@]}"; do
