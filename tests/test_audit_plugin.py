@@ -56,7 +56,7 @@ def test_the_project_federation_through_the_plugin_writes_the_rows_of_the_strate
             attack_iterations=6,
             attack_memory="keep",
             attack_clients="0,2",
-            attack_lr_schedule="steps",  # the golden rows were recorded before the constant rate was the default
+            attack_lr_schedule="steps",  # the golden rows were recorded with the paper's steps
             fraction_train=0.67,
             seed=5,
         )

@@ -124,10 +124,11 @@ def main(argv=None) -> None:
     rows = collect(args.run_dir, args.names)
     args.out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out / "levers.csv", csv_text(rows, COLUMNS))
-    write_text_atomic(args.out / "levers.md", table(rows))
-    write_text_atomic(args.out / "seeds.md", seed_table(rows))
-    print(table(rows))
-    print(seed_table(rows))
+    levers, seeds = table(rows), seed_table(rows)
+    write_text_atomic(args.out / "levers.md", levers)
+    write_text_atomic(args.out / "seeds.md", seeds)
+    print(levers)
+    print(seeds)
 
 
 if __name__ == "__main__":
