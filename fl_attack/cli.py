@@ -41,7 +41,7 @@ EXIT_USAGE = 2
 
 _PRESET_LINES = "".join(
     f"  {p.name:6s} k={p.protocol.samples}, B={p.protocol.batch_size}, E={p.protocol.local_epochs}, "
-    f"lr={p.protocol.lr:g}, {p.iterations} iterations, m={p.nodes}: {p.note}\n"
+    f"lr={p.protocol.lr:g}, {'m, iterations by T' if p.rule else f'{p.iterations} iterations, m={p.nodes}'}: {p.note}\n"
     for p in PRESETS.values()
 )
 
@@ -263,6 +263,10 @@ def _settings(args) -> AttackSettings:
     if label_refine:  # 0: the labels stay fixed, AttackConfig's default
         options["label_refine"] = label_refine
     preset = PRESETS[args.preset] if args.preset else DEFAULT_PRESET
+    if preset.rule:  # the audit's rule picks what no flag or --option gives, per victim (fl_attack.attacker.rule)
+        auto = [name for name in ("nodes", "iterations") if given[name] is None]
+        auto += [] if {"lr_images", "lr_decay", "lr_schedule"} & options.keys() else ["schedule"]
+        options["auto"] = tuple(auto)
     values = {
         **asdict(preset.protocol),
         **preset.attack_overrides(),

@@ -97,6 +97,7 @@ def test_the_former_copies_read_the_presets():
         "paper": ((100, 20), (250, 50)),
         "cpu": ((100, 50), (250, 125)),
         "tiny": ((100, 2), (250, 5)),
+        "audit": ((100, 20), (250, 50)),
     }
     assert {n: (p["samples"], p["batch_size"], p["epochs"]) for n, p in PROTOCOL.items()} == {
         "paper": (50, 10, ((100, 20), (250, 50))),
@@ -161,9 +162,9 @@ def test_the_clients_read_the_federation_keys_as_the_server_does():
 
 def test_each_key_is_checked_by_the_settings_that_own_it():
     # an audit key is the audit's to check: a client parses past it; the server's pre-flight does not
-    bad_audit = {**PYPROJECT, "attack-iterations": 0}
+    bad_audit = {**PYPROJECT, "attack-iterations": -1}
     assert FederationSettings.from_run_config(bad_audit).lr == PYPROJECT["lr"]
-    with pytest.raises(ValueError, match="invalid run config: attack-iterations must be >= 1"):
+    with pytest.raises(ValueError, match="invalid run config: attack-iterations must be >= 1, or 0 for the audit"):
         RunSettings.from_run_config(bad_audit)
     # a federation key fails both, with the one wording
     for cls in (FederationSettings, RunSettings):
@@ -292,7 +293,10 @@ def test_option_sets_any_attack_setting():
 
 BAD_OPTIONS = [
     (["--option", "tv_weight"], "--option: expected key=value, got 'tv_weight'"),
-    (["--option", "tv_wieght=0.02"], "--option: unknown attack setting 'tv_wieght'; known: ['bn_stats_weight', "),
+    (
+        ["--option", "tv_wieght=0.02"],
+        "--option: unknown attack setting 'tv_wieght'; known: ['auto', 'bn_stats_weight', ",
+    ),
     (["--option", "tv_weight=much"], "--option 'tv_weight' must be a number, got 'much'"),
     (["--option", "nodes=2.5"], "--option 'nodes' must be an integer, got '2.5'"),
     (["--option", "tv_reduction=max"], "tv_reduction must be 'mean' or 'sum', got 'max'"),
@@ -301,7 +305,7 @@ BAD_OPTIONS = [
         ["--option", "label_refine=0.5", "--label-refine", "0.25"],
         "--option label_refine and --label-refine both given; give one",
     ),
-    (["--preset", "huge"], "argument --preset: invalid choice: 'huge' (choose from 'paper', 'cpu', 'tiny')"),
+    (["--preset", "huge"], "argument --preset: invalid choice: 'huge' (choose from 'paper', 'cpu', 'tiny', 'audit')"),
 ]
 
 

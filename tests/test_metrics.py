@@ -514,3 +514,38 @@ def test_ssim_needs_the_window_size():
 def test_labels_must_come_together(cifar, lpips_metric):
     with pytest.raises(ValueError, match="recon_labels and true_labels must be given together"):
         M.evaluate_reconstruction(cifar[:2], cifar[:2], recon_labels=[0, 1], lpips=lpips_metric)
+
+
+# ------------------------------------------------------------ Dimitrov et al.'s share of recovered images
+
+
+def _recovered_by_permutations(recon: np.ndarray, truth: np.ndarray, threshold_db: float) -> float:
+    """The slow reference (Dimitrov et al., compute_matching): every one-to-one assignment, the one of the
+    largest summed per-image PSNR (data range 1), then the share strictly above the threshold. numpy only."""
+    n = len(truth)
+    mse = ((recon[:, None] - truth[None]) ** 2).reshape(n, n, -1).mean(-1)
+    gain = 10 * np.log10(1 / np.maximum(mse, 1e-10))
+    best = max(itertools.permutations(range(n)), key=lambda p: sum(gain[i, p[i]] for i in range(n)))
+    return float(np.mean([gain[i, best[i]] > threshold_db for i in range(n)]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_psnr_recovered_is_the_psnr_maximising_assignment_s_share(images, seed):
+    """On 6 real images and reconstructions of mixed quality (some near their original, some noise, some a
+    blend of two originals, where MSE's and PSNR's optimal matchings can differ), the share above delta is the
+    brute-force reference's, at thresholds that split the pairs; shuffling the reconstructions changes nothing."""
+    g = torch.Generator().manual_seed(seed)
+    truth = images[torch.randperm(len(images), generator=g)[:6]]
+    noise = torch.tensor([0.02, 0.05, 0.1, 0.3, 0.0, 0.0])[:, None, None, None]
+    recon = (truth + noise * torch.randn(truth.shape, generator=g)).clamp(0, 1)
+    recon[4] = torch.rand(truth[0].shape, generator=g)
+    recon[5] = 0.5 * truth[5] + 0.5 * truth[0]
+    for threshold in (12.0, 20.0, 26.0):
+        expected = _recovered_by_permutations(recon.numpy(), truth.numpy(), threshold)
+        assert M.psnr_recovered(recon, truth, threshold) == pytest.approx(expected)
+        shuffled = recon[torch.randperm(6, generator=g)]
+        assert M.psnr_recovered(shuffled, truth, threshold) == pytest.approx(expected)
+    assert 0 < M.psnr_recovered(recon, truth, 20.0) < 1  # the thresholds above do split the pairs
+    assert M.psnr_recovered(truth, truth, 99.0) == 1.0  # an exact copy: 100 dB
+    with pytest.raises(ValueError, match="threshold_db must be a finite number"):
+        M.psnr_recovered(recon, truth, float("nan"))

@@ -61,7 +61,7 @@ def test_each_attack_column_names_a_source_that_carries_it():
         else:
             assert not column.attribute, column.name
     assert runs.attack_columns(runs.VERDICT) == tuple(VERDICT_COLUMNS)
-    assert runs.attack_columns(runs.SCORE) == ("psnr", "ssim", "fsim", "lpips", "label_accuracy")
+    assert runs.attack_columns(runs.SCORE) == ("psnr", "ssim", "fsim", "lpips", "label_accuracy", "psnr_recovered")
 
 
 def test_the_outcome_fills_its_columns_under_their_names():

@@ -208,10 +208,12 @@ def test_the_steps_schedule_is_todays_attack_and_the_audit_default_sets_its_own_
     paper = AttackConfig()
     steps = AuditSettings(attack_lr_schedule="steps").attack_config()
     assert (steps.lr_images, steps.lr_decay, steps.lr_schedule) == (paper.lr_images, paper.lr_decay, paper.lr_schedule)
+    from fl_attack.attacker.rule import SHORT
+
     default = AuditSettings()
-    assert default.attack_lr_schedule != "steps"  # the short-budget one is the audit's default
-    config = default.attack_config()
-    for name, value in LR_SCHEDULES[default.attack_lr_schedule].items():
+    assert default.attack_lr_schedule == "auto"  # the audit's rule picks it per update (tests/test_rule.py)
+    config = default.attack_config()  # until the update is known: the rule's short-trajectory schedule
+    for name, value in LR_SCHEDULES[SHORT["schedule"]].items():
         assert getattr(config, name) == value
     mine = AuditSettings(attack_options="lr_images=0.7").attack_config()
     assert mine.lr_images == 0.7 and mine.lr_decay == config.lr_decay

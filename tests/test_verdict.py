@@ -231,6 +231,10 @@ def test_verdict_line_and_summary_read_a_row():
     rows[0]["count_trend"] = "converged"  # flat within its schedule, which a longer one still moves (measured)
     flat = verdict_summary(rows)["lines"][3]
     assert "; every count was flat over the last half of its schedule, which a longer schedule" in flat
+    # the plateau schedule cuts X_hat's rate to nothing: more of its iterations are never offered
+    for trend in ("still rising", "converged"):
+        stalled = verdict_summary([rows[0] | {"count_trend": trend, "lr_schedule": "plateau"}, rows[1]])["lines"][3]
+        assert "--iterations" not in stalled and "plateau schedule had cut X_hat's rate to nothing" in stalled
 
 
 def test_the_blocked_ranking_is_the_whole_matrix_s(setup):

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("name", choices=list(EXPERIMENTS), metavar="NAME", help="the experiment (see below)")
     parser.add_argument(
         "--scale",
-        choices=list(PRESETS),
+        choices=[name for name, p in PRESETS.items() if not p.rule],
         default="cpu",
         help="paper: the paper's protocol (GPU); cpu: a few CPU minutes; tiny: a smoke test",
     )

@@ -140,8 +140,9 @@ def make_context(
     compile: off, on or auto (``AttackConfig.compile``). batch: N or "auto"
     (``fl_attack.attacker.workers.resolve_batch``): the attacks of a grid a worker runs as one
     ``reconstruct_batch``, with the rows of unbatched ones."""
-    if scale not in PRESETS:
-        raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(PRESETS)}")
+    if scale not in PRESETS or PRESETS[scale].rule:
+        scales = [name for name, p in PRESETS.items() if not p.rule]  # a rule preset is no fixed size
+        raise ValueError(f"unknown scale '{scale}'; choose from: {', '.join(scales)}")
     sc = PRESETS[scale]
     given = {"seeds": seeds, "clients": clients, "iterations": iterations}
     for label, value in given.items():

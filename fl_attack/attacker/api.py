@@ -31,6 +31,7 @@ from fl_attack.attacker.attacks.batchnorm import check_statistics_use, surrogate
 from fl_attack.attacker.attacks.compiled import prepare_step
 from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
 from fl_attack.attacker.precision import autocast, precision_scope, resolve_precision
+from fl_attack.attacker.rule import for_update
 from fl_attack.attacker.start import initial_images
 from fl_attack.federation.data import get_spec
 from fl_attack.federation.models import check_model, parameter_keys, resolve_model
@@ -165,6 +166,9 @@ def reconstruct(
     """
     attack_cls = get_attack(method)
     config = AttackConfig.from_overrides(config, **overrides)
+    if config.auto:  # the audit's rule (fl_attack.attacker.rule), from the (first) update's metadata
+        first = update if isinstance(update, ObservedUpdate) else next(iter(update), None)
+        config = for_update(config, first.metadata) if isinstance(first, ObservedUpdate) else config
     _check_dtype(dtype)
     dev = resolve_device(device)
     precision = _precision(config.precision, dev, dtype)
@@ -303,6 +307,13 @@ def reconstruct_batch(
     if not attack_cls.batchable:
         raise ValueError(f"method '{method}' cannot be batched: its clients cannot share one computation")
     config = AttackConfig.from_overrides(config, **overrides)
+    if config.auto:  # the audit's rule must choose one attack for every update of the batch
+        chosen = [for_update(config, u.metadata) for u in updates if isinstance(u, ObservedUpdate)]
+        if any(c != chosen[0] for c in chosen[1:]):
+            raise ValueError(
+                "the audit's rule chooses other attacks for these updates (their T differs): batch them apart"
+            )
+        config = chosen[0] if chosen else config
     _check_dtype(dtype)
     dev = resolve_device(device)
     precision = _precision(config.precision, dev, dtype)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fl_attack.attacker.attacks import ATTACKS, AttackConfig
+from fl_attack.attacker.attacks import ATTACKS, AttackConfig, schedule_name
 from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, MemoryInputs
+from fl_attack.attacker.rule import for_update
 from fl_attack.federation.update import AttackTarget, ObservedUpdate
 
 RESUBMITS = 1  # a job whose worker died under it is resubmitted this many times, then recorded as failed
@@ -44,6 +45,12 @@ class AttackJob:
     # the other jobs run with this one as one reconstruct_batch (Pipeline, ``batch_key``); () alone
     batch: tuple = ()
 
+    def __post_init__(self):
+        # the settings the audit's rule picks (config.auto) are chosen here, from the update's metadata, so
+        # that every worker, batch key and row sees the attack that runs (fl_attack.attacker.rule)
+        if self.update is not None:
+            self.config = for_update(self.config, self.update.metadata)
+
     def described(self, trace: list | None = None) -> dict:
         """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
         estimator) and its problem (the update's size against the unknowns, the client's
@@ -54,6 +61,7 @@ class AttackJob:
             local_steps=u.metadata.local_steps if u is not None else None,
             nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
             iterations=self.config.iterations,
+            lr_schedule=schedule_name(self.config),
             label_estimator=self.config.label_estimator,
             parameters=u.num_parameters if u is not None else None,
             unknowns=u.num_unknowns if u is not None else None,
@@ -126,6 +134,7 @@ class AttackOutcome:
     local_steps: int | None = None  # T of the attacked update
     nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
     iterations: int | None = None  # K, the attack's iterations (its AttackConfig's)
+    lr_schedule: str = ""  # X_hat's learning-rate schedule (fl_attack.attacker.attacks.schedule_name)
     label_estimator: str = ""  # the AttackConfig's (recorded even with oracle labels, where it is unused)
     parameters: int | None = None  # the update's floating-point entries (ObservedUpdate.num_parameters)
     unknowns: int | None = None  # the client's pixels k*C*H*W (ObservedUpdate.num_unknowns)

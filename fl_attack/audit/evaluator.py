@@ -52,6 +52,7 @@ _VERDICT = attack_columns(VERDICT)  # the verdict's (fl_attack.audit.verdict.VER
 RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
 RESULT_FROM = ("dataset", "partition_id", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim")
 RESULT_FROM += ("fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds", *_VERDICT)
+RESULT_FROM += ("psnr_recovered",)
 RESULT_COLUMNS = tuple(RESULT_RENAMES.get(c, c) for c in RESULT_FROM)
 
 
@@ -63,16 +64,19 @@ def score(images: torch.Tensor, labels, truth_images: torch.Tensor, truth_labels
 
     images, truth_images: (N,C,H,W) in [0,1]; labels, truth_labels: (N,) class ids (order irrelevant).
     Returns ``fl_attack.audit.metrics.evaluate_reconstruction``'s dict: psnr (dB), ssim, fsim, lpips (the
-    shared CPU LPIPS-alex network, loaded once per process), label_accuracy in [0,1], per_image,
+    shared CPU LPIPS-alex network, loaded once per process), label_accuracy in [0,1], psnr_recovered in
+    [0,1] (Dimitrov et al.'s share above the dataset's ``psnr_recovered_db``), per_image,
     matching, matched_recon. Raises TypeError / ValueError for malformed inputs.
     """
+    spec = get_spec(dataset)
     return evaluate_reconstruction(
         images,
         truth_images,
         recon_labels=labels,
         true_labels=truth_labels,
-        num_classes=get_spec(dataset).num_classes,
+        num_classes=spec.num_classes,
         lpips=get_lpips("cpu"),
+        psnr_recovered_db=spec.psnr_recovered_db,
     )
 
 

@@ -432,8 +432,8 @@ def _replay_run_config(replay: Replay) -> dict:
         {
             "attack-method": ",".join(replay.methods),
             "attack-labels": replay.labels,
-            "attack-iterations": config.iterations,
-            "attack-nodes": config.nodes,
+            "attack-iterations": 0 if "iterations" in config.auto else config.iterations,  # 0: the audit's rule
+            "attack-nodes": 0 if "nodes" in config.auto else config.nodes,
             "attack-precision": config.precision,
             "attack-compile": config.compile,
             "attack-options": ",".join(f"{k}={v}" for k, v in options.items()),

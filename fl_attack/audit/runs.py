@@ -252,6 +252,28 @@ ATTACK_SCHEMA: tuple[Column, ...] = (
         VERDICT,
         default="",
     ),
+    Column(
+        "lr_schedule",
+        str,
+        "X_hat's learning-rate schedule as it ran (steps, plateau, constant, cosine; attack-lr-schedule or the "
+        "audit's rule); empty in older runs",
+        OUTCOME,
+        default="",
+    ),
+    Column(
+        "psnr_recovered",
+        float,
+        "Dimitrov et al.'s metric: the share of the k images whose PSNR-maximising match is above the "
+        "dataset's delta (20 dB FEMNIST, 19 dB CIFAR-100); lenient on FEMNIST's white pages, read beside the verdict",
+        SCORE,
+        default=NAN,
+    ),
+    Column(
+        "guess_psnr_recovered",
+        float,
+        "psnr_recovered of the best update-free guess (its null: about a fifth on FEMNIST without any update)",
+        VERDICT,
+    ),
     Column("image", str, "the grid's path relative to the run folder (stays the last column)", EVALUATOR, default=""),
 )
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fl_attack.attacker.attacks import LR_SCHEDULES, AttackConfig
 from fl_attack.attacker.precision import PRECISIONS
+from fl_attack.attacker.rule import AUTO, placeholder
 from fl_attack.federation.config import check_field_types, parse_key_values
 from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.federation.settings import NOT_KEYS, FederationSettings, typed_fields
@@ -62,6 +63,7 @@ OWN_KEYS = {
     "seed": "seed",
     "precision": "attack-precision",
     "compile": "attack-compile",
+    "auto": "attack-nodes, attack-iterations or attack-lr-schedule (0 / auto: the audit's rule)",
 }
 
 
@@ -111,9 +113,9 @@ class AuditSettings:
     num_server_rounds: int = 3
     attack_method: str = "pisme"
     attack_clients: str = "0"
-    attack_iterations: int = 400
-    attack_nodes: int = 1
-    attack_lr_schedule: str = "plateau"
+    attack_iterations: int = AUTO
+    attack_nodes: int = AUTO
+    attack_lr_schedule: str = "auto"
     attack_labels: str = "recovered"
     attack_num_gpus: float = 0.0
     attack_actors: int = 1
@@ -197,9 +199,20 @@ class AuditSettings:
             raise ValueError(
                 f"invalid run config: attack-options sets {clash[0]}; set the run-config key {OWN_KEYS[clash[0]]}"
             )
-        own = dict(iterations=self.attack_iterations, nodes=self.attack_nodes)
+        # 0 / "auto": the audit's rule chooses per update (fl_attack.attacker.rule); until then the short-T choice
+        rule = placeholder()
+        auto = [
+            name for name, value in (("iterations", self.attack_iterations), ("nodes", self.attack_nodes)) if not value
+        ]
+        own = dict(iterations=self.attack_iterations or rule["iterations"], nodes=self.attack_nodes or rule["nodes"])
         own |= dict(precision=self.attack_precision, compile=self.attack_compile)
-        options = {**LR_SCHEDULES[self.attack_lr_schedule], **options}
+        if self.attack_lr_schedule == "auto":
+            schedule = {key: rule[key] for key in ("lr_images", "lr_decay", "lr_schedule")}
+            if not schedule.keys() & options.keys():  # attack-options that set a rate or shape make it theirs
+                auto.append("schedule")
+        else:
+            schedule = LR_SCHEDULES[self.attack_lr_schedule]
+        options = {**schedule, **options, "auto": tuple(auto)}
         if federation is not None:
             own["seed"] = federation.seed
             options = {"observed_only": federation.defense.observed_only, **options}
@@ -379,11 +392,14 @@ class AuditSettings:
         check_field_types(self, lambda name: name.replace("_", "-"), {f.name for f in fields(AuditSettings)})
         checks = [
             (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
-            (self.attack_iterations >= 1, "attack-iterations must be >= 1"),
-            (self.attack_nodes >= 1, f"attack-nodes (m) must be >= 1, got {self.attack_nodes}"),
+            (self.attack_iterations >= 0, "attack-iterations must be >= 1, or 0 for the audit's rule"),
             (
-                self.attack_lr_schedule in LR_SCHEDULES,
-                f"attack-lr-schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.attack_lr_schedule!r}",
+                self.attack_nodes >= 0,
+                f"attack-nodes (m) must be >= 1, or 0 for the audit's rule, got {self.attack_nodes}",
+            ),
+            (
+                self.attack_lr_schedule in (*LR_SCHEDULES, "auto"),
+                f"attack-lr-schedule must be one of {', '.join(LR_SCHEDULES)} or auto, got {self.attack_lr_schedule!r}",
             ),
             (self.attack_labels in ("recovered", "oracle"), "attack-labels must be 'recovered' or 'oracle'"),
             (self.attack_num_gpus >= 0, "attack-num-gpus must be >= 0"),

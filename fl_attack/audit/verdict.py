@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_attack.audit.metrics import _psnr, _ssim, match_pairs
+from fl_attack.audit.metrics import _psnr, _ssim, match_pairs, psnr_recovered
 from fl_attack.audit.overlap import leave_out_writers, reader_overlap
 from fl_attack.audit.runs import percent, whose
 from fl_attack.audit.stats import CONFIDENCE, exceeds_chance, interval
@@ -116,6 +116,7 @@ VERDICT_COLUMNS = (
     "guesses",
     "recovered_curve",
     "count_trend",
+    "guess_psnr_recovered",
 )
 START_GUESS = "public start"  # the attack's own start when it started from public images (AttackConfig.start)
 
@@ -221,6 +222,7 @@ class Verdict:
                     f"got {tuple(self.distractor_labels.shape)}"
                 )
         self._num_classes = spec.num_classes
+        self._psnr_recovered_db = spec.psnr_recovered_db
         self._distractor_prints = _fingerprints(self.distractors)
         self._public_prints = _fingerprints(self.public_images)
         self._warned: set = set()
@@ -542,6 +544,7 @@ class Verdict:
                 "psnr": float(_psnr(g, truth).double().mean()),
                 "ssim": float(_ssim(g, truth).double().mean()),
                 "lpips": float(lpips(g, truth).double().mean()),
+                "psnr_recovered": psnr_recovered(guess, truth, self._psnr_recovered_db),
             }
         noise = [self.singled_out(pair(self.noise(k, i)), candidates) for i in range(NOISE_OUTPUTS)]
         reid_noise = float(torch.cat(noise).double().mean())
@@ -593,6 +596,7 @@ class Verdict:
             "guesses": json.dumps({n: {c: round(v, 6) for c, v in g.items()} for n, g in per_guess.items()}),
             "recovered_curve": json.dumps({str(it): n for it, n in curve.items()}) if curve else "",
             "count_trend": trend,
+            "guess_psnr_recovered": best("psnr_recovered"),
         }
 
     # ------------------------------------------------------------------------------- the evidence
@@ -762,11 +766,19 @@ def verdict_summary(rows: list[dict]) -> dict:
     if memoryless:
         recovered, images = sum(int(r["recovered"]) for r in memoryless), sum(int(r["k"]) for r in memoryless)
         budget = "/".join(str(i) for i in sorted({r["iterations"] for r in memoryless}))
-        # More iterations help only where a count was still rising (rows without the trend: assume they may)
-        rising = [r for r in memoryless if (r.get("count_trend") or "still rising") == "still rising"]
+        # More iterations help only where a count was still rising (rows without the trend: assume they may),
+        # and never under the plateau schedule, which has cut X_hat's rate to nothing by its end: 2,000
+        # iterations give the images of 400 to 7 digits (docs/time-to-quality.md)
+        longer = [r for r in memoryless if r.get("lr_schedule") != "plateau"]
+        rising = [r for r in longer if (r.get("count_trend") or "still rising") == "still rising"]
         few = recovered < FEW * images
         hint = ""
-        if few and rising:
+        if few and not longer:
+            hint = (
+                "; the plateau schedule had cut X_hat's rate to nothing by each attack's end, so more iterations "
+                "of it change nothing (docs/time-to-quality.md)"
+            )
+        elif few and rising:
             hint = (
                 f"; still rising in {len(rising)} of {len(memoryless)}: `fl-attack replay RUN_DIR --iterations 1000` "
                 "attacks the recorded updates again with more (docs/time-to-quality.md)"

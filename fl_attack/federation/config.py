@@ -293,6 +293,8 @@ class Preset:
     iterations: Adam steps K, >= 1. nodes: Gauss-Legendre nodes m, >= 1 (ValueError otherwise).
     clients, seeds: the experiments' victims per cell; cifar_clients: fewer CIFAR-100 clients per
     cell (cost), None for as many. trace_every: the trace's period in iterations. note: what it is for.
+    rule: the attack's m, iterations and schedule are the audit's rule's per victim (iterations and nodes
+    are then its short-trajectory choice, what an attack holds until its update is known).
     """
 
     name: str
@@ -305,6 +307,7 @@ class Preset:
     trace_every: int = 10
     cifar_clients: int | None = None
     note: str = ""
+    rule: bool = False
 
     def __post_init__(self):
         for name in ("iterations", "nodes"):
@@ -387,5 +390,18 @@ PRESETS = {
         seeds=1,
         trace_every=1,
         note="a smoke test of the code paths (T=4/10 stand for the paper's T=100/250); its numbers mean nothing.",
+    ),
+    "audit": Preset(
+        "audit",
+        PAPER,
+        iterations=400,
+        nodes=1,
+        long_epochs=50,
+        clients=4,
+        seeds=1,
+        rule=True,
+        note="the audit's attack: m, the iterations and X_hat's schedule chosen per victim from its T by the "
+        "audit's rule (fl_attack.attacker.rule; docs/time-to-quality.md), as a federation's server attacks; "
+        "explicit --nodes, --iterations and schedule --option values win. The victims' protocol is the paper's.",
     ),
 }

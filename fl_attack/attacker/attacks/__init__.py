@@ -13,6 +13,7 @@ from fl_attack.attacker.attacks import (  # noqa: F401  (registration side effec
 )
 from fl_attack.attacker.attacks.base import (
     ATTACKS,
+    AUTO_SETTINGS,
     LR_SCHEDULES,
     Attack,
     AttackConfig,
@@ -20,11 +21,13 @@ from fl_attack.attacker.attacks.base import (
     lsim,
     parse_methods,
     register,
+    schedule_name,
     total_variation,
 )
 
 __all__ = [
     "ATTACKS",
+    "AUTO_SETTINGS",
     "LR_SCHEDULES",
     "Attack",
     "AttackConfig",
@@ -32,5 +35,6 @@ __all__ = [
     "lsim",
     "parse_methods",
     "register",
+    "schedule_name",
     "total_variation",
 ]

@@ -41,6 +41,24 @@ LR_SCHEDULES = {
     "constant": {"lr_images": 0.3, "lr_decay": False},
     "plateau": {"lr_images": 1.0, "lr_decay": True, "lr_schedule": "plateau"},
 }
+# What AttackConfig.auto may name: the settings the audit's rule picks per update (fl_attack.attacker.rule);
+# "schedule" stands for the LR_SCHEDULES fields (lr_images, lr_decay, lr_schedule).
+AUTO_SETTINGS = ("nodes", "iterations", "schedule")
+_AUTO_FIELDS = {
+    "nodes": ("nodes",),
+    "iterations": ("iterations",),
+    "schedule": ("lr_images", "lr_decay", "lr_schedule"),
+}
+
+
+def schedule_name(config) -> str:
+    """The name of X_hat's learning-rate schedule an AttackConfig runs: the ``LR_SCHEDULES`` name whose
+    values it has ("steps", "plateau", "constant"), else its shape ("cosine", "steps" at another rate) or
+    "none" (lr_decay off at another rate): attacks.csv's lr_schedule column."""
+    for name, values in LR_SCHEDULES.items():
+        if all(getattr(config, key) == value for key, value in values.items()):
+            return name
+    return config.lr_schedule if config.lr_decay else "none"
 
 
 @dataclass
@@ -123,6 +141,9 @@ class AttackConfig:
     4 -> 2); dimitrov_tv, dimitrov_clip, dimitrov_invariance, the weights of the squared TV, the pixel-box
     term and the epoch-order-invariant prior (-1: 1e-3, 2, 1000 / 2e-4, 10, 6.075; 0 turns a term off);
     dimitrov_restarts: fresh starts allowed after a non-finite loss (then the last finite images are kept).
+    auto: the settings (``AUTO_SETTINGS``: nodes, iterations, schedule) the audit's rule chooses per update from
+    its public metadata (fl_attack.attacker.rule.for_update, called by AttackJob and ``reconstruct``); until
+    then they hold the rule's short-trajectory choice. () (the library's default): every value as given.
     """
 
     iterations: int = 1000
@@ -172,8 +193,14 @@ class AttackConfig:
     dimitrov_clip: float = -1.0
     dimitrov_invariance: float = -1.0
     dimitrov_restarts: int = 1
+    auto: tuple = ()
 
     def __post_init__(self):
+        if isinstance(self.auto, str):
+            self.auto = tuple(a.strip() for a in self.auto.split(",") if a.strip())
+        if not set(self.auto) <= set(AUTO_SETTINGS):
+            raise ValueError(f"auto may name {', '.join(AUTO_SETTINGS)}, got {', '.join(map(str, self.auto))}")
+        self.auto = tuple(a for a in AUTO_SETTINGS if a in self.auto)  # one order, whatever the order given
         if int(self.iterations) < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
         if not isinstance(self.nodes, int) or self.nodes < 1:
@@ -261,12 +288,15 @@ class AttackConfig:
 
     @classmethod
     def from_overrides(cls, config: AttackConfig | None = None, **overrides) -> AttackConfig:
-        """A copy of ``config`` (or the defaults) with ``overrides``; unknown names raise ValueError."""
+        """A copy of ``config`` (or the defaults) with ``overrides``; unknown names raise ValueError. An override
+        of a setting in ``config.auto`` (nodes, iterations, a schedule field) takes it out of ``auto``."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown attack setting(s) {unknown}; known: {sorted(known)}")
         base = asdict(config) if config is not None else {}
+        if "auto" not in overrides:  # an explicit value wins over the rule: it is no longer the rule's to pick
+            base["auto"] = tuple(a for a in base.get("auto", ()) if not set(_AUTO_FIELDS[a]) & set(overrides))
         base.update(overrides)
         return cls(**base)
 
