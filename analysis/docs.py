@@ -293,12 +293,13 @@ def demo_blocks(record: Path) -> dict[str, str]:
     return {"demo": "\n".join(verdict), "demo-timings": "\n".join(timings)}
 
 
-def with_blocks(readme: str, blocks: dict[str, str]) -> str:
-    """``readme`` with each block's text between its markers; ValueError when a marker is missing."""
+def with_blocks(readme: str, blocks: dict[str, str], page: str = "README.md") -> str:
+    """``readme`` (the text of ``page``) with each block's text between its markers; ValueError when a marker
+    is missing."""
     for name, text in blocks.items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         if readme.count(begin) != 1 or readme.count(end) != 1 or readme.index(begin) > readme.index(end):
-            raise ValueError(f"README.md must hold {begin} ... {end} once, in that order")
+            raise ValueError(f"{page} must hold {begin} ... {end} once, in that order")
         head, rest = readme.split(begin)
         _, tail = rest.split(end)
         readme = f"{head}{begin}\n{text}\n{end}{tail}"
@@ -332,12 +333,36 @@ def outputs(what: str, record: Path = DEMO_RECORD) -> dict[Path, str]:
     if what in ("demo-block", "demo-record", "all"):
         readme = (ROOT / README).read_text(encoding="utf-8")
         out[README] = with_blocks(readme, demo_blocks(ROOT / record))
+    if what in ("trajectory", "all"):
+        out.update(trajectory_outputs())
     return out
+
+
+TIME_TO_QUALITY_PAGE = Path("docs/time-to-quality.md")
+
+
+def trajectory_outputs() -> dict[Path, str]:
+    """The trajectory-length grid's records (analysis.experiments.trajectory: trajectory.csv and .md, from every
+    contender's results.csv) and its table's block in docs/time-to-quality.md."""
+    from analysis.experiments.trajectory import COLUMNS, collect, table
+    from analysis.experiments.trajectory import ROOT as RECORDS
+    from fl_attack.records import csv_text
+
+    rows = collect(RECORDS)
+    made = table(rows)
+    page = (ROOT / TIME_TO_QUALITY_PAGE).read_text(encoding="utf-8")
+    block = f"{_generated('trajectory')}\n{made.rstrip()}"
+    folder = RECORDS.relative_to(ROOT)
+    return {
+        folder / "trajectory.csv": csv_text(rows, COLUMNS),
+        folder / "trajectory.md": made,
+        TIME_TO_QUALITY_PAGE: with_blocks(page, {"trajectory": block}, str(TIME_TO_QUALITY_PAGE)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("run-config", "run-folder", "demo-block", "demo-record", "all"))
+    parser.add_argument("what", choices=("run-config", "run-folder", "demo-block", "demo-record", "trajectory", "all"))
     parser.add_argument("run_dir", nargs="?", help="demo-record: the `make demo` run folder to record")
     parser.add_argument("--check", action="store_true", help="compare, write nothing; exit 1 when a file differs")
     args = parser.parse_args(argv)

@@ -41,6 +41,15 @@ def test_readme_demo_blocks_are_the_records():
     )
 
 
+def test_the_trajectory_table_and_its_records_are_current():
+    """docs/time-to-quality.md's trajectory table, trajectory.csv and trajectory.md are what the contenders'
+    results.csv make (analysis.experiments.trajectory): none by hand; a finished contender of each set is in."""
+    made = docs.trajectory_outputs()
+    for path, text in made.items():
+        assert (ROOT / path).read_text() == text, _stale(path, "trajectory")
+    assert "| dimitrov-T100 | 100 | m7-steps-400 | 7 | 400 |" in made[docs.TIME_TO_QUALITY_PAGE]
+
+
 def test_demo_block_holds_every_verdict_line():
     summary = json.loads((ROOT / docs.DEMO_RECORD / "summary.json").read_text())
     block = docs.demo_blocks(ROOT / docs.DEMO_RECORD)["demo"]

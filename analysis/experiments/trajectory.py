@@ -41,9 +41,12 @@ COLUMNS = (
 
 
 def collect(root: Path = ROOT) -> list[dict]:
-    """One row per victim of every contender of every set under ``root`` (results.csv, attacks that ran)."""
+    """One row per victim of every finished contender (its run.log, written last by run.sh) of every set
+    under ``root`` (results.csv, attacks that ran)."""
     rows = []
     for results in sorted(root.glob("*/*/results.csv")):
+        if not (results.parent / "run.log").is_file():  # still running, or killed part-way
+            continue
         contender, name = results.parent.name, results.parent.parent.name
         with open(results, newline="") as f:
             for r in csv.DictReader(f):
