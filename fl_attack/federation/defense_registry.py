@@ -104,14 +104,14 @@ def parameter_defaults() -> dict[str, object]:
 def register_defense(cls: type[Defense]) -> type[Defense]:
     """Class decorator: add a defense to ``DEFENSES`` under ``cls.name``.
 
-    Raises TypeError unless ``cls`` is a frozen dataclass subclass of Defense whose every field has a
-    bool, int, float or str default; ValueError for a name already registered, empty or with a "+",
-    or for a parameter another defense declares with another default.
+    Raises TypeError unless ``cls`` is a subclass of Defense decorated with @dataclass(frozen=True)
+    whose every field has a bool, int, float or str default; ValueError for a name already
+    registered, empty or with a "+", or for a parameter another defense declares with another default.
     """
     if not (isinstance(cls, type) and issubclass(cls, Defense) and dataclasses.is_dataclass(cls)):
         raise TypeError(f"register_defense: {cls!r} is not a dataclass subclass of Defense")
-    if not cls.__dataclass_params__.frozen:
-        raise TypeError(f"register_defense: {cls.__name__} must be a frozen dataclass")
+    if "__dataclass_params__" not in vars(cls):  # its own fields would not be parameters
+        raise TypeError(f"register_defense: decorate {cls.__name__} with @dataclass(frozen=True)")
     name = cls.name
     if not name or "+" in name or name != name.strip().lower():
         raise ValueError(f"register_defense: {cls.__name__}.name must be lower-case text without '+', got {name!r}")
