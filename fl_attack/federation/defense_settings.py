@@ -170,10 +170,14 @@ class DefenseSettings:
         return name in self.names
 
     def value(self, name: str):
-        """The value of the parameter ``name`` (a field name, e.g. "topk_fraction")."""
+        """The value of the parameter ``name`` (a field name, e.g. "topk_fraction"); KeyError when no
+        registered defense has it."""
         if name in self.__dataclass_fields__:
             return getattr(self, name)
-        return dict(self.plugin_parameters).get(name, parameter_defaults().get(name))
+        defaults = parameter_defaults()
+        if name not in defaults:
+            raise KeyError(f"no registered defense has the parameter '{name}'")
+        return dict(self.plugin_parameters).get(name, defaults[name])
 
     def _build(self, cls: type[Defense]) -> Defense:
         return cls(**{f.name: self.value(f.name) for f in fields(cls)})
