@@ -86,13 +86,13 @@ def _split_comment(rest: str) -> tuple[str, str]:
 def owners() -> list[tuple[str, type, dict[str, str]]]:
     """(title, class, {run-config key: field name}) of each role that owns run-config keys."""
     from fl_attack.audit.settings import AuditSettings
-    from fl_attack.federation.defense_settings import DefenseSettings, _field_to_key
+    from fl_attack.federation.defense_settings import DefenseSettings
     from fl_attack.federation.settings import NOT_KEYS, FederationSettings
 
     kebab = lambda cls: {f.name.replace("_", "-"): f.name for f in fields(cls) if f.name not in NOT_KEYS}
     return [
         ("The federation's keys", FederationSettings, kebab(FederationSettings)),
-        ("The defense's keys", DefenseSettings, {_field_to_key(f.name): f.name for f in fields(DefenseSettings)}),
+        ("The defense's keys", DefenseSettings, DefenseSettings.keys()),
         ("The audit's keys", AuditSettings, kebab(AuditSettings)),
     ]
 

@@ -16,7 +16,6 @@ so both handlers hand the message to ``LEGACY_APP``, a NumPyClient doing the sam
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import OrderedDict
 
@@ -31,6 +30,7 @@ from fl_attack.federation.settings import FederationSettings
 from fl_attack.federation.training import evaluate_model, train_local
 
 from .defenses import TRAIN_MODS
+from .settings import run_settings
 
 app = ClientApp()
 
@@ -47,20 +47,12 @@ def node_partition(context: Context) -> int:
         ) from None
 
 
-@functools.lru_cache(maxsize=8)
-def _parsed(run_config: tuple) -> FederationSettings:
-    """The run config's federation keys, parsed once per run and process: the server's pre-flight has
-    checked the whole run config (fl_attack.run_config.preflight); a client reads only what it needs
-    (no attack key, no attack code), without checking it again per message."""
-    return FederationSettings.from_run_config(dict(run_config))
-
-
 def node_settings(context: Context) -> FederationSettings:
     """The run config's federation settings, with the federation's partition count from the node config's
     ``num-partitions``: the Flower Datasets partitioners cut the data into that many partitions, as
     the server does with its node count. ValueError for a num-partitions that is not a whole number
     >= 1 (without one, a Flower partitioner raises when the data is loaded)."""
-    settings = _parsed(tuple(sorted(dict(context.run_config).items())))
+    settings = run_settings(context)
     found = context.node_config.get("num-partitions")
     try:
         return settings if found is None else settings.with_partitions(int(found))

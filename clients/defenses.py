@@ -2,18 +2,21 @@
 
 Flower fixes a ClientApp's mods when the module is imported, and the mods do not check the
 message type (as measured on Flower 1.42). So ``TRAIN_MODS`` is registered for training only, and each
-mod here reads the run's DefenseSettings from ``context.run_config`` and steps aside when its
-defense is off. Outermost first:
+mod here reads the run's DefenseSettings (parsed once per run config: clients/settings.py) and steps
+aside when its defense is off. Outermost first:
 
 1. ``secagg_mod``: Flower's ``secaggplus_mod`` (SecAgg+ masking of the final update);
-2. ``update_transform_mod``: topk / low-rank / quantize (fl_attack.federation.defenses), post-processing of
-   whatever the inner mods produced, so that DP noise is sparsified, not sparsity noised;
+2. ``update_transform_mod``: the ``transform`` of every active defense that has one (topk, low-rank,
+   quantize; fl_attack/federation/defense_registry.py), post-processing of whatever the inner mods
+   produced, so that DP noise is sparsified, not sparsity noised;
 3. ``local_dp_mod``: Flower's ``LocalDpMod`` (clip to C, Gaussian noise), seeded per client and round;
 4. ``central_clipping_mod``: Flower's ``fixedclipping_mod`` for central DP with client-side
    clipping (the strategy wrapper sends the clipping norm).
 
 The mods read the weights sent and returned from the message's single ArrayRecord, so they work
 both on the Message API (``arrays``) and on SecAgg+'s legacy messages (``fitins.parameters``).
+A new defense whose client side is the library's own arithmetic needs nothing here (its ``transform``);
+one whose client side is a Flower mod (the library imports no Flower) adds its mod to ``TRAIN_MODS``.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.mod import LocalDpMod, fixedclipping_mod
 
 from fl_attack.federation.defense_settings import DefenseSettings
-from fl_attack.federation.defenses import transform_update
+
+from .settings import run_settings
 
 
 def _defense(context: Context) -> DefenseSettings:
-    return DefenseSettings.from_run_config(context.run_config)
+    """The run's DefenseSettings, parsed once per run config and process (not per message)."""
+    return run_settings(context).defense
 
 
 def _server_round(msg: Message) -> int:
@@ -54,7 +59,7 @@ def secagg_mod(msg: Message, context: Context, call_next) -> Message:
 
 
 def update_transform_mod(msg: Message, context: Context, call_next) -> Message:
-    """Replace the returned weights by the defense's transformed update (topk, low-rank, quantize)."""
+    """Replace the returned weights by the active defenses' transformed update (DefenseSettings.transform)."""
     defense = _defense(context)
     if not defense.transforms_update:
         return call_next(msg, context)
@@ -64,9 +69,7 @@ def update_transform_mod(msg: Message, context: Context, call_next) -> Message:
     if reply.has_error():
         return reply
     ((key, returned),) = reply.content.array_records.items()
-    wT = transform_update(
-        w0, returned.to_torch_state_dict(), seed=client_seed(context, msg), **defense.update_transforms()
-    )
+    wT = defense.transform(w0, returned.to_torch_state_dict(), seed=client_seed(context, msg))
     reply.content.array_records[key] = ArrayRecord(wT)
     return reply
 

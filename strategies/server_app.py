@@ -163,9 +163,9 @@ def build_strategy(settings: RunSettings, run_dir, num_nodes: int, initial_state
             evaluate,
             fraction_fit=settings.fraction_train,
             fraction_evaluate=settings.fraction_evaluate,
-            min_fit_clients=defense.secagg_min_clients,
+            min_fit_clients=defense.min_clients,
             min_evaluate_clients=min_evaluate,
-            min_available_clients=defense.secagg_min_clients,
+            min_available_clients=defense.min_clients,
         )
         return strategy, service, None
     fedavg = SeededFedAvg(

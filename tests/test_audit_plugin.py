@@ -77,7 +77,7 @@ def test_the_preflight_runs_once_per_run_and_the_clients_parse_the_run_config_on
     """The ServerApp checks the run config once (fl_attack.run_config.preflight) and hands the
     settings down; each client process parses it once per run, not per message (here every node
     shares this process: 3 nodes x 2 rounds x (train + evaluate) messages, one parse)."""
-    from clients import client_app
+    from clients import settings as client_settings
     from fl_attack import run_config
     from fl_attack.federation.settings import FederationSettings
 
@@ -89,7 +89,7 @@ def test_the_preflight_runs_once_per_run_and_the_clients_parse_the_run_config_on
         return real(cls, config)
 
     monkeypatch.setattr(FederationSettings, "from_run_config", classmethod(counted))
-    client_app._parsed.cache_clear()
+    client_settings.parsed.cache_clear()
     before = run_config.preflight.runs
     run = serve(tmp_path, partitions=(0, 1, 2), num_rounds=2, attack_method="ig", attack_iterations=1)
     assert (run / "summary.json").is_file()

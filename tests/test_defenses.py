@@ -74,7 +74,7 @@ def test_local_dp_clips_to_the_norm_and_adds_noise_of_the_configured_scale(tmp_p
     clip, epsilon = 0.005, 20.0
     settings, _, _, jobs = federate(tmp_path, defense="local-dp", defense_clip_norm=clip, defense_epsilon=epsilon)
     sigma = clip * math.sqrt(2 * math.log(1.25 / 1e-5)) / epsilon
-    assert settings.defense.local_dp_std == pytest.approx(sigma)
+    assert settings.defense.part("local-dp").noise_std == pytest.approx(sigma)
     for job in jobs:
         raw = flatten(raw_update(settings, job.target.partition_id))
         assert raw.norm() > clip  # the bound binds

@@ -7,8 +7,9 @@ new wT whose update u = wT - w0 has the defense's property, leaving its inputs u
 - ``low_rank_update``: a rank-r SVD approximation of each weight matrix's update;
 - ``quantize_update``: b-bit unbiased stochastic quantisation of each tensor's update.
 
-Which defense a run uses, and Flower's own DP and SecAgg+, are the app's business
-(fl_attack/federation/defense_settings.py, clients/defenses.py). This module needs no Flower import.
+Which of them a run applies, and in which order, is its defenses' business (their ``transform``,
+fl_attack/federation/defense_registry.py, applied by ``DefenseSettings.transform``); Flower's own DP
+and SecAgg+ are the app's (clients/defenses.py). This module needs no Flower import.
 """
 
 from __future__ import annotations
@@ -110,28 +111,3 @@ def quantize_update(w0: dict, wT: dict, bits: int, seed: int = 0) -> OrderedDict
         up = torch.rand(u.shape, generator=gen) < (scaled - floor)
         out[k] = lo + (floor + up.to(u.dtype)).clamp(0, levels) * step
     return _apply(w0, out)
-
-
-def transform_update(
-    w0: dict,
-    wT: dict,
-    *,
-    rank: int | None = None,
-    bits: int | None = None,
-    topk_fraction: float | None = None,
-    seed: int = 0,
-) -> OrderedDict[str, torch.Tensor]:
-    """Apply the given transforms in a fixed order: low-rank (``rank``), quantize (``bits``), top-k
-    (``topk_fraction``); a None parameter skips its transform.
-
-    Top-k comes last so that the update the server sees has exactly the stated fraction of non-zeros.
-    Returns wT unchanged (as a new dict) when every parameter is None.
-    """
-    out = OrderedDict((k, v) for k, v in wT.items())
-    if rank is not None:
-        out = low_rank_update(w0, out, rank)
-    if bits is not None:
-        out = quantize_update(w0, out, bits, seed=seed)
-    if topk_fraction is not None:
-        out = topk_update(w0, out, topk_fraction)
-    return out

@@ -256,8 +256,7 @@ class FederationSettings:
         defense cannot run with that many (DefenseSettings.check_clients)."""
         from fl_attack.federation.participants import sample_size
 
-        minimum = self.defense.secagg_min_clients if self.defense.secagg else 1
-        sampled = sample_size(num_nodes, self.fraction_train, minimum)
+        sampled = sample_size(num_nodes, self.fraction_train, self.defense.min_clients)
         self.defense.check_clients(sampled)
         return sampled
 
@@ -348,12 +347,12 @@ class FederationSettings:
                 'client-optimizer="momentum")'
             )
         self.defense.validate()
-        if self.model.strip() or self.defense.low_rank:  # a user model: resolved once here, before round 1
+        if self.model.strip() or self.defense.needs_model:  # a user model: resolved once here, before round 1
             self.check_model()
 
     def check_model(self, *checks) -> None:
-        """Resolve the run's model spec (``new_model``) and check its state dict: a low-rank defense's
-        ranks (DefenseSettings.check_model) and each of ``checks``, called as check(state, the
+        """Resolve the run's model spec (``new_model``) and check its state dict: the defense's checks
+        (DefenseSettings.check_model: low-rank's ranks) and each of ``checks``, called as check(state, the
         dataset's number of classes) (RunSettings: the audit's AuditSettings.check_output_bias).
         ValueError "invalid run config: model: ..." for a spec that does not resolve or a check that
         raises ValueError or KeyError."""
@@ -366,5 +365,4 @@ class FederationSettings:
             raise ValueError(f"invalid run config: model: {exc}") from None
         except KeyError as exc:
             raise ValueError(f"invalid run config: model: {exc.args[0]}") from None
-        if self.defense.low_rank:
-            self.defense.check_model(state)
+        self.defense.check_model(state)
