@@ -16,18 +16,24 @@ from fl_attack.attacker.attacks.base import (
     LR_SCHEDULES,
     Attack,
     AttackConfig,
+    check_iterations,
+    check_own_settings,
     get_attack,
     lsim,
     parse_methods,
     register,
     total_variation,
 )
+from fl_attack.attacker.attacks.compiled import check_compile
 
 __all__ = [
     "ATTACKS",
     "LR_SCHEDULES",
     "Attack",
     "AttackConfig",
+    "check_compile",
+    "check_iterations",
+    "check_own_settings",
     "get_attack",
     "lsim",
     "parse_methods",

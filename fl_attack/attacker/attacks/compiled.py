@@ -73,10 +73,12 @@ _STEPS: dict[tuple, Callable] = {}  # key -> the compiled step
 _FAILED: dict[tuple, str] = {}  # key -> the one-line reason its compile failed
 
 
-def check_compile(mode: str) -> None:
-    """ValueError unless ``mode`` is one of ``COMPILE_MODES`` ("off", "on", "auto")."""
-    if mode not in COMPILE_MODES:
+def check_compile(mode: str) -> str:
+    """``mode`` when it is one of ``COMPILE_MODES`` ("off", "on", "auto"); ValueError otherwise. The one
+    check of it (``AttackConfig.compile``, the run config's attack-compile, the CLI's --compile)."""
+    if not isinstance(mode, str) or mode not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    return mode
 
 
 def resolve_compile(mode: str, device: torch.device | str) -> bool:
