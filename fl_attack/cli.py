@@ -22,8 +22,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from fl_attack.attacker.api import DEVICES, check_device
-from fl_attack.attacker.attacks import ATTACKS, AttackConfig, check_own_settings
-from fl_attack.attacker.attacks.compiled import COMPILE_MODES, check_compile
+from fl_attack.attacker.attacks import ATTACKS, AttackConfig, check_compile, check_own_settings
+from fl_attack.attacker.attacks.base import COMPILE_MODES
 from fl_attack.attacker.labels import LABEL_MODES, check_label_mode
 from fl_attack.attacker.memory import MEMORY_MODES, MEMORY_SUFFIX, check_memory_mode, memory_methods
 from fl_attack.attacker.precision import PRECISIONS, check_precision

@@ -16,6 +16,7 @@ from fl_attack.attacker.attacks.base import (
     LR_SCHEDULES,
     Attack,
     AttackConfig,
+    check_compile,
     check_iterations,
     check_own_settings,
     get_attack,
@@ -24,7 +25,6 @@ from fl_attack.attacker.attacks.base import (
     register,
     total_variation,
 )
-from fl_attack.attacker.attacks.compiled import check_compile
 
 __all__ = [
     "ATTACKS",

@@ -32,6 +32,7 @@ _EPS = 1e-12
 
 
 STARTS = ("noise", "public")  # AttackConfig.start
+COMPILE_MODES = ("off", "on", "auto")  # AttackConfig.compile (fl_attack.attacker.attacks.compiled)
 LR_SHAPES = ("steps", "cosine", "plateau")  # AttackConfig.lr_schedule
 # Learning-rate schedules of X_hat, by name: the AttackConfig values each sets (the audit's attack-lr-schedule).
 # "steps" is the paper's (docs/PISME.md: Adam at 1.0, SME's x0.1 at 3/8, 5/8 and 7/8 of the iterations);
@@ -55,6 +56,15 @@ def check_iterations(k, allow_auto: bool = False) -> int:
         auto = " (0: chosen per update)" if allow_auto else ""
         raise ValueError(f"iterations must be an integer >= {floor}{auto}, got {k!r}")
     return int(k)
+
+
+def check_compile(mode) -> str:
+    """``mode`` when it is one of ``COMPILE_MODES`` ("off", "on", "auto"; ``compiled.resolve_compile``
+    says what each does); ValueError otherwise. The one check of it (``AttackConfig.compile``, the run
+    config's attack-compile, the CLI's --compile, the experiments' --compile)."""
+    if not isinstance(mode, str) or mode not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    return mode
 
 
 def check_own_settings(options, own: dict) -> None:
@@ -255,7 +265,6 @@ class AttackConfig:
             raise ValueError(
                 f"prior_strength must be in (0, 1) (a fraction of the diffusion steps), got {self.prior_strength}"
             )
-        from fl_attack.attacker.attacks.compiled import check_compile  # it imports this module
         from fl_attack.attacker.precision import check_precision
 
         check_precision(self.precision)
