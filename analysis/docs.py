@@ -25,6 +25,7 @@ import json
 import re
 import shutil
 import sys
+import textwrap
 import tomllib
 from dataclasses import fields
 from pathlib import Path
@@ -147,6 +148,46 @@ def _placeholder(value: ast.FormattedValue) -> str:
     return "{" + ast.unparse(value.value) + conversion + "}"
 
 
+def owner_checks(cls: type) -> dict[str, list[str]]:
+    """{key: its messages} of the keys whose checks ``cls``'s module hands to the checker of the module that
+    owns the value: its ``OWNER_CHECKS`` mapping and its ``self._owner_check("KEY", checker, ...)`` calls.
+    Each message is the checker's as written in its source, as "KEY: <message>" (how the run config reads it)."""
+    module = sys.modules[cls.__module__]
+    pairs = list(getattr(module, "OWNER_CHECKS", {}).items())
+    for node in ast.walk(ast.parse(Path(inspect.getsourcefile(cls)).read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "_owner_check"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[1], ast.Name)
+        ):
+            pairs.append((node.args[0].value, getattr(module, node.args[1].id, None)))
+    out: dict[str, list[str]] = {}
+    for key, check in pairs:
+        check = getattr(check, "func", check)  # a functools.partial of a checker (allow_auto=True)
+        if not callable(check):
+            continue
+        for message in _raised(ast.parse(textwrap.dedent(inspect.getsource(check)))):
+            if f"{key}: {message}" not in out.setdefault(key, []):
+                out[key].append(f"{key}: {message}")
+    return out
+
+
+def _raised(tree: ast.AST) -> list[str]:
+    """The message of each ``raise Error("...")`` in ``tree`` (its first argument, a string or an f-string
+    with its {expressions}), in source order."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+            text = node.exc.args[0]
+            if isinstance(text, ast.JoinedStr):
+                out.append("".join(v.value if isinstance(v, ast.Constant) else _placeholder(v) for v in text.values))
+            elif isinstance(text, ast.Constant) and isinstance(text.value, str):
+                out.append(text.value)
+    return out
+
+
 def checks_of(key: str, strings: list[str]) -> list[str]:
     """The error messages that name ``key`` first ("invalid run config: " dropped), each once."""
     out = []
@@ -167,6 +208,7 @@ def run_config_page(root: Path = ROOT) -> str:
     for title, cls, keys in owners():
         where = Path(inspect.getsourcefile(cls)).resolve().relative_to(root)
         strings = _source_strings(cls)
+        delegated = owner_checks(cls)
         types = {f.name: f.type for f in fields(cls)}
         rows = [
             '| key | default | type | what | its checks (ValueError "invalid run config: ...") |',
@@ -177,7 +219,7 @@ def run_config_page(root: Path = ROOT) -> str:
                 continue
             seen.add(key)
             value, comment = config[key]
-            checks = checks_of(key, strings)
+            checks = checks_of(key, strings) + delegated.get(key, [])
             check = "<br>".join(f"`{_cell(c)}`" for c in checks) or "its type only"
             rows.append(f"| `{key}` | `{_cell(value)}` | {types[keys[key]]} | {_cell(comment)} | {check} |")
         missing = sorted(set(keys) - set(config))

@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
-from fl_attack.attacker.attacks import ATTACKS, AttackConfig
-from fl_attack.attacker.memory import MEMORY_SUFFIX, memory_methods
-from fl_attack.attacker.precision import PRECISIONS
+from fl_attack.attacker.api import DEVICES, check_device
+from fl_attack.attacker.attacks import ATTACKS, AttackConfig, check_compile, check_own_settings
+from fl_attack.attacker.attacks.base import COMPILE_MODES
+from fl_attack.attacker.labels import LABEL_MODES, check_label_mode
+from fl_attack.attacker.memory import MEMORY_MODES, MEMORY_SUFFIX, check_memory_mode, memory_methods
+from fl_attack.attacker.precision import PRECISIONS, check_precision
 from fl_attack.audit.verdict import verdict_line
 from fl_attack.federation.config import PRESETS, parse_key_values
 from fl_attack.federation.data import DATASETS
@@ -114,6 +117,20 @@ def _methods(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _checked(check):
+    """An argparse ``type`` of a checker of the attacker's (its one check of the value): its ValueError
+    as argparse's "argument --FLAG: <the checker's message>"."""
+
+    def value(text: str):
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    value.__name__ = check.__name__
+    return value
+
+
 def _add_attack_choice(
     parser, methods, labels, device, methods_text, labels_text, device_text, precision_text="fp32"
 ) -> None:
@@ -129,20 +146,23 @@ def _add_attack_choice(
     )
     parser.add_argument(
         "--labels",
-        choices=("recovered", "oracle"),
+        type=_checked(check_label_mode),
+        metavar="{" + ",".join(LABEL_MODES) + "}",
         default=labels,
         help="labels the attack uses: recovered from the update's output-bias change, or the true labels "
         f"(oracle, an explicit leak, recorded in the labels column) (default: {labels_text})",
     )
     parser.add_argument(
         "--device",
-        choices=("auto", "cpu", "cuda"),
+        type=_checked(check_device),
+        metavar="{" + ",".join(DEVICES) + "}",
         default=device,
         help=f"where training and attacks run; auto = cuda if available (default: {device_text})",
     )
     parser.add_argument(
         "--precision",
-        choices=PRECISIONS,
+        type=_checked(check_precision),
+        metavar="{" + ",".join(PRECISIONS) + "}",
         default=None,
         help="the attacks' arithmetic: fp32; bf16 (bfloat16 autocast, float32 master copies and sums); "
         "tf32 (CUDA only); auto = the fastest the device accelerates (fp32 on a CPU without native bf16) "
@@ -150,7 +170,8 @@ def _add_attack_choice(
     )
     parser.add_argument(
         "--compile",
-        choices=("off", "on", "auto"),
+        type=_checked(check_compile),
+        metavar="{" + ",".join(COMPILE_MODES) + "}",
         default=None,
         help="run each attack step as one torch.compile'd torch.func function (compiled once per process and "
         "problem; eager with the reason where it cannot be); auto = on CUDA only, where it was measured faster "
@@ -215,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="any AttackConfig setting for every method, e.g. tv_weight=0.02 or "
                    '"lr_control_point=1e-4,tv_reduction=sum"; repeatable. iterations, nodes, trace_every, '
-                   "seed, label_refine and precision have flags of their own: give one or the other (default: none)")
+                   "seed, label_refine, precision and compile have flags of their own: give one or the other "
+                   "(default: none)")
     _add_flags(a, ("--out", str, "results/attack", "DIR",
                    "output folder, created if missing; results.csv in it is replaced (default: results/attack)"))
     # fmt: on
@@ -239,29 +261,26 @@ def _prepare_out(out: Path) -> None:
         raise UsageError(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
 
 
-# The AttackConfig fields with a flag of their own; --option may set them when the flag is not given.
-_OWN_FLAGS = ("iterations", "nodes", "trace_every", "seed", "label_refine", "precision")
-
-
 def _settings(args) -> AttackSettings:
     """The flags as AttackSettings: what is given, then --option, then the --preset (default: the
-    paper's, DEFAULT_PRESET). UsageError for a bad --option or one that repeats a flag."""
+    paper's, DEFAULT_PRESET). UsageError for a bad --option or one that sets what a flag given sets
+    too (``check_own_settings``)."""
+    flags = {f.name: getattr(args, f.name, None) for f in fields(AttackConfig)}  # the AttackConfig settings with a flag
+    flags = {key: value for key, value in flags.items() if value is not None}
     try:
         options = parse_key_values(",".join(args.option), asdict(AttackConfig()), "--option", "attack setting")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.compile is not None:  # an AttackConfig setting without a field of AttackSettings
-        if "compile" in options:
-            raise UsageError("--option compile and --compile both given; give one")
-        options["compile"] = args.compile
-    given = {key: getattr(args, key) for key in ("samples", "batch_size", "local_epochs", "lr", *_OWN_FLAGS)}
-    for key in sorted(options.keys() & given.keys()):
-        if given[key] is not None:
-            raise UsageError(f"--option {key} and --{key.replace('_', '-')} both given; give one")
-        given[key] = options.pop(key)
-    label_refine = given.pop("label_refine")
-    if label_refine:  # 0: the labels stay fixed, AttackConfig's default
-        options["label_refine"] = label_refine
+    try:
+        check_own_settings(options, {key: f"--{key.replace('_', '-')}" for key in flags})
+    except ValueError as exc:
+        raise UsageError(f"--option: {exc}") from None
+    options |= flags
+    if not options.get("label_refine", 1):  # 0: the labels stay fixed, AttackConfig's default
+        del options["label_refine"]
+    own = {f.name for f in fields(AttackSettings)}  # iterations, nodes, trace_every, seed, precision
+    given = {key: options.pop(key) for key in sorted(options.keys() & own)}
+    given |= {key: getattr(args, key) for key in ("samples", "batch_size", "local_epochs", "lr")}
     preset = PRESETS[args.preset] if args.preset else DEFAULT_PRESET
     if preset.rule:  # the audit's rule picks what no flag or --option gives, per victim (fl_attack.attacker.rule)
         auto = [name for name in ("nodes", "iterations") if given[name] is None]
@@ -381,7 +400,8 @@ def _add_replay_parser(sub) -> None:
          "(reconstruct_batch), with the rows of the unbatched ones; auto = 16 on CUDA, 1 on the CPU "
          "(default: the run's attack-batch)"),
     )
-    r.add_argument("--memory", default=None, choices=("none", "labels", "keep", "joint"),
+    r.add_argument("--memory", default=None, type=_checked(check_memory_mode),
+                   metavar="{" + ",".join(MEMORY_MODES) + "}",
                    help="the replaying server remembers each client across its rounds (docs/attacker-memory.md): "
                    "every method also runs as METHOD+memory (default: the run's attack-memory)")
     _add_flags(r, ("--memory-rounds", str, None, "CHOICE", "joint: the earlier rounds fitted with each round, "

@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TextIO
 
@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from fl_attack.attacker.api import resolve_device
-from fl_attack.attacker.attacks import AttackConfig, parse_methods
+from fl_attack.attacker.attacks import AttackConfig, check_own_settings, parse_methods
+from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.workers import AttackJob, AttackOutcome, run_job
 from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
@@ -73,9 +74,9 @@ __all__ = [
     "run_attack_experiment",
 ]
 
-LABEL_MODES = ("recovered", "oracle")
 DEFAULT_PRESET = PRESETS["paper"]  # AttackSettings' (and so the CLI's) protocol, iterations and nodes
 GRID_COLUMNS = 10
+_CONFIG_FIELDS = {f.name for f in fields(AttackConfig)}
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,11 @@ class AttackSettings:
     def attack_config(self) -> AttackConfig:
         """The AttackConfig shared by every method of the run; ValueError for bad settings, and for
         overrides of iterations, nodes, trace_every, seed or precision (settings of their own here)."""
-        own = sorted(set(self.overrides) & {"iterations", "nodes", "trace_every", "seed", "precision"})
-        if own:
-            raise ValueError(f"overrides may not set {own[0]}: it is a setting of its own")
+        own = {f.name: f"AttackSettings.{f.name}" for f in fields(AttackSettings) if f.name in _CONFIG_FIELDS}
+        try:
+            check_own_settings(self.overrides, own)
+        except ValueError as exc:
+            raise ValueError(f"overrides: {exc}") from None
         return AttackConfig.from_overrides(
             None,
             iterations=self.iterations,
@@ -159,8 +162,7 @@ def validate_settings(settings: AttackSettings) -> Pool:
     """
     spec = get_spec(settings.dataset)
     parse_methods(",".join(settings.methods))
-    if settings.labels not in LABEL_MODES:
-        raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, got {settings.labels!r}")
+    check_label_mode(settings.labels)
     _check_int("clients", settings.clients, 1)
     settings.attack_config()  # iterations, nodes, trace_every and overrides
     TrainingMetadata(

@@ -392,8 +392,10 @@ def test_label_sources(femnist_small):
         reconstruct(update, "ig", labels=truth[:5], **FAST)
     with pytest.raises(ValueError, match="oracle labels must be 10 class ids"):
         reconstruct(update, "ig", labels=torch.full((10,), 62), **FAST)
-    with pytest.raises(ValueError, match="labels must be 'recovered' or a tensor"):
+    with pytest.raises(ValueError, match="labels must be 'recovered' or 'oracle', got 'true'"):
         reconstruct(update, "ig", labels="true", **FAST)
+    with pytest.raises(ValueError, match="reconstruct takes oracle labels as the labels themselves"):
+        reconstruct(update, "ig", labels="oracle", **FAST)
 
 
 @pytest.mark.heavy
@@ -450,7 +452,7 @@ def test_unknown_override_is_rejected(femnist_small):
     [
         (dict(nodes=0), "quadrature nodes m must be an integer >= 1"),
         (dict(nodes=2.5), "quadrature nodes m must be an integer >= 1"),
-        (dict(iterations=0), "iterations must be >= 1"),
+        (dict(iterations=0), "iterations must be an integer >= 1"),
         (dict(tv_reduction="max"), "tv_reduction must be 'mean' or 'sum'"),
         (dict(control_point_optimizer="lbfgs"), "control_point_optimizer must be 'adam' or 'sgd'"),
         (dict(trace_every=0), "trace_every must be >= 1"),

@@ -171,16 +171,16 @@ BAD_INPUTS = [
     (["--data-dir", "/nonexistent/leaf"], "data directory not found: /nonexistent/leaf"),
     (["--classes", "10"], "classes is only supported for cifar100"),
     (["--dataset", "cifar100", "--classes", "101"], "classes must be in 1..100 for cifar100, got 101"),
-    (["--iterations", "0"], "iterations must be >= 1, got 0"),
+    (["--iterations", "0"], "iterations must be an integer >= 1, got 0"),
     (["--clients", "0"], "clients must be an integer >= 1, got 0"),
     (["--lr", "0"], "lr must be a positive finite number"),
     (["--local-epochs", "0"], "local_epochs must be >= 1"),
     (["--trace-every", "0"], "trace_every must be >= 1"),
-    (["--labels", "true"], "argument --labels: invalid choice: 'true'"),
+    (["--labels", "true"], "argument --labels: labels must be 'recovered' or 'oracle', got 'true'"),
     (["--nodes", "two"], "argument --nodes: invalid int value: 'two'"),
-    (["--precision", "fp16"], "argument --precision: invalid choice: 'fp16'"),
+    (["--precision", "fp16"], "argument --precision: precision must be one of fp32, bf16, tf32, auto, got 'fp16'"),
     (["--precision", "tf32", "--device", "cpu"], "precision 'tf32' needs a CUDA device"),
-    (["--precision", "bf16", "--option", "precision=fp32"], "--option precision and --precision both given"),
+    (["--precision", "bf16", "--option", "precision=fp32"], "--option: precision is set here and by --precision"),
 ]
 
 

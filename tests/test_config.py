@@ -164,7 +164,7 @@ def test_each_key_is_checked_by_the_settings_that_own_it():
     # an audit key is the audit's to check: a client parses past it; the server's pre-flight does not
     bad_audit = {**PYPROJECT, "attack-iterations": -1}
     assert FederationSettings.from_run_config(bad_audit).lr == PYPROJECT["lr"]
-    with pytest.raises(ValueError, match="invalid run config: attack-iterations must be >= 1, or 0 for the audit"):
+    with pytest.raises(ValueError, match="invalid run config: attack-iterations: iterations must be an integer >= 0"):
         RunSettings.from_run_config(bad_audit)
     # a federation key fails both, with the one wording
     for cls in (FederationSettings, RunSettings):
@@ -300,10 +300,13 @@ BAD_OPTIONS = [
     (["--option", "tv_weight=much"], "--option 'tv_weight' must be a number, got 'much'"),
     (["--option", "nodes=2.5"], "--option 'nodes' must be an integer, got '2.5'"),
     (["--option", "tv_reduction=max"], "tv_reduction must be 'mean' or 'sum', got 'max'"),
-    (["--option", "iterations=5", "--iterations", "6"], "--option iterations and --iterations both given; give one"),
+    (
+        ["--option", "iterations=5", "--iterations", "6"],
+        "--option: iterations is set here and by --iterations; give one",
+    ),
     (
         ["--option", "label_refine=0.5", "--label-refine", "0.25"],
-        "--option label_refine and --label-refine both given; give one",
+        "--option: label_refine is set here and by --label-refine; give one",
     ),
     (["--preset", "huge"], "argument --preset: invalid choice: 'huge' (choose from 'paper', 'cpu', 'tiny', 'audit')"),
 ]

@@ -85,7 +85,15 @@ def test_every_key_has_one_owner():
 
 @pytest.mark.parametrize(
     "key, value",
-    [("attack-batch", "0"), ("seed", -1), ("defense-bits", 17), ("attack-rounds", "every:0"), ("lr", 0.0)],
+    [
+        ("attack-batch", "0"),
+        ("attack-nodes", 0),
+        ("attack-labels", "x"),
+        ("seed", -1),
+        ("defense-bits", 17),
+        ("attack-rounds", "every:0"),
+        ("lr", 0.0),
+    ],
 )
 def test_the_page_quotes_the_check_that_raises(key, value):
     """The message the page gives for a key is the one a bad value gets ({...} filled in)."""
@@ -93,7 +101,7 @@ def test_the_page_quotes_the_check_that_raises(key, value):
         check
         for _, cls, keys in docs.owners()
         if key in keys
-        for check in docs.checks_of(key, docs._source_strings(cls))
+        for check in docs.checks_of(key, docs._source_strings(cls)) + docs.owner_checks(cls).get(key, [])
     ]
     with pytest.raises(ValueError) as info:
         RunSettings.from_run_config({key: value})

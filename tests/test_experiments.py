@@ -237,7 +237,7 @@ def test_adaptive_nodes_compares_with_fixed_m(outputs):
         (["class-deficiency", "--grid", "classes=10,0"], "'0' is not classes per CIFAR-100 client"),
         (["node-sweep", "--grid", "nodes=two"], "'two' is not Gauss-Legendre nodes"),
         (["matched-compute", "--grid", "paper_T=300"], "'300' is not the paper's T"),
-        (["matched-compute", "--grid", "labels=true"], "'true' is not recovered or oracle"),
+        (["matched-compute", "--grid", "labels=true"], "labels must be 'recovered' or 'oracle', got 'true'"),
     ],
 )
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, argv, message):

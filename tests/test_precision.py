@@ -388,7 +388,7 @@ def test_attack_precision_reaches_every_attack_of_a_run():
     assert RunSettings.from_run_config({"attack-precision": "bf16"}).attack_config().precision == "bf16"
     settings = RunSettings.from_run_config({"attack-precision": "tf32"})  # parsing alone needs no GPU
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="attack-precision='tf32' needs a CUDA device and torch sees none"):
+        with pytest.raises(ValueError, match="attack-precision: precision 'tf32' needs a CUDA device"):
             settings.check_device()
 
 
@@ -403,7 +403,7 @@ def test_the_command_lines_take_precision(tmp_path, capsys):
     assert cli.parse_args(["replay", "RUN", "--precision", "auto"]).precision == "auto"
     assert experiments_parser().parse_args(["table1", "--precision", "bf16"]).precision == "bf16"
     assert main(["attack", "--precision", "bf16", "--option", "precision=fp32", "--out", str(tmp_path / "a")]) == 2
-    assert "--option precision and --precision both given" in capsys.readouterr().err
+    assert "--option: precision is set here and by --precision; give one" in capsys.readouterr().err
     ctx = make_context("table1", "tiny", tmp_path, "cpu", precision="bf16")
     assert ctx.precision == "bf16" and ctx.identity()["precision"] == "bf16"
     assert "precision" not in make_context("table1", "tiny", tmp_path, "cpu").identity()  # old CSVs resume

@@ -45,9 +45,9 @@ def test_the_run_config_defaults_leave_all_three_to_the_rule_and_a_given_value_w
     assert AuditSettings(attack_options="lr_images=0.3").attack_config().auto == ("nodes", "iterations")
     fixed = AuditSettings(attack_nodes=3, attack_iterations=200, attack_lr_schedule="constant").attack_config()
     assert fixed.auto == () and (fixed.nodes, fixed.iterations, schedule_name(fixed)) == (3, 200, "constant")
-    with pytest.raises(ValueError, match="attack-options sets auto"):
+    with pytest.raises(ValueError, match="attack-options: auto is set here and by the run-config key attack-nodes"):
         AuditSettings(attack_options="auto=nodes").attack_config()
-    with pytest.raises(ValueError, match="attack-nodes \\(m\\) must be >= 1, or 0 for the audit's rule"):
+    with pytest.raises(ValueError, match="attack-nodes: the number of quadrature nodes m must be an integer >= 0"):
         AuditSettings.from_run_config({"attack-nodes": -1})
 
 

@@ -181,8 +181,8 @@ BAD = [
     (
         {"attack-memory": "keep", "attack-labels": "oracle"},
         "attack-memory",
-        "attack-memory keeps only what the attacker produced; it cannot be used with attack-labels = 'oracle' "
-        "(the ground truth)",
+        "attack-memory: an attack memory keeps only what the attacker produced; it cannot be used with oracle "
+        "labels (the ground truth)",
     ),
     (
         {"attack-memory": "keep", "defense": "secagg"},
@@ -230,22 +230,30 @@ BAD = [
     (
         {"attack-options": "precision=bf16"},
         "attack-precision",
-        "attack-options sets precision; set the run-config key attack-precision",
+        "attack-options: precision is set here and by the run-config key attack-precision; give one",
     ),
-    ({"attack-options": "nodes=5"}, "attack-nodes", "attack-options sets nodes; set the run-config key attack-nodes"),
+    (
+        {"attack-options": "nodes=5"},
+        "attack-nodes",
+        "attack-options: nodes is set here and by the run-config key attack-nodes; give one",
+    ),
     (
         {"attack-options": "compile=on"},
         "attack-compile",
-        "attack-options sets compile; set the run-config key attack-compile",
+        "attack-options: compile is set here and by the run-config key attack-compile; give one",
     ),
-    ({"attack-nodes": 0}, "attack-nodes", "attack-nodes (m) must be >= 1, got 0"),
+    (
+        {"attack-nodes": 0},
+        "attack-nodes",
+        "attack-nodes: the number of quadrature nodes m must be an integer >= 1, got 0",
+    ),
     (
         {"attack-lr-schedule": "fast"},
         "attack-lr-schedule",
         "attack-lr-schedule must be one of steps, constant, plateau, got 'fast'",
     ),
-    ({"attack-iterations": 0}, "attack-iterations", "attack-iterations must be >= 1"),
-    ({"attack-labels": "x"}, "attack-labels", "attack-labels must be 'recovered' or 'oracle'"),
+    ({"attack-iterations": 0}, "attack-iterations", "attack-iterations: iterations must be an integer >= 1, got 0"),
+    ({"attack-labels": "x"}, "attack-labels", "attack-labels: labels must be 'recovered' or 'oracle', got 'x'"),
     ({"attack-num-gpus": -1.0}, "attack-num-gpus", "attack-num-gpus must be >= 0"),
     ({"attack-actors": 0}, "attack-actors", "attack-actors must be >= 1"),
     (
@@ -253,18 +261,19 @@ BAD = [
         "attack-threads",
         "attack-threads must be >= 0 (0 = the cores the clients leave idle)",
     ),
-    ({"attack-device": "tpu"}, "attack-device", "attack-device must be auto, cpu or cuda"),
+    ({"attack-device": "tpu"}, "attack-device", "attack-device: unknown device 'tpu'; use auto, cpu or cuda"),
     (
         {"attack-precision": "fp16"},
         "attack-precision",
-        "attack-precision must be one of fp32, bf16, tf32, auto, got 'fp16'",
+        "attack-precision: precision must be one of fp32, bf16, tf32, auto, got 'fp16'",
     ),
     (
         {"attack-precision": "tf32", "attack-device": "cpu"},
         "attack-precision",
-        "attack-precision 'tf32' needs attack-device 'cuda' or 'auto' (TF32 is a CUDA tensor-core mode)",
+        "attack-precision: precision 'tf32' needs a CUDA device (TF32 is a mode of NVIDIA tensor cores), the attack "
+        "runs on 'cpu'; use fp32 or bf16 there",
     ),
-    ({"attack-compile": "yes"}, "attack-compile", "attack-compile must be one of off, on, auto, got 'yes'"),
+    ({"attack-compile": "yes"}, "attack-compile", "attack-compile: compile must be one of off, on, auto, got 'yes'"),
     (
         {"attack-batch": "0"},
         "attack-batch",
@@ -337,13 +346,13 @@ BAD_WITHOUT_CUDA = [
     (
         {"attack-device": "cuda"},
         "attack-device",
-        "attack-device='cuda' but torch sees no CUDA device here; use attack-device='auto' or 'cpu'",
+        "attack-device: device 'cuda' was asked for but torch sees no CUDA device",
     ),
     (
         {"attack-precision": "tf32"},
         "attack-precision",
-        "attack-precision='tf32' needs a CUDA device and torch sees none here; use attack-precision='fp32', "
-        "'bf16' or 'auto'",
+        "attack-precision: precision 'tf32' needs a CUDA device (TF32 is a mode of NVIDIA tensor cores), the attack "
+        "runs on 'cpu'; use fp32 or bf16 there",
     ),
 ]
 
@@ -387,6 +396,7 @@ def test_every_checked_key_has_a_row():
 
     rows = {key for _, key, _ in BAD + BAD_FOR_3_NODES + BAD_WITHOUT_CUDA}
     checked = {key for _, cls, keys in docs.owners() for key in keys if docs.checks_of(key, docs._source_strings(cls))}
+    checked |= {key for _, cls, _ in docs.owners() for key in docs.owner_checks(cls)}  # the attacker's checkers
     assert checked - rows == set()
 
 
@@ -410,7 +420,7 @@ def test_attack_device_cuda_needs_cuda():
         RunSettings.from_run_config({"attack-device": "cuda"}).check_device()
         return
     settings = RunSettings.from_run_config({"attack-device": "cuda"})  # parsing alone does not need the GPU
-    with pytest.raises(ValueError, match="attack-device='cuda' but torch sees no CUDA device here"):
+    with pytest.raises(ValueError, match="attack-device: device 'cuda' was asked for but torch sees no CUDA device"):
         settings.check_device()
 
 

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compile",
         default="auto",
-        choices=("off", "on", "auto"),
+        metavar="{off,on,auto}",
         help="each attack step as one torch.compile'd torch.func function; auto = on CUDA only "
         "(docs/performance.md, Compiled step) (default: auto)",
     )

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 
 from fl_attack.attacker.api import resolve_device
-from fl_attack.attacker.attacks import AttackConfig, get_attack
+from fl_attack.attacker.attacks import AttackConfig, check_compile, check_iterations, get_attack
+from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.precision import resolve_precision
+from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.attacker.workers import Pipeline, make_workers, resolve_batch, run_job
 from fl_attack.audit import victims as victims_module
 from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, results_row
@@ -146,8 +148,10 @@ def make_context(
     sc = PRESETS[scale]
     given = {"seeds": seeds, "clients": clients, "iterations": iterations}
     for label, value in given.items():
-        if value is not None and (isinstance(value, bool) or int(value) < 1):
+        if label != "iterations" and value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"--{label} must be an integer >= 1, got {value}")
+    if iterations is not None:
+        check_iterations(iterations)  # the attacker's one check of them: "iterations must be ..."
     sc = replace(
         sc,
         seeds=seeds or sc.seeds,
@@ -162,7 +166,7 @@ def make_context(
     make_workers(workers, address=ray_address, threads=max(1, threads))  # ValueError for bad counts; starts nothing
     dev = resolve_device(device)
     resolve_precision(precision, dev)
-    AttackConfig(compile=compile)  # ValueError for a bad value
+    check_compile(compile)
     batch = resolve_batch(batch, dev)
     return Context(
         name=name,
@@ -197,8 +201,8 @@ AXES = {
     "dataset": (str, "femnist or cifar100", lambda v, sc: v in ("femnist", "cifar100")),
     "paper_T": (int, "the paper's T: 100 or 250", lambda v, sc: v in dict(sc.epochs)),
     "classes": (int, "classes per CIFAR-100 client, 1..100", lambda v, sc: 1 <= v <= 100),
-    "labels": (str, "recovered or oracle", lambda v, sc: v in ("recovered", "oracle")),
-    "nodes": (int, "Gauss-Legendre nodes m >= 1", lambda v, sc: v >= 1),
+    "labels": (str, "recovered or oracle", lambda v, sc: check_label_mode(v)),  # ValueError: its one message
+    "nodes": (int, "Gauss-Legendre nodes m >= 1", lambda v, sc: check_nodes(v)),
     "regime": (str, "a client-optimizers regime", lambda v, sc: v in REGIMES),
     "local_steps": (int, "local steps T >= 1", lambda v, sc: v >= 1),
     "precision": (str, "a precision to compare with fp32: bf16 or tf32", lambda v, sc: v in ("bf16", "tf32")),
@@ -218,7 +222,7 @@ def parse_axis(axis: str, text: str, allowed: tuple, scale: Preset) -> tuple:
             value = kind(item)
         except ValueError:
             raise ValueError(f"--grid {axis}: {item!r} is not {meaning}") from None
-        if not valid(value, scale):
+        if not valid(value, scale):  # or, for a value the attacker checks, its checker's ValueError
             raise ValueError(f"--grid {axis}: {item!r} is not {meaning}")
         if value not in values:
             values.append(value)

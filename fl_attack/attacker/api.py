@@ -19,6 +19,7 @@ dropout in eval mode).
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,7 +30,7 @@ from fl_attack.attacker.attacks import AttackConfig, get_attack
 from fl_attack.attacker.attacks.base import JointAttack, build_optimizers, lr_milestones  # noqa: F401
 from fl_attack.attacker.attacks.batchnorm import check_statistics_use, surrogate_mode
 from fl_attack.attacker.attacks.compiled import prepare_step
-from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, recover_labels, refine_labels
+from fl_attack.attacker.labels import NEEDS_AUX, AuxiliaryData, check_label_mode, recover_labels, refine_labels
 from fl_attack.attacker.precision import autocast, precision_scope, resolve_precision
 from fl_attack.attacker.rule import for_update
 from fl_attack.attacker.start import initial_images
@@ -78,15 +79,29 @@ class Reconstruction:
     start_images: torch.Tensor | None = None  # the public start, scored as an update-free guess
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """ "auto" -> CUDA when available, else CPU. ValueError for an unknown name or missing CUDA."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
-    if str(device).split(":")[0] not in ("cpu", "cuda"):
+DEVICES = ("auto", "cpu", "cuda")  # where attacks run ("cuda:N" names one GPU)
+
+
+def check_device(device: str | torch.device) -> str:
+    """The name of ``device`` when it is one of ``DEVICES`` or "cuda:N" (a torch.device of those too);
+    ValueError otherwise. Probes nothing (a run recorded on a GPU machine is read back anywhere):
+    ``resolve_device`` does. The one check of a device's name (``reconstruct``, the run config's
+    attack-device, ``fl-attack attack`` / ``replay`` --device, the experiments)."""
+    name = str(device)
+    if name not in DEVICES and not re.fullmatch(r"cuda:\d+", name):
         raise ValueError(f"unknown device '{device}'; use auto, cpu or cuda")
-    return torch.device(device)
+    return name
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """ "auto" -> CUDA when available, else CPU. ValueError for an unknown name (``check_device``) or
+    missing CUDA."""
+    name = check_device(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device")
+    return torch.device(name)
 
 
 def reconstruct(
@@ -535,15 +550,16 @@ def _mode(meta) -> str:
 
 def _check_labels(labels, k: int, num_classes: int, config: AttackConfig, label_aux) -> torch.Tensor | None:
     """None for "recovered" (after checking the estimator has what it needs), else the oracle labels
-    as (k,) int64. ValueError for another string, missing auxiliary data or bad oracle labels."""
+    as (k,) int64. ValueError for another name (``check_label_mode``), "oracle" without the labels
+    themselves, missing auxiliary data or bad oracle labels."""
     if config.start == "public" and label_aux is None:
         raise ValueError(
             "start='public' needs the server's public pool: pass label_aux=fl_attack.attacker.labels.AuxiliaryData"
             "(images, labels)"
         )
     if isinstance(labels, str):
-        if labels != "recovered":
-            raise ValueError(f"labels must be 'recovered' or a tensor of oracle labels, got '{labels}'")
+        if check_label_mode(labels) == "oracle":
+            raise ValueError("reconstruct takes oracle labels as the labels themselves: a (k,) int64 tensor")
         if config.label_estimator in NEEDS_AUX and label_aux is None:
             raise ValueError(
                 f"label_estimator '{config.label_estimator}' needs public auxiliary data: "

@@ -129,6 +129,17 @@ def refine_labels(
 
 LABEL_ESTIMATORS = ("paper", "support", "aux", "rlu")
 NEEDS_AUX = ("aux", "rlu")
+# The labels an attack uses: recovered from the update, or the true ones handed to it (an explicit leak).
+LABEL_MODES = ("recovered", "oracle")
+
+
+def check_label_mode(labels) -> str:
+    """``labels`` when it is one of ``LABEL_MODES``; ValueError otherwise. The one check of the label
+    mode (``reconstruct``'s ``labels`` given as a name, the run config's attack-labels, ``Victim.attack_job``,
+    ``fl-attack attack`` / ``replay`` --labels, the experiments' grids)."""
+    if not isinstance(labels, str) or labels not in LABEL_MODES:
+        raise ValueError(f"labels must be 'recovered' or 'oracle', got {labels!r}")
+    return labels
 
 
 @dataclass(frozen=True, eq=False)

@@ -42,14 +42,24 @@ JOINT_ITERATIONS = 1 / 3  # a warm-started joint attack runs this fraction of th
 FORMAT = 1
 
 
+def check_memory_mode(mode) -> str:
+    """``mode`` when it is one of ``MEMORY_MODES``; ValueError otherwise (the one check of it: the run
+    config's attack-memory, ``fl-attack replay --memory``, ``AttackMemory``)."""
+    if not isinstance(mode, str) or mode not in MEMORY_MODES:
+        raise ValueError(f"attack-memory must be one of {', '.join(MEMORY_MODES)}, got {mode!r}")
+    return mode
+
+
 def memory_methods(text: str, mode: str, what: str = "") -> tuple[str, ...]:
     """The methods of a run or replay: "pisme,ig" with mode "keep" -> ("pisme", "ig",
     "pisme+memory", "ig+memory"): each memoryless method and its remembering twin, unless the
     twin is listed already; "pisme+memory" alone runs only the twin. ValueError (prefixed with
     ``what``) for an unknown mode or method, a method listed twice, or "+memory" with mode "none"."""
     prefix = f"{what}: " if what else ""
-    if mode not in MEMORY_MODES:
-        raise ValueError(f"{prefix}attack-memory must be one of {', '.join(MEMORY_MODES)}, got '{mode}'")
+    try:
+        check_memory_mode(mode)
+    except ValueError as exc:
+        raise ValueError(f"{prefix}{exc}") from None
     names = [m.strip() for m in str(text).split(",") if m.strip()]
     parse_methods(",".join(dict.fromkeys(m.removesuffix(MEMORY_SUFFIX) for m in names)), what)
     twice = next((m for m in names if names.count(m) > 1), None)
@@ -61,6 +71,17 @@ def memory_methods(text: str, mode: str, what: str = "") -> tuple[str, ...]:
     if mode == "none":
         return tuple(names)
     return tuple(names + [m + MEMORY_SUFFIX for m in names if m + MEMORY_SUFFIX not in names and m not in remembering])
+
+
+def check_memory_labels(methods, labels: str) -> None:
+    """ValueError when a remembering method ("METHOD+memory", ``memory_methods``) is among ``methods``
+    and ``labels`` is "oracle": the memory keeps only what the attacker produced, never the ground
+    truth. The one check of it (the run config's attack-memory with attack-labels, ``fl-attack replay``)."""
+    if labels == "oracle" and any(str(m).endswith(MEMORY_SUFFIX) for m in methods):
+        raise ValueError(
+            "an attack memory keeps only what the attacker produced; "
+            "it cannot be used with oracle labels (the ground truth)"
+        )
 
 
 def parse_joint_rounds(text: str) -> tuple[int, int] | None:
@@ -200,8 +221,7 @@ class AttackMemory:
     """
 
     def __init__(self, mode: str = "none", rounds: str = "best:2,latest:1"):
-        if mode not in MEMORY_MODES:
-            raise ValueError(f"attack-memory must be one of {', '.join(MEMORY_MODES)}, got {mode!r}")
+        check_memory_mode(mode)
         self.mode, self.rounds, self.choice = mode, rounds, parse_joint_rounds(rounds)
         self.clients: dict = {}
 

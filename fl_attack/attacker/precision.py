@@ -59,6 +59,21 @@ def check_precision(precision) -> str:
     return precision
 
 
+def check_on_device(precision, device: str | torch.device) -> str:
+    """``precision`` (``check_precision``) when an attack on ``device`` (a torch device or its name) can
+    run with it: ValueError for "tf32" on a device that is not CUDA (TF32 is a mode of NVIDIA tensor
+    cores; on a CPU there is nothing to set). The one check of tf32's device: ``resolve_precision``,
+    ``precision_scope``, the run config's attack-precision with attack-device (``AuditSettings``)."""
+    check_precision(precision)
+    device = torch.device(device)
+    if precision == "tf32" and device.type != "cuda":
+        raise ValueError(
+            f"precision 'tf32' needs a CUDA device (TF32 is a mode of NVIDIA tensor cores), the attack runs on "
+            f"'{device}'; use fp32 or bf16 there"
+        )
+    return precision
+
+
 def resolve_precision(precision: str, device: str | torch.device) -> str:
     """The precision an attack on ``device`` runs with: "fp32", "bf16" or "tf32".
 
@@ -67,13 +82,8 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
     Raises ValueError for a value not in PRECISIONS (naming them) and for "tf32" on a device that is
     not CUDA (TF32 is a mode of NVIDIA tensor cores; on a CPU there is nothing to set).
     """
-    check_precision(precision)
+    check_on_device(precision, device)
     device = torch.device(device)
-    if precision == "tf32" and device.type != "cuda":
-        raise ValueError(
-            f"precision 'tf32' needs a CUDA device (TF32 is a mode of NVIDIA tensor cores), the attack runs on "
-            f"'{device}'; use fp32 or bf16 there"
-        )
     if precision == "auto":
         return auto_precision(device)
     return precision
@@ -147,8 +157,7 @@ def precision_scope(precision: str, device: str | torch.device) -> Iterator[None
     if precision != "tf32":
         yield
         return
-    if torch.device(device).type != "cuda":
-        raise ValueError(f"precision 'tf32' needs a CUDA device, got '{device}'")
+    check_on_device(precision, device)
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:

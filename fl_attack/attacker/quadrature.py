@@ -5,8 +5,22 @@ Weights are handled as flat parameter vectors of length P (see ``fl_attack.feder
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
+
+
+def check_nodes(m, allow_auto: bool = False) -> int:
+    """``m`` when it is a number of Gauss-Legendre nodes: an integer >= 1 (with ``allow_auto``, 0 too:
+    a run config's "chosen per update by a rule"). ValueError otherwise: the one check of m
+    (``AttackConfig``, the run config's attack-nodes, ``fl-attack attack`` / ``replay`` --nodes, the
+    experiments' grids)."""
+    floor = 0 if allow_auto else 1
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < floor:
+        auto = " (0: chosen per update)" if allow_auto else ""
+        raise ValueError(f"the number of quadrature nodes m must be an integer >= {floor}{auto}, got {m!r}")
+    return int(m)
 
 
 def gauss_legendre(m: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -14,11 +28,9 @@ def gauss_legendre(m: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.Ten
 
     Returns (t, c), each of shape (m,): nodes t_i = (xi_i + 1)/2 in (0,1) and weights c_i = w_i/2,
     which sum to 1. The rule integrates polynomials of degree <= 2m-1 on [0,1] exactly.
-    Raises ValueError if m < 1.
+    Raises ValueError if m < 1 (``check_nodes``).
     """
-    if not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"the number of quadrature nodes m must be an integer >= 1, got {m!r}")
-    xi, w = np.polynomial.legendre.leggauss(int(m))
+    xi, w = np.polynomial.legendre.leggauss(check_nodes(m))
     return torch.tensor((xi + 1) / 2, dtype=dtype), torch.tensor(w / 2, dtype=dtype)
 
 

@@ -1,4 +1,4 @@
-"""Which workers a driver gets, and how jobs reach them: ``make_workers``, ``resolve_batch``,
+"""Which workers a driver gets, and how jobs reach them: ``make_workers``, ``check_batch``, ``resolve_batch``,
 ``batch_key`` and ``Pipeline``, the one submit-ahead / poll / drain loop of the federation,
 ``fl-attack replay`` and the experiments (fl_attack.attacker.workers says where each piece lives).
 """
@@ -62,16 +62,25 @@ BATCH_ON_CUDA = 16  # attack-batch "auto" on CUDA: 4.42x the throughput of singl
 # (docs/performance.md, "Batched attacks")
 
 
-def resolve_batch(setting: int | str, device: str | torch.device = "auto") -> int:
-    """The attacks a worker runs as one ``reconstruct_batch``: ``setting`` N >= 1 (an int or its text),
-    or "auto": ``BATCH_ON_CUDA`` when the attacks run on CUDA (``device`` "cuda", or "auto" with a
-    GPU here), else 1. ValueError for anything else."""
+def check_batch(setting: int | str) -> int | str:
+    """``setting`` as N >= 1 (an int or its text) or "auto"; ValueError for anything else. The one
+    check of attack-batch (the run config's, replay's --batch, the experiments'); probes no device."""
     text = str(setting).strip()
     if text == "auto":
-        return BATCH_ON_CUDA if _device_name(str(device)).startswith("cuda") else 1
+        return text
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"attack batch must be an integer >= 1 or 'auto', got {setting!r}")
     return int(text)
+
+
+def resolve_batch(setting: int | str, device: str | torch.device = "auto") -> int:
+    """The attacks a worker runs as one ``reconstruct_batch``: ``setting`` N >= 1 (an int or its text),
+    or "auto": ``BATCH_ON_CUDA`` when the attacks run on CUDA (``device`` "cuda", or "auto" with a
+    GPU here), else 1. ValueError for anything else (``check_batch``)."""
+    batch = check_batch(setting)
+    if batch == "auto":
+        return BATCH_ON_CUDA if _device_name(str(device)).startswith("cuda") else 1
+    return batch
 
 
 def batch_key(job: AttackJob) -> tuple | None:

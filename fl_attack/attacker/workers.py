@@ -18,7 +18,7 @@ modules that hold them (import them from here):
   batches: with ``batch`` > 1 it holds the jobs submitted together (one round's, in the federation)
   and sends those of one round, method, architecture, k and settings as one job whose worker runs
   them as one ``fl_attack.reconstruct_batch`` (``batch_key``; rows equal to the unbatched ones,
-  ``batch`` column N); ``resolve_batch`` reads the attack-batch setting.
+  ``batch`` column N); ``check_batch`` checks the attack-batch setting, ``resolve_batch`` reads it.
 
 Every pool has one interface (``Workers``: ``submit``, ``poll``, ``drain``, ``in_flight``,
 ``shutdown``). Every outcome names where it ran (``worker_node``: the Ray node id or the host name;
@@ -39,6 +39,7 @@ from fl_attack.attacker.schedule import (
     Pipeline,
     Workers,
     batch_key,
+    check_batch,
     make_workers,
     resolve_batch,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "make_workers",
     "Pipeline",
     "batch_key",
+    "check_batch",
     "resolve_batch",
     "BATCH_ON_CUDA",
     "HOLD_BATCHES",

@@ -39,13 +39,14 @@ from typing import TextIO
 import torch
 
 from fl_attack.attacker.api import resolve_device
-from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, memory_methods
+from fl_attack.attacker.attacks import AttackConfig, check_own_settings
+from fl_attack.attacker.labels import check_label_mode
+from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, check_memory_labels, memory_methods
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.workers import RayWorkers, make_workers, resolve_batch
 from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
 from fl_attack.audit.service import AuditService
-from fl_attack.audit.settings import RunSettings
+from fl_attack.audit.settings import OWN_KEYS, RunSettings
 from fl_attack.audit.verdict import verdict_line, verdict_summary
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.config import parse_key_values
@@ -56,7 +57,8 @@ from fl_attack.records import header_mismatch, read_csv, write_bytes_atomic
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 
 REPLAYS = "replays"  # <run>/replays/<name>/
-LABEL_MODES = ("recovered", "oracle")
+# The settings with a run-config key of their own (OWN_KEYS) that a replay takes as flags: not seed, the federation's.
+FLAGS = {key: f"--{key}" for key in OWN_KEYS if key != "seed"}
 
 
 class ReplayError(ValueError):
@@ -304,23 +306,22 @@ def prepare_replay(
     methods = _methods(run.settings.attack_method if methods is None else methods, "methods", memory)
     remembers = any(m.endswith(MEMORY_SUFFIX) for m in methods)
     labels = labels or run.labels
-    if labels not in LABEL_MODES:
-        raise ReplayError(f"labels must be recovered or oracle, got {labels!r}")
     try:
+        check_label_mode(labels)
+        check_memory_labels(methods, labels)
         option_values = parse_key_values(options or "", asdict(AttackConfig()), "--options", "attack setting")
-        overrides = dict(option_values)
-        own = (("iterations", iterations), ("nodes", nodes), ("precision", precision), ("compile", compile))
-        for key, value in own:
-            if value is not None:
-                overrides[key] = value
-        config = AttackConfig.from_overrides(run.attack_config, **overrides)
+        given = {"iterations": iterations, "nodes": nodes, "precision": precision, "compile": compile}
+        given = {key: value for key, value in given.items() if value is not None}
+        try:
+            check_own_settings(option_values, {key: FLAGS[key] for key in given})
+        except ValueError as exc:
+            raise ReplayError(f"--options: {exc}") from None
+        config = AttackConfig.from_overrides(run.attack_config, **option_values, **given)
         dev = resolve_device(device)
         resolve_precision(config.precision, dev)  # tf32 off CUDA, before any attack
         batch_given, batch = batch, resolve_batch(run.settings.attack_batch if batch is None else batch, dev)
     except (TypeError, ValueError) as exc:
         raise ReplayError(str(exc)) from None
-    if remembers and labels == "oracle":
-        raise ReplayError("an attack memory keeps only what the attacker produced; it takes no labels=oracle")
     state = None
     if remembers:
         try:
@@ -426,7 +427,7 @@ def _replay_run_config(replay: Replay) -> dict:
         str(rc.get("attack-options", "")), asdict(AttackConfig()), "attack-options", "attack setting"
     )
     options.update(replay.options)
-    for key in ("iterations", "nodes", "precision", "compile"):  # their own run-config keys
+    for key in FLAGS:  # written as their own run-config keys below
         options.pop(key, None)
     rc.update(
         {

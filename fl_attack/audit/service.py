@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory
-from fl_attack.attacker.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember, resolve_batch
+from fl_attack.attacker.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember
 from fl_attack.attacker.workers import outcomes as outcomes_of
 from fl_attack.audit.evaluator import Evaluator
 from fl_attack.audit.runs import RunFolder
@@ -126,7 +126,7 @@ class AuditService:
         # the attack workers, chosen at the first submit (Flower's Ray runtime is up by then)
         self.pipeline = Pipeline(
             workers or (lambda: federation_workers(settings, self.attack_threads)),
-            batch=resolve_batch(settings.attack_batch, settings.attack_device) if batch is None else batch,
+            batch=settings.attack_batch_size() if batch is None else batch,  # attack-batch resolved, once, here
         )
         self.timings = Timings()  # the evaluator's scoring, images and writing phases too
         public = (test_set.images, test_set.labels) if test_set is not None else None

@@ -6,7 +6,10 @@ attack-max-backlog), with what (attack-method, -iterations, -nodes, -lr-schedule
 -precision, -compile, -memory, -memory-rounds), on what (attack-actors, -threads, -batch, -device, -num-gpus,
 -ray-address, -timeout) and the record (record-updates, resume, results-dir, run-name).
 ``from_run_config`` types them, ``validate`` raises ValueError "invalid run config: <key> ..."; the
-attack-batch check is the attacker's own (``fl_attack.attacker.workers.resolve_batch``).
+values the attacker owns (attack-iterations, -nodes, -labels, -device, -precision, -compile, -batch,
+and the memory's rule on oracle labels) are checked by its one checker of each (``OWNER_CHECKS``), the
+message prefixed with the key. attack-options is parsed once into the run's AttackConfig, kept on the
+settings (``attack_config``).
 
 ``RunSettings`` is what the server reads: the federation's keys (``FederationSettings``) and the
 audit's, flat (one field per key), and what needs both: the attacks' AttackConfig (the federation's
@@ -21,11 +24,23 @@ import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 
-from fl_attack.attacker.attacks import LR_SCHEDULES, AttackConfig
-from fl_attack.attacker.precision import PRECISIONS
+from fl_attack.attacker.api import check_device, resolve_device
+from fl_attack.attacker.attacks import (
+    LR_SCHEDULES,
+    AttackConfig,
+    check_compile,
+    check_iterations,
+    check_own_settings,
+)
+from fl_attack.attacker.labels import check_label_mode
+from fl_attack.attacker.memory import check_memory_labels
+from fl_attack.attacker.precision import check_on_device, check_precision
+from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.attacker.rule import AUTO, placeholder
+from fl_attack.attacker.schedule import check_batch
 from fl_attack.federation.config import check_field_types, parse_key_values
 from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.federation.settings import NOT_KEYS, FederationSettings, typed_fields
@@ -56,7 +71,8 @@ RESUMABLE_KEYS = {
 # Run-config keys added after runs were recorded, with the value such a run ran with: a run
 # recorded without one resumes as if it had been set so.
 ADDED_KEYS = {"attack-precision": "fp32", "attack-lr-schedule": "steps"}
-# AttackConfig settings that have a run-config key of their own (attack-options may not set them).
+# AttackConfig settings that have a run-config key of their own (attack-options may not set them:
+# ``check_own_settings``; fl-attack replay writes them as these keys).
 OWN_KEYS = {
     "iterations": "attack-iterations",
     "nodes": "attack-nodes",
@@ -64,6 +80,17 @@ OWN_KEYS = {
     "precision": "attack-precision",
     "compile": "attack-compile",
     "auto": "attack-nodes, attack-iterations or attack-lr-schedule (0 / auto: the audit's rule)",
+}
+# The audit's keys whose values the attacker checks: each key's one checker, in the module that owns the
+# value (its message prefixed "invalid run config: KEY: "; analysis/docs.py shows it beside the key).
+OWNER_CHECKS = {
+    "attack-iterations": partial(check_iterations, allow_auto=True),  # 0: the audit's rule (fl_attack.attacker.rule)
+    "attack-nodes": partial(check_nodes, allow_auto=True),
+    "attack-labels": check_label_mode,
+    "attack-device": check_device,
+    "attack-precision": check_precision,
+    "attack-compile": check_compile,
+    "attack-batch": check_batch,
 }
 
 
@@ -187,18 +214,25 @@ class AuditSettings:
         """The AttackConfig of every attack: attack-iterations, -nodes, -precision, -compile, the
         learning rates of attack-lr-schedule (``LR_SCHEDULES``) and attack-options (which override them),
         with the federation's seed and its defense's adaptation (observed_only, which attack-options
-        overrides); without ``federation`` AttackConfig's own seed and none. ValueError
-        for a bad attack-options value, or naming the key when attack-options sets a setting that has
-        a run-config key of its own (attack-iterations, attack-nodes, seed, attack-precision, attack-compile)."""
+        overrides); without ``federation`` AttackConfig's own seed and none. Parsed once per settings
+        object and kept on it (the one AttackConfig of a run; RunSettings': with its own federation).
+        ValueError for a bad attack-options value, or naming the key when attack-options sets a setting
+        that has a run-config key of its own (``OWN_KEYS``)."""
+        if federation is not None and federation is not self:
+            return self._parse_attack_config(federation)
+        config = self.__dict__.get("_attack_config")
+        if config is None:
+            config = self._parse_attack_config(federation)
+            object.__setattr__(self, "_attack_config", config)  # frozen: kept beside the fields, not one of them
+        return config
+
+    def _parse_attack_config(self, federation: FederationSettings | None) -> AttackConfig:
         try:
             options = parse_key_values(self.attack_options, asdict(AttackConfig()), "attack-options", "attack setting")
         except ValueError as exc:  # "attack-options ..." (fl_attack.federation.config.parse_key_values)
             raise ValueError(f"invalid run config: {exc}") from None
-        clash = sorted(options.keys() & OWN_KEYS.keys())
-        if clash:
-            raise ValueError(
-                f"invalid run config: attack-options sets {clash[0]}; set the run-config key {OWN_KEYS[clash[0]]}"
-            )
+        own = {name: f"the run-config key {key}" for name, key in OWN_KEYS.items()}
+        self._owner_check("attack-options", check_own_settings, options, own)
         # 0 / "auto": the audit's rule chooses per update (fl_attack.attacker.rule); until then the short-T choice
         rule = placeholder()
         auto = [
@@ -244,7 +278,8 @@ class AuditSettings:
 
     def attack_batch_size(self) -> int:
         """The attacks of one round a worker runs as one ``reconstruct_batch`` (attack-batch: N, or
-        "auto": ``fl_attack.attacker.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1)."""
+        "auto": ``fl_attack.attacker.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1):
+        attack-batch resolved, once, by the AuditService that runs the attacks."""
         from fl_attack.attacker.workers import resolve_batch
 
         return resolve_batch(self.attack_batch, self.attack_device)
@@ -360,19 +395,19 @@ class AuditSettings:
     def check_device(self) -> None:
         """ValueError when attack-device='cuda', or attack-precision='tf32' (CUDA only), and torch
         sees no CUDA device on this machine (kept apart from ``validate``: a run recorded on a GPU
-        machine is still read back elsewhere)."""
-        import torch
+        machine is still read back elsewhere). The attacker's checks (``resolve_device``,
+        ``check_on_device``), their messages prefixed with the key."""
+        device = self._owner_check("attack-device", resolve_device, self.attack_device)
+        self._owner_check("attack-precision", check_on_device, self.attack_precision, device)
 
-        if self.attack_device == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
-                "invalid run config: attack-device='cuda' but torch sees no CUDA device here; "
-                "use attack-device='auto' or 'cpu'"
-            )
-        if self.attack_precision == "tf32" and not torch.cuda.is_available():
-            raise ValueError(
-                "invalid run config: attack-precision='tf32' needs a CUDA device and torch sees none here; "
-                "use attack-precision='fp32', 'bf16' or 'auto'"
-            )
+    @staticmethod
+    def _owner_check(key: str, check, *values):
+        """``check(*values)`` (a checker of the module that owns the value), its ValueError as
+        "invalid run config: KEY: <its message>"."""
+        try:
+            return check(*values)
+        except ValueError as exc:
+            raise ValueError(f"invalid run config: {key}: {exc}") from None
 
     def check_output_bias(self, state: dict, num_classes: int) -> None:
         """attack-labels recovered reads the labels off the model's output bias: ``state`` (a user
@@ -387,38 +422,18 @@ class AuditSettings:
         naming the key). What needs the federation is RunSettings.check_together's, what needs its
         nodes ``check_nodes``'s, what needs this machine ``check_device``'s."""
         from fl_attack.attacker.memory import memory_methods, parse_joint_rounds
-        from fl_attack.attacker.workers import resolve_batch
 
         check_field_types(self, lambda name: name.replace("_", "-"), {f.name for f in fields(AuditSettings)})
         checks = [
             (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
-            (self.attack_iterations >= 0, "attack-iterations must be >= 1, or 0 for the audit's rule"),
-            (
-                self.attack_nodes >= 0,
-                f"attack-nodes (m) must be >= 1, or 0 for the audit's rule, got {self.attack_nodes}",
-            ),
             (
                 self.attack_lr_schedule in (*LR_SCHEDULES, "auto"),
                 f"attack-lr-schedule must be one of {', '.join(LR_SCHEDULES)} or auto, got {self.attack_lr_schedule!r}",
             ),
-            (self.attack_labels in ("recovered", "oracle"), "attack-labels must be 'recovered' or 'oracle'"),
             (self.attack_num_gpus >= 0, "attack-num-gpus must be >= 0"),
             (self.attack_actors >= 1, "attack-actors must be >= 1"),
             (self.attack_threads >= 0, "attack-threads must be >= 0 (0 = the cores the clients leave idle)"),
             (self.attack_timeout > 0, f"attack-timeout must be a finite number > 0 seconds, got {self.attack_timeout}"),
-            (self.attack_device in ("auto", "cpu", "cuda"), "attack-device must be auto, cpu or cuda"),
-            (
-                self.attack_precision in PRECISIONS,
-                f"attack-precision must be one of {', '.join(PRECISIONS)}, got {self.attack_precision!r}",
-            ),
-            (
-                self.attack_compile in ("off", "on", "auto"),
-                f"attack-compile must be one of off, on, auto, got {self.attack_compile!r}",
-            ),
-            (
-                not (self.attack_precision == "tf32" and self.attack_device == "cpu"),
-                "attack-precision 'tf32' needs attack-device 'cuda' or 'auto' (TF32 is a CUDA tensor-core mode)",
-            ),
             (self.results_dir.strip() != "", "results-dir must not be empty"),
             (
                 self.run_name == ""
@@ -431,27 +446,23 @@ class AuditSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid run config: {message}")
-        try:  # the attacker's own check of the value, and its wording; "cpu": no device is probed here
-            resolve_batch(self.attack_batch, "cpu")
-        except ValueError as exc:
-            raise ValueError(f"invalid run config: attack-batch: {exc}") from None
+        for key, check in OWNER_CHECKS.items():  # the attacker's checks, each in the module that owns the value
+            self._owner_check(key, check, getattr(self, key.replace("-", "_")))
+        if self.attack_device == "cpu":  # tf32 on a CPU; what "auto" resolves to is check_device's
+            self._owner_check("attack-precision", check_on_device, self.attack_precision, "cpu")
         try:
             memory_methods(self.attack_method, self.attack_memory)
         except ValueError as exc:
             key = "attack-memory" if "attack-memory must" in str(exc) else "attack-method"
             raise ValueError(f"invalid run config: {key}: {exc}") from None
-        if self.attack_memory != "none" and self.attack_labels == "oracle":
-            raise ValueError(
-                "invalid run config: attack-memory keeps only what the attacker produced; "
-                "it cannot be used with attack-labels = 'oracle' (the ground truth)"
-            )
+        self._owner_check("attack-memory", check_memory_labels, self.methods, self.attack_labels)
         try:
             parse_joint_rounds(self.attack_memory_rounds)
         except ValueError as exc:
             raise ValueError(f"invalid run config: {exc}") from None
         self._check_rounds()
         self.attack_client_ids()  # checks attack-clients
-        self.attack_config()  # checks attack-options
+        self.attack_config()  # checks attack-options, parsed once and kept
 
     def _check_rounds(self) -> None:
         rounds = self.attack_rounds.strip()
@@ -488,13 +499,22 @@ class RunSettings(AuditSettings, FederationSettings):
         DefenseSettings, AuditSettings), composed and checked across the two (``check_together``);
         the keys neither owns go to ``extra``. Raises ValueError naming the key for every invalid value."""
         federation = FederationSettings.from_run_config(run_config)
-        audit = AuditSettings.from_run_config(run_config)
+        audit = AuditSettings(**typed_fields(AuditSettings, run_config))
         names = {f.name for f in fields(cls)} - NOT_KEYS
         owned = lambda key: key.replace("-", "_") in names or DefenseSettings.owns(key)  # noqa: E731
         extra = {k: v for k, v in dict(run_config).items() if not owned(k)}
         parts = {f.name: getattr(part, f.name) for part in (federation, audit) for f in fields(part)}
         settings = cls(**parts, extra=extra)
+        AuditSettings.validate(settings)  # the audit's checks; attack-options parsed here, once, with the federation
         settings.check_together()
+        return settings
+
+    def with_partitions(self, num_partitions: int | None) -> RunSettings:
+        """FederationSettings.with_partitions, with the AttackConfig parsed once kept (it does not
+        depend on the partitions)."""
+        settings = super().with_partitions(num_partitions)
+        if "_attack_config" in self.__dict__:
+            object.__setattr__(settings, "_attack_config", self.__dict__["_attack_config"])
         return settings
 
     def attack_config(self, federation: FederationSettings | None = None) -> AttackConfig:

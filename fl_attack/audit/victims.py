@@ -19,6 +19,7 @@ import torch
 
 from fl_attack.attacker.api import resolve_device
 from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.workers import AttackJob
 from fl_attack.federation.data import ClientData, DataSettings, client_partition, get_spec, load_client_split, load_pool
 from fl_attack.federation.models import build_model, resolve_model
@@ -66,10 +67,8 @@ class Victim:
     def attack_job(self, method: str, config: AttackConfig, labels: str = "recovered", job_id: int = 0) -> AttackJob:
         """The attacker's job on this victim: its update and public metadata only. labels:
         "recovered" (from the update) or "oracle" (the true labels handed to the attack, an explicit
-        leak that isolates the image recovery). ValueError for another labels mode."""
-        if labels not in ("recovered", "oracle"):
-            raise ValueError(f"labels must be 'recovered' or 'oracle', got {labels!r}")
-        given = self.labels.clone() if labels == "oracle" else "recovered"
+        leak that isolates the image recovery). ValueError for another labels mode (``check_label_mode``)."""
+        given = self.labels.clone() if check_label_mode(labels) == "oracle" else "recovered"
         target = AttackTarget(1, (self.partition,), client_id=self.client_id)
         return AttackJob(job_id, self.update, method, config, target, labels=given, model=self.model)
 

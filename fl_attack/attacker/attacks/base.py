@@ -18,18 +18,21 @@ minimises their sum, whose gradient with respect to client n's variables is clie
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 
 import torch
 
 from fl_attack.attacker.attacks.batchnorm import statistics_loss
 from fl_attack.attacker.attacks.gradients import path_gradient
+from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.federation.pools import get_spec
 
 _EPS = 1e-12
 
 
 STARTS = ("noise", "public")  # AttackConfig.start
+COMPILE_MODES = ("off", "on", "auto")  # AttackConfig.compile (fl_attack.attacker.attacks.compiled)
 LR_SHAPES = ("steps", "cosine", "plateau")  # AttackConfig.lr_schedule
 # Learning-rate schedules of X_hat, by name: the AttackConfig values each sets (the audit's attack-lr-schedule).
 # "steps" is the paper's (docs/PISME.md: Adam at 1.0, SME's x0.1 at 3/8, 5/8 and 7/8 of the iterations);
@@ -59,6 +62,37 @@ def schedule_name(config) -> str:
         if all(getattr(config, key) == value for key, value in values.items()):
             return name
     return config.lr_schedule if config.lr_decay else "none"
+
+
+def check_iterations(k, allow_auto: bool = False) -> int:
+    """``k`` when it is a number of attack iterations: an integer >= 1 (with ``allow_auto``, 0 too: a
+    run config's "chosen per update by a rule"). ValueError otherwise: the one check of the
+    iterations (``AttackConfig``, the run config's attack-iterations, ``fl-attack attack`` /
+    ``replay`` --iterations, the experiments' --iterations)."""
+    floor = 0 if allow_auto else 1
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < floor:
+        auto = " (0: chosen per update)" if allow_auto else ""
+        raise ValueError(f"iterations must be an integer >= {floor}{auto}, got {k!r}")
+    return int(k)
+
+
+def check_compile(mode) -> str:
+    """``mode`` when it is one of ``COMPILE_MODES`` ("off", "on", "auto"; ``compiled.resolve_compile``
+    says what each does); ValueError otherwise. The one check of it (``AttackConfig.compile``, the run
+    config's attack-compile, the CLI's --compile, the experiments' --compile)."""
+    if not isinstance(mode, str) or mode not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    return mode
+
+
+def check_own_settings(options, own: dict) -> None:
+    """The one check that AttackConfig overrides given as text (a run config's attack-options, the
+    CLI's --option, replay's --options, AttackSettings.overrides; the caller prefixes the message with
+    which) set none of the settings the caller takes through a setting of its own: ``own`` maps each
+    such AttackConfig field to that setting's name (a run-config key, a flag). ValueError naming both."""
+    clash = sorted(set(options) & set(own))
+    if clash:
+        raise ValueError(f"{clash[0]} is set here and by {own[clash[0]]}; give one")
 
 
 @dataclass
@@ -201,10 +235,8 @@ class AttackConfig:
         if not set(self.auto) <= set(AUTO_SETTINGS):
             raise ValueError(f"auto may name {', '.join(AUTO_SETTINGS)}, got {', '.join(map(str, self.auto))}")
         self.auto = tuple(a for a in AUTO_SETTINGS if a in self.auto)  # one order, whatever the order given
-        if int(self.iterations) < 1:
-            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
-        if not isinstance(self.nodes, int) or self.nodes < 1:
-            raise ValueError(f"the number of quadrature nodes m must be an integer >= 1, got {self.nodes!r}")
+        self.iterations = check_iterations(self.iterations)
+        self.nodes = check_nodes(self.nodes)
         if self.tv_reduction not in ("mean", "sum"):
             raise ValueError(f"tv_reduction must be 'mean' or 'sum', got {self.tv_reduction!r}")
         if self.control_point_optimizer not in ("adam", "sgd"):
@@ -263,8 +295,7 @@ class AttackConfig:
         from fl_attack.attacker.precision import check_precision
 
         check_precision(self.precision)
-        if self.compile not in ("off", "on", "auto"):
-            raise ValueError(f"compile must be one of off, on, auto, got {self.compile!r}")
+        check_compile(self.compile)
         for f in ("dimitrov_lr", "dimitrov_data_start", "dimitrov_data_end"):
             if not getattr(self, f) >= 0:
                 raise ValueError(f"{f} must be >= 0 (0: the dataset's), got {getattr(self, f)}")

@@ -53,13 +53,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fl_attack.attacker.attacks.base import lsim, total_variation
+from fl_attack.attacker.attacks.base import check_compile, lsim, total_variation
 from fl_attack.attacker.attacks.gradients import _CNN_KEYS, _is_paper_cnn
 from fl_attack.attacker.quadrature import bezier_coefficients
 
 log = logging.getLogger(__name__)
 
-COMPILE_MODES = ("off", "on", "auto")
 COMPILABLE = ("ig", "sme", "nlsme", "pisme")
 # the attack's learnable variables (besides X_hat) by method, in the order the step returns their gradients
 VARIABLES = {
@@ -71,12 +70,6 @@ VARIABLES = {
 COMPILATIONS: collections.Counter = collections.Counter()  # key -> graphs compiled for it (backend calls)
 _STEPS: dict[tuple, Callable] = {}  # key -> the compiled step
 _FAILED: dict[tuple, str] = {}  # key -> the one-line reason its compile failed
-
-
-def check_compile(mode: str) -> None:
-    """ValueError unless ``mode`` is one of ``COMPILE_MODES`` ("off", "on", "auto")."""
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
 
 
 def resolve_compile(mode: str, device: torch.device | str) -> bool:
