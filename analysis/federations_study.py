@@ -70,7 +70,7 @@ RUNS: list[tuple[str, dict, int]] = [  # (name, run config, supernodes)
     # a second configuration of it: another seed (w0, data, batches), E=2 (T=4)
     ("batchnorm-train-seed1", {**BATCH_NORM, "client-train-mode": True, "seed": 1, "local-epochs": 2}, 10),
     ("batchnorm-eval", {**BATCH_NORM}, 10),  # the same model in eval mode: what train mode itself changes
-    (  # the README recipe (Flower's quickstart CNN on CIFAR-100, Dirichlet 0.5), made small
+    (  # the flower-app recipe (Flower's quickstart CNN on CIFAR-100, Dirichlet 0.5), made small
         "flower-app-cifar100",
         {
             **run_configs.load("flower-app"),

@@ -42,8 +42,8 @@ def node_partition(context: Context) -> int:
     except (KeyError, TypeError, ValueError):
         raise ValueError(
             f"this node has no usable partition-id in its node config ({dict(context.node_config)}); "
-            'start each SuperNode with --node-config "partition-id=I num-partitions=N" (README: Running on '
-            "Flower's deployment engine)"
+            'start each SuperNode with --node-config "partition-id=I num-partitions=N" '
+            '(docs/running.md, "Running on Flower\'s deployment engine")'
         ) from None
 
 

@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
          "sample)"),
         ("--model", str, d.model, "SPEC", "the victims' model: 'paper' (the paper's CNN for the dataset) or "
          "'package.module:factory', a callable returning an nn.Module that maps normalised NCHW images to "
-         "(N, classes) logits, importable here (README: Attacking your own model) (default: paper)"),
+         '(N, classes) logits, importable here (docs/library.md, "Attacking your own model") (default: paper)'),
         ("--trace-every", int, None, "N", "record the trace (and the evaluator's PSNR) every N iterations, "
          f"integer >= 1 (default: {d.trace_every})"),
     )

@@ -1,7 +1,7 @@
 """Flower's deployment engine on this machine: one SuperLink and N SuperNodes on localhost.
 
 ``python -m strategies.launch --deployment N`` uses this to run the federation the way it runs on
-real machines (README: Running on Flower's deployment engine), with real processes instead of the
+real machines (docs/running.md, "Running on Flower's deployment engine"), with real processes instead of the
 simulation's Ray actors:
 
 - ``flower-superlink --insecure`` on a free port of 127.0.0.1. In Flower 1.42 its Fleet, Control and

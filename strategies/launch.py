@@ -127,7 +127,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     if unknown:
         raise ValueError(
             f"unknown run-config key '{unknown[0]}'; the keys are pyproject.toml's "
-            "[tool.flwr.app.config] (README: Running federations)"
+            "[tool.flwr.app.config] (docs/run-config.md)"
         )
     run_config = {**defaults, **pairs}  # what the ServerApp's context.run_config will be
     num_nodes = None  # a SuperLink elsewhere: the ServerApp counts its nodes

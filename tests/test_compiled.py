@@ -65,13 +65,15 @@ def _update(model, seed: int, optimizer=None, sparse: bool = False) -> ObservedU
 LABELS = torch.tensor([[1, 2], [3, 4]])
 
 
-def _same(eager, compiled) -> None:
-    for a, b in zip(eager, compiled):
+def _same(eager, compiled, n: int) -> None:
+    """The compiled run's ``n`` reconstructions equal the eager run's ``n`` (a missing or extra one fails)."""
+    assert len(eager) == len(compiled) == n > 0, (len(eager), len(compiled), n)
+    for a, b in zip(eager, compiled, strict=True):
         assert b.compile == "compiled" and a.compile == "eager"
         assert abs(a.lsim_honest - b.lsim_honest) < TOL and abs(a.lsim_calibrated - b.lsim_calibrated) < TOL
-        assert float((a.images - b.images).abs().max()) < TOL
+        assert a.images.shape == b.images.shape and float((a.images - b.images).abs().max()) < TOL
         assert len(a.trace) == len(b.trace) == 3
-        for ra, rb in zip(a.trace, b.trace):
+        for ra, rb in zip(a.trace, b.trace, strict=True):
             for col in ("loss", "lsim_honest", "lsim_calibrated", "tv"):
                 assert abs(ra[col] - rb[col]) < TOL, (col, ra[col], rb[col])
 
@@ -88,7 +90,7 @@ def _run(model, method, batched: bool, mode: str, seeds=(0, 1), optimizer=None, 
 def test_compiled_equals_eager_on_the_structured_path_and_a_second_attack_does_not_recompile():
     compiled_step.reset()
     model = _tiny_cnn()
-    _same(_run(model, "pisme", False, "off"), _run(model, "pisme", False, "on"))
+    _same(_run(model, "pisme", False, "off"), _run(model, "pisme", False, "on"), 1)
     assert compiled_step.compile_count() == 1
     again = _run(model, "pisme", False, "on", seeds=(5, 6))  # another client's update, another model copy
     assert again[0].compile == "compiled"
@@ -97,19 +99,19 @@ def test_compiled_equals_eager_on_the_structured_path_and_a_second_attack_does_n
 
 @pytest.mark.heavy
 def test_compiled_equals_eager_on_the_structured_path_batched():
-    _same(_run(_tiny_cnn(), "nlsme", True, "off"), _run(_tiny_cnn(), "nlsme", True, "on"))
+    _same(_run(_tiny_cnn(), "nlsme", True, "off"), _run(_tiny_cnn(), "nlsme", True, "on"), 2)
 
 
 @pytest.mark.heavy
 def test_compiled_equals_eager_on_the_generic_path():
     model = MaxPoolNet()
-    _same(_run(model, "sme", False, "off"), _run(model, "sme", False, "on"))
+    _same(_run(model, "sme", False, "off"), _run(model, "sme", False, "on"), 1)
 
 
 @pytest.mark.heavy
 def test_compiled_equals_eager_on_the_generic_path_batched():
     model = MaxPoolNet()
-    _same(_run(model, "pisme", True, "off"), _run(model, "pisme", True, "on"))
+    _same(_run(model, "pisme", True, "off"), _run(model, "pisme", True, "on"), 2)
 
 
 @pytest.mark.heavy
@@ -123,7 +125,7 @@ def test_compiled_equals_eager_for_a_momentum_client_with_weight_decay_and_a_spa
         _run(_tiny_cnn(), "pisme", False, mode, optimizer=optimizer, sparse=True, observed_only=True)
         for mode in ("off", "on")
     ]
-    _same(*runs)
+    _same(*runs, 1)
 
 
 @pytest.mark.heavy
@@ -135,7 +137,8 @@ def test_compiled_equals_eager_on_cuda_batched_with_cuda_graphs():
     cuda = dict(device="cuda")
     for net, method, batched in ((model, "pisme", True), (MaxPoolNet(), "sme", False)):
         eager, compiled = (_run(net, method, batched, mode, **cuda) for mode in ("off", "auto"))
-        for a, b in zip(eager, compiled):
+        assert len(eager) == len(compiled) == (2 if batched else 1)
+        for a, b in zip(eager, compiled, strict=True):
             assert b.compile == "compiled" and abs(a.lsim_honest - b.lsim_honest) < 1e-8
             assert float((a.images - b.images).abs().max()) < 1e-6
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,118 @@ def test_anchors_follow_github():
     text = "# Running on Flower's deployment engine\n## Tests\n## Tests\n```\n# not a heading\n```\n"
     assert _anchors(text) == {"running-on-flowers-deployment-engine", "tests", "tests-1"}
     assert _links("[a](x.md#y) `[b](z.md)` [c](https://flower.ai)\n```\n[d](w.md)\n```") == ["x.md#y"]
+
+
+# --- pointers to sections, the licence and the citation -----------------------------------------------------
+
+# A section named in prose: README's by `(README: Running federations)`, `README's "X"`, `README, "X"`,
+# `README "X"`; a docs page's by `docs/running.md, "X"`, `[running.md](running.md), "X"`, `running.md "X"`.
+_README_POINTER = re.compile(r"""README(?:\.md)?(?:'s)?(?:\s*:\s*([^()"]+?)\)|,?\s+"([^"]+)")""")
+_PAGE_POINTER = re.compile(r"""([a-z0-9-]+\.md)\)?,?\s+"([^"]+)\"""")
+_SKIPPED = {"results", "build", "__pycache__", "node_modules"}
+
+
+def _sections(text: str) -> list[str]:
+    """A Markdown page's sections as prose names them: its headings and the bold lead-ins that open a line
+    (`**Disjoint from the run's writers (FEMNIST).**`), outside ``` fences."""
+    out, fence = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        named = None if fence else re.match(r"#{1,6}\s+(.*)|\*\*([^*]+)\*\*", line)
+        if named:
+            out.append((named.group(1) or named.group(2)).strip())
+    return out
+
+
+def _flat(text: str) -> str:
+    """One line: a name may wrap over lines of prose, of a docstring or of `#` comments; a quote escaped in a
+    Python string is the quote."""
+    return re.sub(r"\s*\n\s*(?:#\s*)?", " ", text).replace("\\'", "'")
+
+
+def stale_pointers(sources: dict[str, str], pages: dict[str, str]) -> list[str]:
+    """``sources``' pointers to a section that its page lacks: README.md's headings for a README pointer,
+    docs/NAME.md's headings or bold lead-ins for a docs page's (a name matches a section that contains it,
+    case aside). pages: {"README.md": text, "running.md": text, ...}."""
+    sections = {name: [s.lower() for s in _sections(text)] for name, text in pages.items()}
+    stale = []
+    for source, text in sources.items():
+        flat = _flat(text)
+        named = [("README.md", a or b) for a, b in _README_POINTER.findall(flat)]
+        named += [(page, name) for page, name in _PAGE_POINTER.findall(flat) if page in pages]
+        for page, name in named:
+            if not any(name.strip().lower() in section for section in sections[page]):
+                stale.append(f'{source}: {page} has no section "{name.strip()}"')
+    return stale
+
+
+def _sources() -> dict[str, str]:
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for ext in ("py", "toml"):
+        paths += [
+            p
+            for p in sorted(ROOT.rglob(f"*.{ext}"))
+            if not any(part.startswith(".") or part in _SKIPPED for part in p.relative_to(ROOT).parts)
+        ]
+    this = Path(__file__).resolve()  # its own made-up pointers are test_stale_pointers_are_found's
+    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths if p.resolve() != this}
+
+
+def test_every_named_section_exists():
+    """A pointer in README.md, docs/*.md or any .py / .toml file to a README section or a docs page's
+    section names one the page has: a section moved out of the README (issue #49) or renamed fails here."""
+    pages = {"README.md": (ROOT / "README.md").read_text(encoding="utf-8")}
+    pages |= {p.name: p.read_text(encoding="utf-8") for p in (ROOT / "docs").glob("*.md")}
+    stale = stale_pointers(_sources(), pages)
+    assert not stale, "\n".join(stale)
+
+
+def test_stale_pointers_are_found():
+    """Unit test of the check on made-up text: each form of pointer, found when its section is gone."""
+    pages = {
+        "README.md": "# fl-attack\n## Running federations\n",
+        "running.md": "# R\n**Same seed, same study.** x\n## Running on Flower's deployment engine\n",
+    }
+    good = {
+        "a.py": '"(README: Running federations)" (docs/running.md, "Same seed,\n    # same study")',
+        "b.md": 'README\'s "Running federations"; [running.md](running.md), "Same seed"',
+        "c.py": """'(docs/running.md, "Running on Flower\\'s deployment engine")'""",
+    }
+    assert stale_pointers(good, pages) == []
+    bad = {
+        "c.py": "(README: Attacking your own model)",
+        "d.toml": '# README "Same seed, same study"',
+        "e.md": 'docs/running.md, "Running on Flower\'s simulation engine"',
+    }
+    assert stale_pointers(bad, pages) == [
+        'c.py: README.md has no section "Attacking your own model"',
+        'd.toml: README.md has no section "Same seed, same study"',
+        'e.md: running.md has no section "Running on Flower\'s simulation engine"',
+    ]
+
+
+def test_licence_and_citation_match_the_package():
+    """LICENSE is the Apache License 2.0 pyproject.toml declares, whole (its appendix included); CITATION.cff
+    loads as YAML with the package's title, version and licence and cites the PI-SME paper."""
+    import tomllib
+
+    import yaml
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    licence = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert project["license"] == {"text": "Apache-2.0"}
+    assert "Apache License\n                           Version 2.0, January 2004" in licence
+    assert "END OF TERMS AND CONDITIONS" in licence and "APPENDIX: How to apply the Apache License" in licence
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert citation["cff-version"] == "1.2.0"
+    assert (citation["title"], str(citation["version"]), citation["license"]) == (
+        project["name"],
+        project["version"],
+        project["license"]["text"],
+    )
+    assert citation["message"].strip() and citation["authors"]
+    (paper,) = [ref for ref in citation["references"] if "Path Integral Surrogate" in ref["title"]]
+    assert [a["family-names"] for a in paper["authors"]] == ["Ghosh", "Bhattacharya"]
+    assert "2610.03597" in paper["url"] and paper["year"] == 2026

@@ -12,12 +12,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from scipy.stats import beta
 
 from fl_attack.audit.verdict import DEFAULT_DISTRACTORS
 from fl_attack.federation.participants import sample_participants
 from tests.gated import launch_gated
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _clopper_pearson(count: int, k: int) -> tuple[int, int]:
+    """The exact 95% interval of ``count`` of ``k`` as counts, the fractions' bounds rounded outwards:
+    written out here with scipy's beta quantiles, importing nothing it checks."""
+    low = 0.0 if count == 0 else beta.ppf(0.025, count, k - count + 1)
+    high = 1.0 if count == k else beta.ppf(0.975, count + 1, k - count)
+    return math.floor(low * k + 1e-9), math.ceil(high * k - 1e-9)
 
 
 @pytest.mark.runtime
@@ -86,7 +95,8 @@ def test_tiny_federation_end_to_end(tmp_path):
         assert row["k"] == "10" and 0 <= int(row["recovered"]) <= 10
         assert float(row["reid_chance_uniform"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
         assert float(row["reid_chance"]) >= 10 / (10 + DEFAULT_DISTRACTORS)  # the matched null, at least k/(k+D)
-        assert int(row["recovered_low"]) <= int(row["recovered"]) <= int(row["recovered_high"])
+        # the exact (Clopper-Pearson) 95% interval of the row's own count, in images, rounded outwards
+        assert (int(row["recovered_low"]), int(row["recovered_high"])) == _clopper_pearson(int(row["recovered"]), 10)
         assert set(json.loads(row["guesses"])) == {"pool mean", "class mean", "class medoid", "reader's pick"}
         assert int(row["recovered"]) <= round(float(row["reidentified"]) * 10)
         assert float(row["psnr_margin"]) == pytest.approx(float(row["psnr"]) - float(row["guess_psnr"]))

@@ -310,7 +310,7 @@ def test_flowers_local_dp_mod_adds_the_noise_the_accountant_assumes():
     Gaussian mechanism: std = z x C with the ledger's z. So the recorded ε is that of sensitivity C,
     user-level add/remove-one-client adjacency (the client's update against none). Under replace-one
     adjacency (any two inputs of the client, whose clipped updates may differ by 2C) the same noise
-    is a mechanism of z/2: its ε, computed here, is what the README's caveat names."""
+    is a mechanism of z/2: its ε, computed here, is what docs/defenses.md names ("The privacy budget spent")."""
     import numpy as np
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict

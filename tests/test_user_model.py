@@ -316,7 +316,7 @@ def test_an_in_process_federation_and_its_replay_with_a_user_model(tmp_path):
 
 
 def _flower_app_run(tmp_path, **changes):
-    """strategies/run_configs/flower-app.toml (the README's "Attack your own Flower app" recipe) in
+    """strategies/run_configs/flower-app.toml (the recipe of docs/audit-your-app.md) in
     process, made small: 1 round, k=8, B=4, 5 attack iterations; ``changes`` on top."""
     import tomllib
 
@@ -359,7 +359,7 @@ def test_the_flower_app_recipe_attacks_a_max_pooling_model_trained_with_momentum
 
 
 def test_the_flower_app_recipe_with_a_batch_norm_model_in_train_mode(tmp_path):
-    """The same recipe with the README's other kind of model: batch norm (and max pooling, dropout)
+    """The same recipe with the other kind of model docs/library.md names: batch norm (and max pooling, dropout)
     trained in train mode on FEMNIST. The counters stay int64 through the record; the attack runs."""
     from fl_attack.federation.update import load_update, read_update_index
     from fl_attack.records import read_csv

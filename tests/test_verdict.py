@@ -52,8 +52,8 @@ def test_the_originals_are_all_singled_out_recognized_at_the_readers_accuracy_an
     assert row["recognized_truth"] > 5 / verdict.public_labels.max().item()  # far above chance
     assert row["reid_chance_uniform"] == pytest.approx(1 / (K[dataset] + verdict.num_distractors))
     assert row["reid_chance_matched"] == pytest.approx(K[dataset] / (K[dataset] + verdict.num_distractors))
-    # the headline chance is the matched null, never 1/(k+D): at k=32, D=2,000 at least 10x it
-    assert row["reid_chance"] >= 10 * row["reid_chance_uniform"] or K[dataset] < 32
+    # the headline chance is the matched null, never 1/(k+D): at least k times it (32x on FEMNIST, 20x on CIFAR-100)
+    assert row["reid_chance"] >= (1 - 1e-12) * K[dataset] * row["reid_chance_uniform"]
     parts = ("reid_noise", "reid_chance_matched", "reid_chance_labels", "guess_reidentified")
     assert row["reid_chance"] == max(row[c] for c in parts)
 

@@ -1,4 +1,5 @@
-"""What the verdict's data shares with a run's clients (docs/verdict.md, "Disjoint data"). The evaluator's.
+"""What the verdict's data shares with a run's clients (docs/verdict.md, "Disjoint from the run's writers").
+The evaluator's.
 
 * **FEMNIST writers.** The verdict's public pool (the update-free guesses) and its distractors leave
   out the run's writers (``fl_attack.federation.data.run_writers``): every sample they wrote, and any
