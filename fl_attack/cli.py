@@ -283,7 +283,7 @@ def _settings(args) -> AttackSettings:
     given |= {key: getattr(args, key) for key in ("samples", "batch_size", "local_epochs", "lr")}
     preset = PRESETS[args.preset] if args.preset else DEFAULT_PRESET
     if preset.rule:  # the audit's rule picks what no flag or --option gives, per victim (fl_attack.attacker.rule)
-        auto = [name for name in ("nodes", "iterations") if given[name] is None]
+        auto = [name for name in ("nodes", "iterations") if given.get(name) is None]
         auto += [] if {"lr_images", "lr_decay", "lr_schedule"} & options.keys() else ["schedule"]
         options["auto"] = tuple(auto)
     values = {
