@@ -48,11 +48,25 @@ def collect(root: Path = ROOT) -> list[dict]:
         if not (results.parent / "run.log").is_file():  # still running, or killed part-way
             continue
         contender, name = results.parent.name, results.parent.parent.name
+        schedule = _schedule(results.parent / "settings.json")
         with open(results, newline="") as f:
             for r in csv.DictReader(f):
                 if r.get("recovered") not in (None, ""):
-                    rows.append({"set": name, "contender": contender, **{c: r.get(c, "") for c in COLUMNS[2:]}})
+                    row = {"set": name, "contender": contender, **{c: r.get(c, "") for c in COLUMNS[2:]}}
+                    rows.append(row | {"lr_schedule": row["lr_schedule"] or schedule})
     return rows
+
+
+def _schedule(settings: Path) -> str:
+    """The schedule a results.csv written before its lr_schedule column ran: its settings.json's overrides on
+    AttackConfig's defaults (fl_attack.attacker.attacks.schedule_name)."""
+    import json
+
+    from fl_attack.attacker.attacks import AttackConfig, schedule_name
+
+    overrides = json.loads(settings.read_text()).get("overrides", {})
+    keys = ("lr_images", "lr_decay", "lr_schedule")
+    return schedule_name(AttackConfig.from_overrides(None, **{k: v for k, v in overrides.items() if k in keys}))
 
 
 def _mean(rows: list[dict], column: str) -> float:

@@ -52,7 +52,7 @@ _VERDICT = attack_columns(VERDICT)  # the verdict's (fl_attack.audit.verdict.VER
 RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
 RESULT_FROM = ("dataset", "partition_id", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim")
 RESULT_FROM += ("fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds", *_VERDICT)
-RESULT_FROM += ("psnr_recovered",)
+RESULT_FROM += ("psnr_recovered", "lr_schedule")
 RESULT_COLUMNS = tuple(RESULT_RENAMES.get(c, c) for c in RESULT_FROM)
 
 
