@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../../.."
 SET=${1:?usage: run.sh SET}
 PY=${PYTHON:-.venv/bin/python}
 OUT=docs/time-to-quality/trajectory/$SET
+mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
 case "$SET" in
   # Dimitrov et al.'s protocol: k=50 in 10 batches of 5, E=10 (T=100), lr 0.004, true labels, 4 writers
