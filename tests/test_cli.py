@@ -31,6 +31,8 @@ COLUMNS = [
     "label_accuracy",
     "seconds",
     *VERDICT_COLUMNS,
+    "psnr_recovered",  # Dimitrov et al.'s metric beside the verdict
+    "lr_schedule",
 ]
 TINY = [
     "--clients",
