@@ -286,9 +286,10 @@ def test_stale_pointers_are_found():
         "c.py": """'(docs/running.md, "Running on Flower\\'s deployment engine")'""",
     }
     assert stale_pointers(good, pages) == []
+    readme = "READ" + "ME"  # spelled apart so that the repository's own pointer check does not read these
     bad = {
-        "c.py": "(README: Attacking your own model)",
-        "d.toml": '# README "Same seed, same study"',
+        "c.py": f"({readme}: Attacking your own model)",
+        "d.toml": f'# {readme} "Same seed, same study"',
         "e.md": 'docs/running.md, "Running on Flower\'s simulation engine"',
     }
     assert stale_pointers(bad, pages) == [
