@@ -44,7 +44,9 @@ def test_presets_keep_the_sizes_the_code_used():
         "paper": (50, 10, 20, 0.004, 1000, 7),
         "cpu": (8, 4, 50, 0.004, 100, 7),
         "tiny": (4, 2, 2, 0.004, 3, 3),
+        "audit": (50, 10, 20, 0.004, 400, 1),  # the rule's short-T choice until each victim's T is known
     }
+    assert PRESETS["audit"].rule and not any(p.rule for name, p in PRESETS.items() if name != "audit")
     assert PRESETS["cpu"].protocol.local_steps == PAPER.local_steps  # the paper's T=100 at k=8
     assert AttackConfig.from_overrides(**PRESETS["tiny"].attack_overrides()).nodes == 3
 
