@@ -88,7 +88,7 @@ def test_every_key_has_one_owner():
     "key, value",
     [
         ("attack-batch", "0"),
-        ("attack-nodes", 0),
+        ("attack-nodes", -1),  # 0: the audit's rule
         ("attack-labels", "x"),
         ("seed", -1),
         ("defense-bits", 17),
