@@ -243,16 +243,20 @@ BAD = [
         "attack-options: compile is set here and by the run-config key attack-compile; give one",
     ),
     (
-        {"attack-nodes": 0},
+        {"attack-nodes": -1},  # 0: the audit's rule
         "attack-nodes",
-        "attack-nodes: the number of quadrature nodes m must be an integer >= 1, got 0",
+        "attack-nodes: the number of quadrature nodes m must be an integer >= 0 (0: chosen per update), got -1",
     ),
     (
         {"attack-lr-schedule": "fast"},
         "attack-lr-schedule",
-        "attack-lr-schedule must be one of steps, constant, plateau, got 'fast'",
+        "attack-lr-schedule must be one of steps, constant, plateau or auto, got 'fast'",
     ),
-    ({"attack-iterations": 0}, "attack-iterations", "attack-iterations: iterations must be an integer >= 1, got 0"),
+    (
+        {"attack-iterations": -1},
+        "attack-iterations",
+        "attack-iterations: iterations must be an integer >= 0 (0: chosen per update), got -1",
+    ),
     ({"attack-labels": "x"}, "attack-labels", "attack-labels: labels must be 'recovered' or 'oracle', got 'x'"),
     ({"attack-num-gpus": -1.0}, "attack-num-gpus", "attack-num-gpus must be >= 0"),
     ({"attack-actors": 0}, "attack-actors", "attack-actors must be >= 1"),
