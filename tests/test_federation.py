@@ -299,7 +299,7 @@ def test_run_config_errors_name_the_key():
     with pytest.raises(ValueError, match="invalid run config: attack-method: unknown attack method 'foo'"):
         RunSettings.from_run_config({"attack-method": "pisme,foo"})
     with pytest.raises(ValueError, match="attack-nodes"):
-        RunSettings.from_run_config({"attack-nodes": 0})
+        RunSettings.from_run_config({"attack-nodes": -1})  # 0: the audit's rule
     with pytest.raises(ValueError, match="batch-size"):
         RunSettings.from_run_config({"batch-size": 64, "samples-per-client": 16})
     with pytest.raises(ValueError, match="unknown dataset"):
