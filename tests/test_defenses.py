@@ -146,6 +146,15 @@ def test_secagg_gives_the_strategy_the_same_aggregate_for_every_client(tmp_path,
 
 
 @pytest.mark.heavy
+def test_secagg_without_federated_evaluation_still_ends_each_round(tmp_path):
+    """fraction-evaluate=0 under secagg: the legacy workflow skips the evaluation that used to end the
+    round, so no round had a row (the frontier study's secagg settings ran without a rounds.csv)."""
+    federate(tmp_path, partitions=(0, 1, 2), num_rounds=2, defense="secagg", fraction_evaluate=0.0)
+    rounds = _rows(tmp_path / "rounds.csv")
+    assert [(r["round"], r["clients"], r["eval_accuracy"]) for r in rounds] == [("1", "3", ""), ("2", "3", "")]
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_topk_sends_the_stated_fraction_of_non_zeros(tmp_path, adaptive):
     fraction = 0.05
