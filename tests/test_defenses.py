@@ -386,7 +386,7 @@ def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
 
 
 @pytest.mark.runtime
-@pytest.mark.parametrize("grid", ["defenses", "privacy"])
+@pytest.mark.parametrize("grid", ["defenses", "privacy", "frontier"])
 def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, monkeypatch, grid):
     """Every setting's launcher command line and run config pass the launcher's own checks (no run)."""
     import strategies.launch as launch
@@ -402,5 +402,11 @@ def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, mon
         return 1  # no federation here: the study records the setting as failed
 
     monkeypatch.setattr(launch, "main", check_only)
+    if grid == "frontier":  # its own regime: 80 writers, every setting checked against them
+        from analysis.frontier import frontier_grid
+
+        assert defenses.main(["--grid", grid, "--out", str(tmp_path)]) == 1
+        assert len(accepted) == len(frontier_grid())
+        return
     assert defenses.main(["--grid", grid, "--out", str(tmp_path), "--rounds", "1"]) == 1
     assert len(accepted) == len(defenses.GRIDS[grid][0])
