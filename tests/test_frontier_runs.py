@@ -1,5 +1,5 @@
 """The frontier study on the real path (python -m analysis.defenses --grid frontier, tiny settings: 3 writers
-of 8 samples, 2 rounds, 5 attack iterations): a study SIGKILLed after a run folder has its config.json but
+of 8 samples, 1 round, 5 attack iterations): a study SIGKILLed after a run folder has its config.json but
 before its first checkpoint completes with --resume (the finished run kept, the killed one restarted), and
 the grid submitted as Ray jobs to a local `ray start --head` cluster."""
 
@@ -20,7 +20,7 @@ from analysis.frontier import read_frontier
 from tests.test_resume import _tree
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["--rounds", "2", "--supernodes", "3", "--samples", "8", "--iterations", "5"]
+QUICK = ["--rounds", "1", "--supernodes", "3", "--samples", "8", "--iterations", "5"]
 
 
 def _study(out: Path, only: str, *extra: str) -> list[str]:
@@ -79,7 +79,7 @@ def test_a_study_killed_before_its_first_checkpoint_completes_with_resume(tmp_pa
     assert (aside / "config.json").is_file() and not (aside / "checkpoint.pt").exists()
     assert (run / "summary.json").is_file() and (run / "checkpoint.pt").is_file()
     table = read_frontier(out / "frontier.csv")
-    assert list(table["setting"]) == ["none", "quantize-1"] and (table["rounds"] == 2).all()
+    assert list(table["setting"]) == ["none", "quantize-1"] and (table["rounds"] == 1).all()
     assert (table["attacks_ok"] > 0).all()
 
 
