@@ -1,7 +1,13 @@
 """The defense study: one federation per defense setting, and what each costs the attacker and the model.
 
+    python -m analysis.defenses --grid frontier --out DIR [--resume] [--only ...] [--ray-address HEAD:6379]
     python -m analysis.defenses --dataset femnist --rounds R --out DIR [--only none,secagg] [--resume]
     python -m analysis.defenses --grid privacy --rounds 10 --out DIR [--resume]
+
+``--grid frontier`` is the privacy-utility frontier (analysis/frontier.py: its regime, grid and
+frontier.csv; docs/defenses.md, "The privacy-utility frontier"). Its settings run one after another,
+or, with ``--ray-address``, as Ray jobs on that cluster (analysis/ray_jobs.py). The rest of this
+docstring is the older grids' (their study: docs/defenses-2026-12.md).
 
 Runs every setting of ``GRID`` as a real federation through the checked launcher
 (``strategies.launch``; Flower simulation, Ray attacker actors, evaluator), all at the same scale
@@ -119,6 +125,7 @@ PRIVACY_SCALE = {
     "seed": 0,
 }
 GRIDS = {"defenses": (GRID, SCALE), "privacy": (PRIVACY_GRID, PRIVACY_SCALE)}
+CHOICES = [*GRIDS, "frontier"]
 TABLE_COLUMNS = [
     "setting",
     "defense",
@@ -211,17 +218,40 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m analysis.defenses", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--grid", default="defenses", choices=list(GRIDS), help="which study: its settings and scale")
+    parser.add_argument("--grid", default="defenses", choices=CHOICES, help="which study: its settings and scale")
     parser.add_argument("--dataset", default="femnist", choices=["femnist", "cifar100"])
-    parser.add_argument("--rounds", type=int, default=2, help="FedAvg rounds per run")
+    parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds per run (2; frontier: its regime's)")
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--supernodes", type=int, default=None, help="clients per federation (4; privacy: 20)")
+    parser.add_argument(
+        "--supernodes", type=int, default=None, help="clients per federation (4; privacy: 20; frontier: its regime's)"
+    )
     parser.add_argument("--samples", type=int, default=None, help="k, samples per client (the grid's scale)")
-    parser.add_argument("--iterations", type=int, default=None, help="PI-SME iterations (the grid's scale)")
+    parser.add_argument(
+        "--iterations", type=int, default=None, help="attack iterations (the grid's; frontier: the audit's default)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="the runs' seed (the grid's scale: 0)")
     parser.add_argument("--only", default="", help="comma-separated settings of the grid to run (default: all)")
-    parser.add_argument("--resume", action="store_true", help="reuse runs of DIR that already completed")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs of DIR that finished, resume the interrupted ones, restart those that cannot be resumed",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default="",
+        help="frontier: submit each setting as a Ray job to this cluster (HEAD:6379 of `ray start --head`)",
+    )
+    parser.add_argument(
+        "--job-resource",
+        default="",
+        help="frontier with --ray-address: a custom resource each job asks one unit of (run K at a time)",
+    )
     args = parser.parse_args(argv)
+    if args.grid == "frontier":
+        return frontier_main(args, parser)
+    if args.ray_address or args.job_resource:
+        parser.error("--ray-address and --job-resource are for --grid frontier")
+    args.rounds = 2 if args.rounds is None else args.rounds
 
     grid, base = GRIDS[args.grid]
     supernodes = args.supernodes or (20 if args.grid == "privacy" else 4)
@@ -282,6 +312,75 @@ def main(argv: list[str] | None = None) -> int:
         print(f"analysis.defenses: error: these runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def frontier_main(args, parser: argparse.ArgumentParser) -> int:
+    """``--grid frontier``: run the grid (analysis.frontier.run_grid), then frontier.md and its figures
+    from frontier.csv. --rounds, --supernodes, --samples, --iterations and --seed change the regime
+    for a quick look (a test, a fixture): such a run is not the study, and says so."""
+    from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, frontier_grid, run_grid
+
+    rounds = args.rounds or REGIME_ROUNDS
+    supernodes = args.supernodes or REGIME_SUPERNODES
+    if args.dataset != "femnist":
+        parser.error("--grid frontier is a FEMNIST study (its regime: analysis/frontier.py)")
+    if rounds < 1 or supernodes < 3:
+        parser.error("--rounds must be >= 1 and --supernodes >= 3 (the tracked panel is partitions 0, 1, 2)")
+    grid = frontier_grid(supernodes)
+    names = [s.name for s in grid]
+    chosen = [n.strip() for n in args.only.split(",") if n.strip()] or names
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        parser.error(f"unknown setting(s) {unknown}; choose from {', '.join(names)}")
+    overrides = {}
+    if args.samples is not None:
+        overrides.update({"samples-per-client": args.samples, "batch-size": min(16, args.samples)})
+    if args.iterations is not None:
+        overrides["attack-iterations"] = args.iterations
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    out = Path(args.out).resolve()
+
+    def log(message):
+        print(f"analysis.defenses: {message}", flush=True)
+
+    if overrides or args.rounds or args.supernodes:
+        changed = f"{overrides or ''} {rounds} rounds, {supernodes} clients"
+        log(f"a quick look, not the study: the regime changed by {changed}")
+    rows, failed = run_grid(
+        out,
+        [s for s in grid if s.name in chosen],
+        rounds,
+        supernodes,
+        resume=args.resume,
+        overrides=overrides,
+        ray_address=args.ray_address,
+        job_resource=args.job_resource,
+        log=log,
+    )
+    if rows:
+        write_frontier_outputs(out)
+    if failed:
+        print(f"analysis.defenses: error: these runs failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    if not rows:
+        print("analysis.defenses: error: no run completed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_frontier_outputs(out: Path) -> None:
+    """out/frontier.md, out/frontier.png and out/frontier-rounds.png from out/frontier.csv."""
+    from .frontier import read_frontier
+    from .frontier_figure import frontier_markdown, plot_frontier, plot_rounds
+    from .plots import save_figure
+
+    table = read_frontier(out / "frontier.csv")
+    write_text_atomic(out / "frontier.md", frontier_markdown(table))
+    save_figure(plot_frontier(table), out / "frontier.png")
+    save_figure(plot_rounds(table), out / "frontier-rounds.png")
+    print(frontier_markdown(table), flush=True)
+    print(f"analysis.defenses: {out / 'frontier.csv'}, {out / 'frontier.md'}, {out / 'frontier.png'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,16 @@ Usage (from the project root):
     python -m analysis.docs run-folder          # docs/run-folder.md: every file of a run folder, every CSV column
     python -m analysis.docs demo-block          # README's demo blocks, from docs/demo-record/
     python -m analysis.docs demo-record RUN_DIR # copy a `make demo` run's record to docs/demo-record/, then demo-block
-    python -m analysis.docs all                 # the two pages and the demo blocks
+    python -m analysis.docs frontier            # docs/defenses.md's frontier block and figures, from docs/frontier/
+    python -m analysis.docs frontier-record DIR # copy a study's DIR/frontier.csv to docs/frontier/, then frontier
+    python -m analysis.docs all                 # the two pages, the demo blocks and the frontier block
 Add --check to any of them to compare instead of write: exit 1 naming each file that differs.
 
 run-config reads the settings dataclasses (their fields, types and the checks in their modules' source) and
 pyproject.toml's [tool.flwr.app.config] (defaults and comments); run-folder reads fl_attack.audit.runs;
-demo-block reads a run folder's summary.json (the verdict lines, the timings), config.json and rounds.csv.
+demo-block reads a run folder's summary.json (the verdict lines, the timings), config.json and rounds.csv;
+frontier reads docs/frontier/frontier.csv (analysis/frontier.py), and writes its figures beside it (only their
+text is compared: --check asks that they exist).
 tests/test_docs.py fails when a committed page or block differs from what this writes.
 """
 
@@ -36,6 +40,9 @@ RUN_FOLDER_PAGE = Path("docs/run-folder.md")
 README = Path("README.md")
 DEMO_RECORD = Path("docs/demo-record")
 RECORD_FILES = ("config.json", "summary.json", "rounds.csv", "attacks.csv")  # no images, no updates
+DEFENSES_PAGE = Path("docs/defenses.md")
+FRONTIER_RECORD = Path("docs/frontier")  # the frontier study's frontier.csv and the figures written from it
+FRONTIER_FIGURES = ("frontier.png", "frontier-rounds.png")
 COMMAND = "python -m analysis.docs"
 PREFIX = "invalid run config: "
 
@@ -362,12 +369,77 @@ def copy_record(run_dir: Path, to: Path) -> None:
         shutil.copyfile(run_dir / name, to / name)
 
 
+# --- docs/defenses.md's frontier block ---------------------------------------------------------------------
+
+
+def frontier_block(record: Path) -> str:
+    """The frontier block of docs/defenses.md from ``record``/frontier.csv (analysis/frontier.py): its
+    table (analysis.frontier_figure.frontier_markdown) and figures; while no study is recorded there,
+    a line saying so and how to record one."""
+    from .frontier_figure import frontier_markdown
+
+    where = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
+    rel = Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where  # from docs/
+    head = [_generated("frontier")]
+    if not (record / "frontier.csv").is_file():
+        return "\n".join(
+            head
+            + [
+                f"No frontier study is recorded in `{where}/` yet: run the command above, then "
+                f"`{COMMAND} frontier-record DIR` copies its frontier.csv here and writes this block from it."
+            ]
+        )
+    from .frontier import read_frontier
+
+    table = read_frontier(record / "frontier.csv")
+    return "\n".join(
+        head
+        + [
+            f"From [{where}/frontier.csv]({rel}/frontier.csv), {len(table)} setting(s); **bold**: on the Pareto "
+            "front (no other setting has both a higher accuracy and fewer images recovered).",
+            "",
+            frontier_markdown(table).rstrip("\n"),
+            "",
+            f"![the privacy-utility frontier]({rel}/frontier.png)",
+            "",
+            f"![leakage over rounds, per defense]({rel}/frontier-rounds.png)",
+        ]
+    )
+
+
+def write_frontier_figures(record: Path) -> list[Path]:
+    """``record``'s FRONTIER_FIGURES written from its frontier.csv (none without one); returns them."""
+    if not (record / "frontier.csv").is_file():
+        return []
+    from .frontier import read_frontier
+    from .frontier_figure import plot_frontier, plot_rounds
+    from .plots import save_figure
+
+    table = read_frontier(record / "frontier.csv")
+    return [
+        save_figure(plot(table), record / name) for plot, name in zip((plot_frontier, plot_rounds), FRONTIER_FIGURES)
+    ]
+
+
+def copy_frontier(study: Path, to: Path) -> None:
+    """``study``/frontier.csv copied into ``to`` (created): the record the frontier block is written from."""
+    source = study / "frontier.csv"
+    if not source.is_file():
+        raise ValueError(f"{study} holds no frontier.csv (python -m analysis.defenses --grid frontier writes it)")
+    to.mkdir(parents=True, exist_ok=True)
+    if source.resolve() != (to / "frontier.csv").resolve():
+        shutil.copyfile(source, to / "frontier.csv")
+
+
 # --- the command ------------------------------------------------------------------------------------------
 
 
-def outputs(what: str, record: Path = DEMO_RECORD) -> dict[Path, str]:
+def outputs(what: str, record: Path = DEMO_RECORD, frontier: Path = FRONTIER_RECORD) -> dict[Path, str]:
     """{file relative to the root: the text it should hold} for ``what``."""
     out = {}
+    if what in ("frontier", "frontier-record", "all"):
+        page = (ROOT / DEFENSES_PAGE).read_text(encoding="utf-8")
+        out[DEFENSES_PAGE] = with_blocks(page, {"frontier": frontier_block(ROOT / frontier)}, str(DEFENSES_PAGE))
     if what in ("run-config", "all"):
         out[RUN_CONFIG_PAGE] = run_config_page()
     if what in ("run-folder", "all"):
@@ -404,15 +476,28 @@ def trajectory_outputs() -> dict[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("run-config", "run-folder", "demo-block", "demo-record", "trajectory", "all"))
-    parser.add_argument("run_dir", nargs="?", help="demo-record: the `make demo` run folder to record")
+    parser.add_argument(
+        "what",
+        choices=("run-config", "run-folder", "demo-block", "demo-record", "trajectory", "frontier", "frontier-record", "all"),
+    )
+    parser.add_argument(
+        "run_dir", nargs="?", help="demo-record: the `make demo` run folder; frontier-record: the study's --out folder"
+    )
     parser.add_argument("--check", action="store_true", help="compare, write nothing; exit 1 when a file differs")
     args = parser.parse_args(argv)
+    if args.what in ("demo-record", "frontier-record") and not args.run_dir:
+        parser.error(f'{args.what} needs its folder, e.g. "$(cat .last-run)" or the study\'s --out DIR')
     if args.what == "demo-record":
-        if not args.run_dir:
-            parser.error('demo-record needs RUN_DIR, e.g. "$(cat .last-run)"')
         copy_record(Path(args.run_dir), ROOT / DEMO_RECORD)
+    if args.what == "frontier-record":
+        copy_frontier(Path(args.run_dir), ROOT / FRONTIER_RECORD)
     stale = []
+    if args.what in ("frontier", "frontier-record", "all"):
+        if not args.check:
+            for path in write_frontier_figures(ROOT / FRONTIER_RECORD):
+                print(f"wrote {path.relative_to(ROOT)}")
+        elif (ROOT / FRONTIER_RECORD / "frontier.csv").is_file():
+            stale += [str(FRONTIER_RECORD / n) for n in FRONTIER_FIGURES if not (ROOT / FRONTIER_RECORD / n).is_file()]
     for path, text in outputs(args.what).items():
         current = (ROOT / path).read_text(encoding="utf-8") if (ROOT / path).exists() else None
         if current == text:

@@ -1,6 +1,7 @@
 """What the studies (analysis.leakage_study, analysis.defenses) share: a run config as the
 launcher's --run-config text, and federations launched into their run folders, skipping the
-finished ones and resuming the interrupted ones, so a stopped study picks up where it stopped.
+finished ones, resuming the interrupted ones and restarting those that cannot be resumed (a run
+killed before its first checkpoint), so a stopped study picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -25,26 +26,57 @@ def finished(folder: str | Path) -> bool:
     return RunFolder(folder).summary_file.is_file()
 
 
-def launch_run(folder: Path, config: dict, supernodes: int, log=print, reuse: bool = True) -> bool:
-    """Run the federation of ``config`` into ``folder`` (results-dir and run-name set here) on
-    ``supernodes`` clients; with ``reuse``, a finished run is kept and an interrupted one (with a
-    checkpoint) resumed. True when the run finished; a launcher that fails or refuses its arguments
-    is logged, not raised, so the study goes on with its other runs."""
-    from strategies.launch import main as launch
+def plan_run(folder: Path, config: dict, supernodes: int, log=print, reuse: bool = True) -> dict | None:
+    """The launcher's run-config values that run ``config`` into ``folder`` (results-dir and run-name
+    set here) on ``supernodes`` clients, or None for a finished run kept as it is (``reuse``).
+
+    With ``reuse``, a folder that holds an unfinished run is resumed (``resume`` set) when the
+    launcher's own checks accept it (``strategies.launch.checked_run_config``: a readable checkpoint,
+    the same run config, rounds left, a readable memory.pt, no secagg); otherwise (a run killed
+    before its first checkpoint, one under secagg, one whose run config changed since) its folder is
+    moved aside to ``NAME.set-aside-YYYYmmdd-HHMMSS`` beside it, with a message saying why, and the
+    run starts again. Without ``reuse`` nothing is checked: the launcher refuses a folder that holds
+    a run."""
+    from strategies.launch import checked_run_config
 
     run = RunFolder(folder)
-    if reuse and finished(run):
-        return True
     values = {**config, "results-dir": str(run.path.parent), "run-name": run.path.name}
-    if reuse and run.checkpoint_file.is_file():
-        values["resume"] = str(run.path)
-    log(f"{'resuming' if 'resume' in values else 'running'} {run.path.name}")
+    if not reuse:
+        return values
+    if finished(run):
+        return None
+    if not run.holds_run:
+        return values
+    resumed = {**values, "resume": str(run.path)}
+    try:
+        checked_run_config(resumed, FEDERATION.format(supernodes))
+        return resumed
+    except ValueError as exc:
+        why = str(exc).removeprefix("invalid run config: ")
+    aside = run.path.with_name(f"{run.path.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+    run.path.rename(aside)
+    log(f"restarting {run.path.name}: its unfinished run cannot be resumed ({why}); its record is kept in {aside}")
+    return values
+
+
+def launch_run(folder: Path, config: dict, supernodes: int, log=print, reuse: bool = True) -> bool:
+    """Run the federation of ``config`` into ``folder`` on ``supernodes`` clients (``plan_run``: with
+    ``reuse``, a finished run is kept, an interrupted one resumed, one that cannot be resumed
+    restarted). True when the run finished; a launcher that fails or refuses its arguments is
+    logged, not raised, so the study goes on with its other runs."""
+    from strategies.launch import main as launch
+
+    values = plan_run(folder, config, supernodes, log, reuse)
+    if values is None:
+        return True
+    name = values["run-name"]
+    log(f"{'resuming' if 'resume' in values else 'running'} {name}")
     started = time.time()
     try:
         code = launch(["--run-config", run_config_text(values), "--federation-config", FEDERATION.format(supernodes)])
     except SystemExit as exc:  # the launcher refused its arguments
         code = exc.code if isinstance(exc.code, int) else 2
-    log(f"{run.path.name} exited {code} after {time.time() - started:.0f} s")
+    log(f"{name} exited {code} after {time.time() - started:.0f} s")
     return code == 0
 
 

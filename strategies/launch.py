@@ -147,17 +147,25 @@ def _check_federation(federation: str) -> None:
             raise ValueError(f"{key} must be a whole number >= 1 (Flower takes no fractions), got {found.group(1)}")
 
 
-def _run_config(overrides: list[str], federation: str | None, folder: Path) -> tuple[Path, str]:
-    """The ``--run-config`` values (``_parse_overrides``), checked (``_check_run_config``), plus the
-    federation's client CPUs as client-num-cpus when the user did not set it, written to a new TOML
-    file in ``folder``: the one file handed to ``flwr run`` (the caller deletes it). Returns (that
-    file, the run-name or ""). Raises ValueError for a malformed or invalid run config, before
-    anything starts."""
-    pairs = _parse_overrides(overrides)
+def checked_run_config(pairs: dict, federation: str | None) -> dict:
+    """``pairs`` (run-config values as Flower parses them) plus the federation's client CPUs as
+    client-num-cpus when they do not set it, after every check the launcher makes before it starts
+    anything (``_check_run_config``: keys, values, a resume folder, partitions). Returns the new dict;
+    raises ValueError naming the key. A study calls it to ask whether a run can be resumed."""
+    pairs = dict(pairs)
     cpus = re.search(r"client-resources-num-cpus=(\d+)(?![.\d])", federation or "")
     if cpus and "client-num-cpus" not in pairs:
         pairs["client-num-cpus"] = int(cpus.group(1))
     _check_run_config(pairs, federation)
+    return pairs
+
+
+def _run_config(overrides: list[str], federation: str | None, folder: Path) -> tuple[Path, str]:
+    """The ``--run-config`` values (``_parse_overrides``), checked (``checked_run_config``, which adds
+    the federation's client CPUs as client-num-cpus), written to a new TOML file in ``folder``: the
+    one file handed to ``flwr run`` (the caller deletes it). Returns (that file, the run-name or "").
+    Raises ValueError for a malformed or invalid run config, before anything starts."""
+    pairs = checked_run_config(_parse_overrides(overrides), federation)
     folder.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="run-config-", suffix=".toml", dir=folder)  # one per launch
     os.close(fd)

@@ -108,7 +108,10 @@ class SecAggLeakageFedAvg(LegacyFedAvg):
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         clients = SeededClients(client_manager, self.nodes, self.grid, server_round, "evaluate")
-        return super().configure_evaluate(server_round, parameters, clients)
+        instructions = super().configure_evaluate(server_round, parameters, clients)
+        if not instructions:  # no federated evaluation (fraction-evaluate 0): aggregate_evaluate never comes
+            self.service.end_of_round(server_round, None)  # the server's own evaluation is already in
+        return instructions
 
     def aggregate_fit(self, server_round, results, failures):
         fits = [fit_res for _, fit_res in results]

@@ -146,6 +146,15 @@ def test_secagg_gives_the_strategy_the_same_aggregate_for_every_client(tmp_path,
 
 
 @pytest.mark.heavy
+def test_secagg_without_federated_evaluation_still_ends_each_round(tmp_path):
+    """fraction-evaluate=0 under secagg: the legacy workflow skips the evaluation that used to end the
+    round, so no round had a row (the frontier study's secagg settings ran without a rounds.csv)."""
+    federate(tmp_path, partitions=(0, 1, 2), num_rounds=2, defense="secagg", fraction_evaluate=0.0)
+    rounds = _rows(tmp_path / "rounds.csv")
+    assert [(r["round"], r["clients"], r["eval_accuracy"]) for r in rounds] == [("1", "3", ""), ("2", "3", "")]
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_topk_sends_the_stated_fraction_of_non_zeros(tmp_path, adaptive):
     fraction = 0.05
@@ -377,7 +386,7 @@ def test_secagg_below_its_minimum_stops_before_round_one(tmp_path):
 
 
 @pytest.mark.runtime
-@pytest.mark.parametrize("grid", ["defenses", "privacy"])
+@pytest.mark.parametrize("grid", ["defenses", "privacy", "frontier"])
 def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, monkeypatch, grid):
     """Every setting's launcher command line and run config pass the launcher's own checks (no run)."""
     import strategies.launch as launch
@@ -393,5 +402,11 @@ def test_the_defense_study_hands_the_launcher_arguments_it_accepts(tmp_path, mon
         return 1  # no federation here: the study records the setting as failed
 
     monkeypatch.setattr(launch, "main", check_only)
+    if grid == "frontier":  # its own regime: 80 writers, every setting checked against them
+        from analysis.frontier import frontier_grid
+
+        assert defenses.main(["--grid", grid, "--out", str(tmp_path)]) == 1
+        assert len(accepted) == len(frontier_grid())
+        return
     assert defenses.main(["--grid", grid, "--out", str(tmp_path), "--rounds", "1"]) == 1
     assert len(accepted) == len(defenses.GRIDS[grid][0])

@@ -1,0 +1,211 @@
+"""The privacy-utility frontier's table and figures, from frontier.csv alone (analysis/frontier.py).
+
+- ``pareto(table)``: the settings no other one beats on both axes (higher accuracy, fewer images);
+- ``frontier_markdown(table)``: one line per setting, the Pareto front marked;
+- ``plot_frontier(table)``: x = final test accuracy, y = the fraction of the attacked images the
+  server recovered (the remembering server at the end) with its exact 95% interval, one line per
+  family through its strengths, the best update-free guess (the floor) and the matched chance as
+  lines, the Pareto front ringed and joined;
+- ``plot_rounds(table)``: leakage over rounds, one panel per family: the memoryless attacks'
+  fraction recovered in each attacked round, one line per strength, the remembering server's dashed.
+
+matplotlib Figures built without pyplot (PNG through Agg), as analysis/plots.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+FAMILY_ORDER = (
+    "none",
+    "local-dp",
+    "central-dp (server clipping)",
+    "central-dp (client clipping)",
+    "topk",
+    "low-rank",
+    "quantize",
+    "secagg",
+    "local-dp+secagg (5)",
+)
+_COLORS = (
+    "black",
+    "tab:red",
+    "tab:blue",
+    "tab:cyan",
+    "tab:green",
+    "tab:purple",
+    "tab:orange",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:gray",
+)
+
+
+def families(table: pd.DataFrame) -> list[str]:
+    """The table's families, FAMILY_ORDER first, then any other in order of appearance."""
+    present = list(dict.fromkeys(table["family"]))
+    return [f for f in FAMILY_ORDER if f in present] + [f for f in present if f not in FAMILY_ORDER]
+
+
+def _color(family: str, order: list[str]) -> str:
+    known = list(FAMILY_ORDER) + [f for f in order if f not in FAMILY_ORDER]
+    return _COLORS[known.index(family) % len(_COLORS)]
+
+
+def pareto(table: pd.DataFrame) -> pd.Series:
+    """True for each setting on the Pareto front of (final_accuracy: higher is better, fraction:
+    lower is better): no other setting has accuracy >= and fraction <= with one of them strictly.
+    Settings without both numbers are never on it."""
+    acc, frac = table["final_accuracy"].to_numpy(float), table["fraction"].to_numpy(float)
+    known = np.isfinite(acc) & np.isfinite(frac)
+    front = []
+    for i in range(len(table)):
+        beaten = known & (acc >= acc[i]) & (frac <= frac[i]) & ((acc > acc[i]) | (frac < frac[i]))
+        front.append(bool(known[i] and not beaten.any()))
+    return pd.Series(front, index=table.index, name="pareto")
+
+
+def _pct(value, digits: int = 1) -> str:
+    return "n/a" if value is None or not math.isfinite(float(value)) else f"{100 * float(value):.{digits}f}%"
+
+
+def _count(recovered, images) -> str:
+    if not (math.isfinite(float(recovered)) and math.isfinite(float(images))):
+        return "n/a"
+    return f"{int(recovered)} of {int(images)}"
+
+
+def _interval(low, high) -> str:
+    if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+        return ""
+    return f" ({100 * float(low):.0f}–{100 * float(high):.0f}%)"
+
+
+def _strength(row) -> str:
+    if not math.isfinite(float(row.strength)):
+        return "-"
+    return f"{row.strength_name} {float(row.strength):g}"
+
+
+def _number(value, fmt: str = ".3g") -> str:
+    return "-" if value is None or not math.isfinite(float(value)) else format(float(value), fmt)
+
+
+def frontier_markdown(table: pd.DataFrame) -> str:
+    """The frontier table in Markdown: per setting its strength, final test accuracy, what the
+    remembering server recovered at the end (count, fraction, exact 95% interval), the best round's,
+    the best guess and the matched chance, the ε spent and the ReRo bound; **bold** setting names are
+    on the Pareto front."""
+    front = pareto(table)
+    lines = [
+        "| setting | strength | final test acc. | recovered at the end | best round | best guess | chance "
+        "| ε spent | DP's bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, row in zip(table.index, table.itertuples()):
+        name = f"**{row.setting}**" if front[i] else row.setting
+        end = (
+            f"{_count(row.recovered, row.images)}: {_pct(row.fraction)}{_interval(row.fraction_low, row.fraction_high)}"
+        )
+        best = (
+            f"round {int(row.best_round)}: {_count(row.best_recovered, row.best_images)}"
+            if math.isfinite(float(row.best_round))
+            else "n/a"
+        )
+        if math.isfinite(float(row.dp_bound)):
+            bound = "1 (vacuous)" if row.dp_bound >= 1 else f"{_pct(row.dp_bound)} ({row.dp_bound_name})"
+            bound += " **above the bound: accounting bug?**" if row.dp_alarm else ""
+        else:
+            bound = "not a promise against this server" if "central-dp" in row.defense else "-"
+        lines.append(
+            f"| {name} | {_strength(row)} | {_pct(row.final_accuracy)} | {end} | {best} | "
+            f"{_count(row.guess_recovered, row.images)} | {_pct(row.chance)} | {_number(row.epsilon)} | {bound} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_frontier(table: pd.DataFrame) -> Figure:
+    """The frontier (module docstring): accuracy against the fraction recovered."""
+    fig = Figure(figsize=(8.5, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    order = families(table)
+    for family in order:
+        rows = table[table["family"] == family].sort_values("strength", na_position="first")
+        rows = rows[np.isfinite(rows["final_accuracy"].astype(float)) & np.isfinite(rows["fraction"].astype(float))]
+        if rows.empty:
+            continue
+        x, y = rows["final_accuracy"].to_numpy(float), rows["fraction"].to_numpy(float)
+        err = np.vstack([y - rows["fraction_low"].to_numpy(float), rows["fraction_high"].to_numpy(float) - y])
+        color = _color(family, order)
+        ax.errorbar(x, y, yerr=np.nan_to_num(err), color=color, marker="o", capsize=3, label=family, linewidth=1.2)
+        for xi, yi, s in zip(x, y, rows["strength"].to_numpy(float)):
+            if math.isfinite(s):
+                ax.annotate(f"{s:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+    floor, chance = table["guess_fraction"].astype(float), table["chance"].astype(float)
+    if np.isfinite(floor).any():
+        ax.axhline(np.nanmax(floor), color="0.4", linestyle="--", linewidth=1, label="best update-free guess (floor)")
+    if np.isfinite(chance).any():
+        ax.axhline(np.nanmax(chance), color="0.6", linestyle=":", linewidth=1, label="matched chance")
+    front = table[pareto(table)].sort_values("final_accuracy")
+    if not front.empty:
+        ax.plot(front["final_accuracy"], front["fraction"], color="gold", linewidth=4, alpha=0.5, zorder=0)
+        ax.scatter(
+            front["final_accuracy"], front["fraction"], s=160, facecolors="none", edgecolors="goldenrod", zorder=3
+        )
+        ax.plot([], [], color="gold", linewidth=4, alpha=0.5, label="Pareto front")
+    ax.set_xlabel("final test accuracy (the server's held-out samples)")
+    ax.set_ylabel("fraction of the attacked images recovered\n(the remembering server at the end; 95% exact)")
+    ax.set_ylim(bottom=-0.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("Privacy-utility frontier: each defense through its strengths (labels: the strength)", fontsize=9)
+    return fig
+
+
+def plot_rounds(table: pd.DataFrame) -> Figure:
+    """Leakage over rounds, one panel per family (module docstring); ``none``'s memoryless curve, grey,
+    in every other panel for reference."""
+    from matplotlib.ticker import MaxNLocator
+
+    order = families(table)
+    cols = min(3, max(1, len(order)))
+    rows_n = math.ceil(len(order) / cols)
+    fig = Figure(figsize=(4 * cols, 2.8 * rows_n), layout="constrained")
+    axes = fig.subplots(rows_n, cols, squeeze=False, sharey=True)
+    reference = table[table["family"] == "none"]
+    for ax, family in zip(axes.flat, order):
+        rows = table[table["family"] == family].sort_values("strength", na_position="first")
+        if family != "none" and len(reference):
+            x, y = _curve(reference["recovered_by_round"].iloc[0])
+            ax.plot(x, y, color="0.7", linewidth=2, label="none", zorder=0)
+        for j, row in enumerate(rows.itertuples()):
+            label = "none" if not math.isfinite(float(row.strength)) else f"{float(row.strength):g}"
+            color = _COLORS[(j + 1) % len(_COLORS)]
+            for key, dashes in (("recovered_by_round", "-"), ("memory_by_round", "--")):
+                x, y = _curve(getattr(row, key))
+                if x:
+                    ax.plot(x, y, marker="o", linestyle=dashes, color=color, label=label if dashes == "-" else None)
+        ax.set_title(family, fontsize=9)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        title = (rows["strength_name"].iloc[0] or None) if len(rows) else None
+        ax.legend(fontsize=7, title=title, title_fontsize=7)
+    for ax in list(axes.flat)[len(order) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("fraction recovered")
+    fig.suptitle("Leakage over rounds: memoryless attacks (solid), the remembering server (dashed)", fontsize=9)
+    return fig
+
+
+def _curve(counts_json: str) -> tuple[list[int], list[float]]:
+    """(rounds, fractions recovered) of a {round: [recovered, images]} JSON cell."""
+    counts = json.loads(counts_json or "{}")
+    return [int(r) for r in counts], [c[0] / c[1] if c[1] else math.nan for c in counts.values()]

@@ -1,0 +1,235 @@
+"""The privacy-utility frontier (analysis/frontier.py, analysis/frontier_figure.py, analysis/docs.py's
+frontier block): its grid, each setting's row read from a real run folder's verdict, the table and the
+figures written from frontier.csv alone.
+
+tests/golden/frontier/ is a fixture, NOT the study: the records of a real tiny run of the frontier grid
+(3 settings, 3 writers of 8 samples, 3 rounds, 20 attack iterations; its README says how it was made).
+The study's own record, once the lead runs it, is docs/frontier/."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import docs
+from analysis.frontier import (
+    CENTRAL_DP_NOTE,
+    FRONTIER_COLUMNS,
+    REGIME,
+    REGIME_ROUNDS,
+    REGIME_SUPERNODES,
+    attack_rounds,
+    frontier_grid,
+    frontier_row,
+    participants_fraction,
+    read_frontier,
+    dp_bound,
+    run_config,
+    write_frontier,
+)
+from analysis.frontier_figure import frontier_markdown, pareto, plot_frontier, plot_rounds
+from analysis.plots import save_figure
+from fl_attack.run_config import RunSettings
+
+FIXTURE = Path(__file__).parent / "golden" / "frontier"
+
+
+def _fixture_settings():
+    table = read_frontier(FIXTURE / "frontier.csv")
+    grid = {s.name: s for s in frontier_grid(3)}
+    return table, [grid[name] for name in table["setting"]]
+
+
+# --- the grid -----------------------------------------------------------------------------------------------
+
+
+def test_every_setting_is_a_valid_run_config_that_pins_no_attack_budget():
+    """Each setting's whole run config passes the run config's own checks, attacks the panel 0,1,2 (every
+    aggregate under secagg) in the first, a middle and the last round, and leaves the attack's iterations,
+    nodes and schedule to pyproject.toml's defaults (the lead changes them; the grid runs whatever they are)."""
+    grid = frontier_grid()
+    assert len({s.name for s in grid}) == len(grid)
+    families = {s.family for s in grid}
+    assert {"none", "local-dp", "central-dp (server clipping)", "central-dp (client clipping)", "topk"} <= families
+    assert {"low-rank", "quantize", "secagg", "local-dp+secagg (5)"} <= families
+    for family in families - {"none"}:
+        strengths = [s.strength for s in grid if s.family == family]
+        assert len(strengths) >= 1 and all(math.isfinite(x) for x in strengths), family
+    eps = sorted(s.strength for s in grid if s.family == "local-dp")
+    assert eps[0] <= 1 and eps[-1] >= 1000  # epsilon per round across 1-1,000
+    assert {s.config["defense-clipping"] for s in grid if s.family.startswith("central-dp")} == {"server", "client"}
+    for s in grid:
+        config = run_config(s, REGIME_ROUNDS)
+        assert not {"attack-iterations", "attack-nodes", "attack-lr-schedule"} & set(config), s.name
+        assert config["attack-rounds"] == f"1,{(REGIME_ROUNDS + 1) // 2},{REGIME_ROUNDS}"
+        settings = RunSettings.from_run_config(config)  # raises for any bad key or value
+        if settings.defense.secagg:
+            assert config["attack-clients"] == "all" and config["attack-memory"] == "none"
+            participants = int(REGIME_SUPERNODES * config["fraction-train"])
+            assert participants == (s.strength if s.family == "secagg" else 5)
+        else:
+            assert config["attack-clients"] == "0,1,2" and config["attack-memory"] == "keep"
+            assert config["fraction-train"] == 1.0
+        assert config["attack-options"] == "label_estimator=aux" and config["samples-per-client"] >= 64
+
+
+def test_attack_rounds_and_participants():
+    assert [attack_rounds(r) for r in (1, 2, 3, 20, 25)] == ["1", "1,2", "1,2,3", "1,10,20", "1,13,25"]
+    for n in range(3, 101):  # Flower's count max(int(n * F), 1) gives exactly the participants asked for
+        assert all(max(int(n * participants_fraction(p, n)), 1) == p for p in range(1, n + 1))
+    with pytest.raises(ValueError, match="participants must be in 1..3"):
+        participants_fraction(4, 3)
+
+
+def test_the_regime_is_the_documented_one():
+    """docs/defenses.md states the regime; the module is what runs."""
+    page = (docs.ROOT / "docs" / "defenses.md").read_text()
+    assert f"{REGIME_SUPERNODES} writers" in page and f"{REGIME_ROUNDS} rounds" in page
+    assert f"k = {REGIME['samples-per-client']}" in page and f"E = {REGIME['local-epochs']}" in page
+
+
+# --- the bound ----------------------------------------------------------------------------------------------
+
+
+def _bound_written_out(guess: int, images: int, epsilon: float, delta: float, rounds: int, target_delta: float):
+    """DP's bound for LocalDpMod written out here (no fl_attack.privacy code): κ the one-sided 95%
+    Clopper-Pearson upper bound (closed form 1 - 0.05^(1/n) at 0 of n), z = sqrt(2 ln(1.25/δ))/ε, μ =
+    sqrt(rounds)/z, the GDP bound Φ(Φ⁻¹(κ) + μ); the (ε, δ) reading e^ε' κ + δ' at the same mechanism's
+    exact ε' at δ' is never tighter for a Gaussian, so the GDP one is the row's."""
+    from scipy.stats import beta, norm
+
+    kappa = 1 - 0.05 ** (1 / images) if guess == 0 else float(beta.ppf(0.95, guess + 1, images - guess))
+    mu = math.sqrt(rounds) / (math.sqrt(2 * math.log(1.25 / delta)) / epsilon)
+    return min(1.0, float(norm.cdf(norm.ppf(kappa) + mu)))
+
+
+def test_the_dp_bound_is_the_gaussian_rero_formula_written_out():
+    config = {"defense-clip-norm": 3.0, "defense-epsilon": 1.0, "defense-delta": 1e-5, "defense-target-delta": 1e-5}
+    for guess, images, rounds in ((0, 192, 1), (0, 192, 30), (3, 192, 15), (0, 24, 1)):
+        bound = dp_bound(guess, images, config, rounds)
+        assert bound.name == "gdp"
+        assert bound.bound == pytest.approx(_bound_written_out(guess, images, 1.0, 1e-5, rounds, 1e-5), rel=1e-9)
+    assert dp_bound(0, 192, {**config, "defense-epsilon": 100.0}, 30).vacuous  # ε = 100 promises nothing
+    assert dp_bound(math.nan, 192, config, 3) is None and dp_bound(0, 0, config, 3) is None
+
+
+# --- a setting's row, from the fixture's real records ------------------------------------------------------
+
+
+def test_each_row_is_read_from_its_run_folders_verdict():
+    """frontier_row of each fixture run folder gives the fixture's frontier.csv row, and its headline is
+    the verdict's own columns of attacks.csv: the remembering server's latest row per tracked writer (the
+    aggregate's last round under secagg), summed, with an exact interval around it."""
+    table, settings = _fixture_settings()
+    assert len(settings) >= 2
+    for setting, expected in zip(settings, table.to_dict("records")):
+        row = frontier_row(setting, FIXTURE / "runs" / setting.name)
+        for column in FRONTIER_COLUMNS:
+            got, want = row[column], expected[column]
+            if isinstance(want, float) and math.isnan(want):
+                assert got is None or got == "" or (isinstance(got, float) and math.isnan(got)), (setting.name, column)
+            elif isinstance(want, float):
+                assert float(got) == pytest.approx(want, rel=1e-6, abs=1e-9), (setting.name, column)
+            else:
+                assert str(got) == str(want), (setting.name, column)
+        attacks = pd.read_csv(FIXTURE / "runs" / setting.name / "attacks.csv")
+        ok = attacks[attacks["status"] == "ok"]
+        memory = ok[ok["method"] == "pisme+memory"]
+        if len(memory):
+            end = memory.sort_values("round").groupby("partition_id").tail(1)
+            assert row["end_method"] == "pisme+memory" and set(end["partition_id"]) == {0, 1, 2}
+        else:  # secagg: the aggregate of the last attacked round, its k = the participants' images
+            end = ok[ok["round"] == ok["round"].max()]
+            assert end["partition_id"].isna().all() and int(end["k"].sum()) == row["images"]
+        assert row["recovered"] == end["recovered"].sum() and row["images"] == end["k"].sum()
+        assert row["guess_recovered"] == end["guess_recovered"].sum()
+        assert row["fraction_low"] <= row["fraction"] <= row["fraction_high"]
+        curve = json.loads(row["accuracy_curve"])
+        rounds = pd.read_csv(FIXTURE / "runs" / setting.name / "rounds.csv")
+        assert curve == [round(a, 4) for a in rounds["global_accuracy"]] and row["final_accuracy"] == curve[-1]
+        by_round = json.loads(row["recovered_by_round"])
+        assert row["best_recovered"] == max(c[0] for c in by_round.values())
+        if "local-dp" in row["defense"]:
+            assert row["epsilon"] > 0 and 0 < row["dp_bound"] <= 1 and row["dp_bound_name"] == "gdp"
+            written = _bound_written_out(
+                int(row["guess_recovered"]), int(row["images"]), 1.0, 1e-5, int(row["end_round"]), 1e-5
+            )
+            assert row["dp_bound"] == pytest.approx(written, rel=1e-9) and row["dp_alarm"] == ""
+        else:
+            assert math.isnan(row["dp_bound"])
+
+
+def test_central_dp_rows_say_the_promise_does_not_cover_this_server(tmp_path):
+    """A central-dp row's note says so and it has no bound (made from the fixture's none record, its
+    run config and defense rewritten: a unit test)."""
+    import shutil
+
+    _, settings = _fixture_settings()
+    run = tmp_path / "central"
+    shutil.copytree(FIXTURE / "runs" / "none", run)
+    config = json.loads((run / "config.json").read_text())
+    config["run_config"]["defense"] = "central-dp"
+    config["defense"]["label"] = "central-dp(server,z=1,C=0.7)"
+    (run / "config.json").write_text(json.dumps(config))
+    central = next(s for s in frontier_grid(3) if s.family.startswith("central-dp"))
+    row = frontier_row(central, run)
+    assert row["dp_note"] == CENTRAL_DP_NOTE and math.isnan(row["dp_bound"])
+
+
+def test_frontier_csv_is_written_whole_and_read_back(tmp_path):
+    table, _ = _fixture_settings()
+    rows = table.to_dict("records")
+    path = write_frontier(tmp_path / "frontier.csv", rows)
+    assert read_frontier(path).equals(table)
+    assert not list(tmp_path.glob(".*.tmp"))  # the atomic writer left no temporary file
+    pd.DataFrame({"setting": ["x"]}).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(ValueError, match="is not a frontier.csv: no family"):
+        read_frontier(tmp_path / "bad.csv")
+
+
+# --- the table, the figures, the docs block ------------------------------------------------------------------
+
+
+def test_pareto_front():
+    table = pd.DataFrame({"final_accuracy": [0.6, 0.5, 0.55, 0.2, math.nan], "fraction": [0.3, 0.1, 0.2, 0.25, 0.0]})
+    assert list(pareto(table)) == [True, True, True, False, False]
+    table.loc[2, "fraction"] = 0.35  # now beaten by setting 0 (more accurate, fewer images)
+    assert list(pareto(table)) == [True, True, False, False, False]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_the_docs_block_and_figures_are_written_from_the_fixture(tmp_path):
+    """The generator's frontier block from the fixture: one table line per setting with its count and
+    interval, the Pareto front in bold, the figures linked; the figures are PNGs."""
+    table, _ = _fixture_settings()
+    block = docs.frontier_block(FIXTURE)
+    assert block.startswith(docs._generated("frontier"))
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    assert len(lines) == 2 + len(table)
+    front = pareto(table)
+    for (i, row), line in zip(table.iterrows(), lines[2:]):
+        name = f"**{row.setting}**" if front[i] else row.setting
+        assert line.startswith(f"| {name} |")
+        assert f"{int(row.recovered)} of {int(row.images)}: {100 * row.fraction:.1f}%" in line
+    assert "frontier.png)" in block and "frontier-rounds.png)" in block
+    assert frontier_markdown(table) in block + "\n"
+    for plot, name in ((plot_frontier, "frontier.png"), (plot_rounds, "rounds.png")):
+        width, height = _png_size(save_figure(plot(table), tmp_path / name))
+        assert width >= 600 and height >= 250
+
+
+def test_the_committed_block_is_the_generators():
+    """docs/defenses.md's frontier block is what `python -m analysis.docs frontier` writes from docs/frontier/."""
+    page = (docs.ROOT / docs.DEFENSES_PAGE).read_text()
+    expected = docs.with_blocks(page, {"frontier": docs.frontier_block(docs.ROOT / docs.FRONTIER_RECORD)})
+    assert page == expected, "docs/defenses.md's frontier block is stale: python -m analysis.docs frontier"

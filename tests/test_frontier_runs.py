@@ -1,0 +1,156 @@
+"""The frontier study on the real path (python -m analysis.defenses --grid frontier, tiny settings: 3 writers
+of 8 samples, 1 round, 5 attack iterations): a study SIGKILLed after a run folder has its config.json but
+before its first checkpoint completes with --resume (the finished run kept, the killed one restarted), and
+the grid submitted as Ray jobs to a local `ray start --head` cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis.frontier import read_frontier
+from tests.test_resume import _tree
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--rounds", "1", "--supernodes", "3", "--samples", "8", "--iterations", "5"]
+
+
+def _study(out: Path, only: str, *extra: str) -> list[str]:
+    command = [sys.executable, "-m", "analysis.defenses", "--grid", "frontier", "--out", str(out), "--only", only]
+    return [*command, *QUICK, *extra]
+
+
+def _env(tmp_path: Path) -> dict:
+    return {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home")}
+
+
+def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.runtime
+def test_a_study_killed_before_its_first_checkpoint_completes_with_resume(tmp_path):
+    """Before the fix the resumed study stopped at the killed folder: "run folder ... already holds a run"."""
+    env, out = _env(tmp_path), tmp_path / "study"
+    first = _run(_study(out, "none"), env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    kept = (out / "runs" / "none" / "summary.json").read_bytes()
+
+    log = tmp_path / "killed.log"
+    run = out / "runs" / "quantize-1"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            _study(out, "none,quantize-1", "--resume"),
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        while not (run / "config.json").exists():  # the event: the ServerApp has written the run's config
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.02)
+    finally:
+        doomed = _tree(proc.pid)  # the launcher's SuperLink and simulation run in sessions of their own
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    assert not (run / "checkpoint.pt").exists(), "killed too late: round 1's checkpoint was already written"
+    assert not (out / "frontier.csv").exists() or list(read_frontier(out / "frontier.csv")["setting"]) == ["none"]
+
+    resumed = _run(_study(out, "none,quantize-1", "--resume"), env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "restarting quantize-1: its unfinished run cannot be resumed" in resumed.stdout
+    assert (out / "runs" / "none" / "summary.json").read_bytes() == kept  # the finished run kept, not rerun
+    (aside,) = (out / "runs").glob("quantize-1.set-aside-*")  # the killed record, kept aside
+    assert (aside / "config.json").is_file() and not (aside / "checkpoint.pt").exists()
+    assert (run / "summary.json").is_file() and (run / "checkpoint.pt").is_file()
+    table = read_frontier(out / "frontier.csv")
+    assert list(table["setting"]) == ["none", "quantize-1"] and (table["rounds"] == 1).all()
+    assert (table["attacks_ok"] > 0).all()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    """`ray start --head --block --num-cpus 2` with its dashboard (the job server), in a process group of
+    its own; stopped by signalling that group (never `ray stop`, which stops every Ray on the machine).
+    Yields the cluster's address HOST:PORT."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    if not ray_bin.exists():
+        pytest.skip("the ray command is not installed")
+    port, dashboard = _free_port(), _free_port()
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    log = tmp_path / "ray-start.log"
+    command = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
+    command += ["--num-cpus=2", "--include-dashboard=true", f"--dashboard-port={dashboard}", f"--temp-dir={temp}"]
+    command += ["--disable-usage-stats"]
+    # A loaded machine starts the dashboard's modules slower than Ray's 30 s default allows.
+    env = {**os.environ, "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "600"}
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        while "Ray runtime started" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.runtime
+@pytest.mark.slow  # a Ray cluster with its dashboard and two federations as jobs: minutes on 2 cores
+def test_the_grid_runs_as_ray_jobs_on_a_cluster(ray_head, tmp_path):
+    """--ray-address: each setting is a Ray job (Ray's JobSubmissionClient lists them, SUCCEEDED) running the
+    launcher for its one setting with --ray-address, so its attacks ran on the cluster's node (attacks.csv
+    worker_node is the cluster's, a Ray worker id per attack); frontier.csv gets both rows."""
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.test_workers import _cluster_node_id
+
+    out = tmp_path / "study"
+    done = _run(_study(out, "none,quantize-1", "--ray-address", ray_head), _env(tmp_path))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    jobs = {j.metadata.get("run"): j for j in JobSubmissionClient(ray_head).list_jobs()}
+    assert {name: jobs[name].status.value for name in ("none", "quantize-1")} == {
+        "none": "SUCCEEDED",
+        "quantize-1": "SUCCEEDED",
+    }
+    assert "strategies.launch" in jobs["none"].entrypoint and f"--ray-address {ray_head}" in jobs["none"].entrypoint
+    node = _cluster_node_id(ray_head)
+    for name in ("none", "quantize-1"):
+        import csv
+
+        with open(out / "runs" / name / "attacks.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert rows and {r["worker_node"] for r in rows} == {node} and all(len(r["worker_id"]) > 20 for r in rows)
+    assert list(read_frontier(out / "frontier.csv")["setting"]) == ["none", "quantize-1"]
