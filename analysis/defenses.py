@@ -347,9 +347,10 @@ def frontier_main(args, parser: argparse.ArgumentParser) -> int:
     if overrides or args.rounds or args.supernodes:
         changed = f"{overrides or ''} {rounds} rounds, {supernodes} clients"
         log(f"a quick look, not the study: the regime changed by {changed}")
+    by_name = {s.name: s for s in grid}
     rows, failed = run_grid(
         out,
-        [s for s in grid if s.name in chosen],
+        [by_name[n] for n in chosen],  # in --only's order: the rows stay in the grid's
         rounds,
         supernodes,
         resume=args.resume,
@@ -357,6 +358,7 @@ def frontier_main(args, parser: argparse.ArgumentParser) -> int:
         ray_address=args.ray_address,
         job_resource=args.job_resource,
         log=log,
+        grid_order=names,
     )
     if rows:
         write_frontier_outputs(out)

@@ -406,15 +406,22 @@ def run_grid(
     ray_address: str = "",
     job_resource: str = "",
     log=print,
+    grid_order: list[str] | None = None,
 ) -> tuple[list[dict], list[str]]:
     """Run every setting into out/runs/NAME (``analysis.studies.plan_run``: with ``resume`` a finished
     run is kept, an interrupted one resumed, one that cannot be resumed restarted), one after another,
     or with ``ray_address`` as Ray jobs on that cluster (``analysis.ray_jobs``); rewrite
-    out/frontier.csv as each finishes, in grid order. Returns (the rows, the settings that failed)."""
+    out/frontier.csv as each finishes, in ``grid_order`` (default: the settings' order), keeping the rows
+    an earlier call wrote for settings not run now (a study run part by part with --only). Returns (the
+    rows, the settings that failed)."""
     from .studies import launch_run, plan_run
 
     results, rows, failed = out / "runs", {}, []
-    order = [s.name for s in settings]
+    order = list(grid_order or [s.name for s in settings])
+    if (out / "frontier.csv").is_file():
+        earlier = read_frontier(out / "frontier.csv").to_dict("records")
+        running = {s.name for s in settings}
+        rows = {r["setting"]: r for r in earlier if r["setting"] in order and r["setting"] not in running}
     by_name = {s.name: s for s in settings}
 
     def finished(name: str, ok: bool) -> None:
