@@ -478,7 +478,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
     parser.add_argument(
         "what",
-        choices=("run-config", "run-folder", "demo-block", "demo-record", "trajectory", "frontier", "frontier-record", "all"),
+        choices=(
+            "run-config",
+            "run-folder",
+            "demo-block",
+            "demo-record",
+            "trajectory",
+            "frontier",
+            "frontier-record",
+            "all",
+        ),
     )
     parser.add_argument(
         "run_dir", nargs="?", help="demo-record: the `make demo` run folder; frontier-record: the study's --out folder"

@@ -24,12 +24,13 @@ from analysis.frontier import (
     REGIME_ROUNDS,
     REGIME_SUPERNODES,
     attack_rounds,
+    dp_bound,
     frontier_grid,
     frontier_row,
     participants_fraction,
     read_frontier,
-    dp_bound,
     run_config,
+    run_grid,
     write_frontier,
 )
 from analysis.frontier_figure import frontier_markdown, pareto, plot_frontier, plot_rounds
@@ -233,3 +234,15 @@ def test_the_committed_block_is_the_generators():
     page = (docs.ROOT / docs.DEFENSES_PAGE).read_text()
     expected = docs.with_blocks(page, {"frontier": docs.frontier_block(docs.ROOT / docs.FRONTIER_RECORD)})
     assert page == expected, "docs/defenses.md's frontier block is stale: python -m analysis.docs frontier"
+
+
+def test_a_study_run_part_by_part_keeps_the_rows_of_settings_not_run_now(tmp_path):
+    """A unit test (no run): run_grid of no settings over an out folder whose frontier.csv has rows keeps them,
+    in the grid's order; a setting of this call is not taken from the old file (its run writes its row)."""
+    table, settings = _fixture_settings()
+    write_frontier(tmp_path / "frontier.csv", table.to_dict("records"))
+    order = [s.name for s in settings]
+    rows, failed = run_grid(tmp_path, [], 3, 3, resume=True, grid_order=list(reversed(order)))
+    assert [r["setting"] for r in rows] == list(reversed(order)) and not failed
+    rows, _ = run_grid(tmp_path, [], 3, 3, resume=True, grid_order=order[:1])  # only the grid's settings
+    assert [r["setting"] for r in rows] == order[:1]
