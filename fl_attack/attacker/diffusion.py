@@ -24,7 +24,7 @@ Files: ``diffusion_{dataset}.pt`` (the denoiser's float16 state dict, its expone
 and ``diffusion_{dataset}.json`` (how it was trained: the training set, steps, wall time, the loss
 history; :func:`prior_info`). Train with ``python -m fl_attack.attacker.diffusion --dataset femnist|cifar100``
 (``--help``); it also writes a grid of samples (``--grid PATH``). This module is on the attacker's side
-(tests/test_layers.py): it reads the public pool, never a client's samples.
+(the layers contract, pyproject.toml): it reads the public pool, never a client's samples.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   (fl_attack.federation.data.load_client_split: the paper's client_partition or a Flower Datasets partitioner).
 
 Nothing on the attacker's side (``api``, ``workers``, ``attacks``, ``labels``) imports this module
-(tests/test_layers.py): the attacker sees ``Victim.update`` alone.
+(the layers contract, pyproject.toml): the attacker sees ``Victim.update`` alone.
 """
 
 from __future__ import annotations
