@@ -421,7 +421,7 @@ def test_the_strategy_accumulates_the_rounds_timings(tmp_path):
     record = strategy.service.timing_record()
     seconds, counts = record["seconds"], record["counts"]
     assert seconds["client_train"] == pytest.approx(4.0) and counts["client_train"] == 2
-    assert counts["attack"] == 2 and seconds["attack"] > 0  # the attacks' own seconds (AttackOutcome.seconds)
+    assert counts["attack"] == 2 and seconds["attack"] > 0  # the attacks' own seconds (AttackOutcome.attack_seconds)
     # writing: 2 recorded updates, 2 attacks.csv rows, rounds.csv with the checkpoint
     assert counts["scoring"] == 2 and counts["images"] == 2 and counts["writing"] == 5
     assert counts["strategy"] == 2 and counts["drain_wait"] == 1

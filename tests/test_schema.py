@@ -23,7 +23,6 @@ from fl_attack.attacker.workers import AttackJob, AttackOutcome
 from fl_attack.audit import runs
 from fl_attack.audit.evaluator import RESULT_COLUMNS, RESULT_FROM, RESULT_RENAMES, Evaluator, attack_row, results_row
 from fl_attack.audit.runs import ATTACK_COLUMNS, ATTACK_SCHEMA, ROUND_SCHEMA, RunFolder
-from fl_attack.audit.verdict import VERDICT_COLUMNS
 from fl_attack.federation.update import AttackTarget
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +59,6 @@ def test_each_attack_column_names_a_source_that_carries_it():
             assert hasattr(target, attribute), column.name
         else:
             assert not column.attribute, column.name
-    assert runs.attack_columns(runs.VERDICT) == tuple(VERDICT_COLUMNS)
     assert runs.attack_columns(runs.SCORE) == ("psnr", "ssim", "fsim", "lpips", "label_accuracy", "psnr_recovered")
 
 

@@ -167,11 +167,6 @@ class AttackOutcome:
             **job.described(),
         )
 
-    @property
-    def seconds(self) -> float:
-        """``attack_seconds`` under its former name, for readers not yet moved to it."""
-        return self.attack_seconds
-
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc)

@@ -418,7 +418,7 @@ class AuditService:
             o for job, outcome in (self.pipeline.poll() if done is None else done) for o in outcomes_of(job, outcome)
         ]
         for outcome in outcomes:
-            self.timings.add("attack", outcome.seconds)  # NaN (never ran to the end) is skipped
+            self.timings.add("attack", outcome.attack_seconds)  # NaN (never ran to the end) is skipped
         self._remember(outcomes)
         return self._record(outcomes)
 

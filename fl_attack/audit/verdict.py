@@ -63,7 +63,7 @@ import torch
 
 from fl_attack.audit.metrics import _psnr, _ssim, match_pairs, psnr_recovered
 from fl_attack.audit.overlap import leave_out_writers, reader_overlap
-from fl_attack.audit.runs import percent, whose
+from fl_attack.audit.runs import VERDICT, attack_columns, percent, whose
 from fl_attack.audit.stats import CONFIDENCE, exceeds_chance, interval
 from fl_attack.federation.loading import load_pool
 from fl_attack.federation.partition import server_test_set
@@ -90,34 +90,9 @@ NOISE_OUTPUTS = 2  # update-free random starts scored for the null (reid_noise);
 NOISE_SEED = 7919  # their draws: fixed, so that the same update gets the same null
 _BLOCK = 256  # candidates ranked at a time (singled_out stops an image at the first nearer one)
 GUESSES = ("pool mean", "class mean", "class medoid", "reader's pick")  # the update-free guesses
-# Every column the verdict adds to a row (fl_attack.audit.runs.ATTACKS), NaN where there is no score.
-VERDICT_COLUMNS = (
-    "k",
-    "recovered",
-    "recovered_low",
-    "recovered_high",
-    "guess_recovered",
-    "reidentified",
-    "reid_chance",
-    "reid_noise",
-    "reid_chance_matched",
-    "reid_chance_labels",
-    "reid_chance_uniform",
-    "guess_reidentified",
-    "recognized",
-    "recognized_low",
-    "recognized_high",
-    "recognized_truth",
-    "recognized_guess",
-    "guess_psnr",
-    "guess_ssim",
-    "guess_lpips",
-    "psnr_margin",
-    "guesses",
-    "recovered_curve",
-    "count_trend",
-    "guess_psnr_recovered",
-)
+# Every column the verdict adds to a row, NaN where there is no score: declared once, with its meaning and type,
+# as the VERDICT columns of attacks.csv's schema (fl_attack.audit.runs.ATTACK_SCHEMA).
+VERDICT_COLUMNS = attack_columns(VERDICT)
 START_GUESS = "public start"  # the attack's own start when it started from public images (AttackConfig.start)
 
 
