@@ -44,7 +44,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.grid == "frontier":
-        return frontier_main(args, parser)
+        return frontier_main(args, parser, argv)
     if args.ray_address or args.job_resource:
         parser.error("--ray-address and --job-resource are for --grid frontier")
     args.rounds = 2 if args.rounds is None else args.rounds
@@ -314,11 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def frontier_main(args, parser: argparse.ArgumentParser) -> int:
+def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """``--grid frontier``: run the grid (analysis.frontier.run_grid), then frontier.md and its figures
     from frontier.csv. --rounds, --supernodes, --samples, --iterations and --seed change the regime
     for a quick look (a test, a fixture): such a run is not the study, and says so."""
-    from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, frontier_grid, run_grid
+    from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, commit_of, frontier_grid, record_call, run_grid
 
     rounds = args.rounds or REGIME_ROUNDS
     supernodes = args.supernodes or REGIME_SUPERNODES
@@ -348,6 +350,17 @@ def frontier_main(args, parser: argparse.ArgumentParser) -> int:
         changed = f"{overrides or ''} {rounds} rounds, {supernodes} clients"
         log(f"a quick look, not the study: the regime changed by {changed}")
     by_name = {s.name: s for s in grid}
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    call = {
+        "command": shlex.join(["python", "-m", "analysis.defenses", *(argv if argv is not None else sys.argv[1:])]),
+        "commit": commit_of(Path(__file__).resolve().parents[1]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "ended": None,
+        "seconds": None,
+        "settings": {},
+    }
+    record_call(out, call)
     rows, failed = run_grid(
         out,
         [by_name[n] for n in chosen],  # in --only's order: the rows stay in the grid's
@@ -359,7 +372,10 @@ def frontier_main(args, parser: argparse.ArgumentParser) -> int:
         job_resource=args.job_resource,
         log=log,
         grid_order=names,
+        timings=call["settings"],
     )
+    call.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(time.time() - started, 1))
+    record_call(out, call)
     if rows:
         write_frontier_outputs(out)
     if failed:

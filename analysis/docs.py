@@ -403,8 +403,29 @@ def frontier_block(record: Path) -> str:
             f"![the privacy-utility frontier]({rel}/frontier.png)",
             "",
             f"![leakage over rounds, per defense]({rel}/frontier-rounds.png)",
+            *study_calls(record),
         ]
     )
+
+
+def study_calls(record: Path) -> list[str]:
+    """Lines on how the recorded study ran, from ``record``/study.json (analysis.frontier.record_call): each
+    call's command, commit and wall time with its settings' times, and the grid's wall time (their sum);
+    none without the file."""
+    path = record / "study.json"
+    if not path.is_file():
+        return []
+    calls = json.loads(path.read_text(encoding="utf-8"))["calls"]
+    lines = ["", "How it ran (study.json), one call after another on 2 cores:", ""]
+    for call in calls:
+        took = "never ended (killed)" if call.get("seconds") is None else f"{call['seconds'] / 60:.1f} min"
+        each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in call.get("settings", {}).items())
+        lines.append(f"- `{call['command']}` at {call.get('commit') or 'an unknown commit'}, {call['started']}: {took}")
+        if each:
+            lines.append(f"  ({each})")
+    total = sum(c["seconds"] for c in calls if c.get("seconds") is not None)
+    lines += ["", f"The grid's wall time so far: {total / 3600:.1f} h over {len(calls)} call(s)."]
+    return lines
 
 
 def write_frontier_figures(record: Path) -> list[Path]:
@@ -422,13 +443,15 @@ def write_frontier_figures(record: Path) -> list[Path]:
 
 
 def copy_frontier(study: Path, to: Path) -> None:
-    """``study``/frontier.csv copied into ``to`` (created): the record the frontier block is written from."""
+    """``study``/frontier.csv and study.json (its calls' commands, commits and wall times) copied into ``to``
+    (created): the record the frontier block is written from."""
     source = study / "frontier.csv"
     if not source.is_file():
         raise ValueError(f"{study} holds no frontier.csv (python -m analysis.defenses --grid frontier writes it)")
     to.mkdir(parents=True, exist_ok=True)
-    if source.resolve() != (to / "frontier.csv").resolve():
-        shutil.copyfile(source, to / "frontier.csv")
+    for name in ("frontier.csv", "study.json"):
+        if (study / name).is_file() and (study / name).resolve() != (to / name).resolve():
+            shutil.copyfile(study / name, to / name)
 
 
 # --- the command ------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -407,13 +408,16 @@ def run_grid(
     job_resource: str = "",
     log=print,
     grid_order: list[str] | None = None,
+    timings: dict | None = None,
 ) -> tuple[list[dict], list[str]]:
     """Run every setting into out/runs/NAME (``analysis.studies.plan_run``: with ``resume`` a finished
     run is kept, an interrupted one resumed, one that cannot be resumed restarted), one after another,
     or with ``ray_address`` as Ray jobs on that cluster (``analysis.ray_jobs``); rewrite
     out/frontier.csv as each finishes, in ``grid_order`` (default: the settings' order), keeping the rows
-    an earlier call wrote for settings not run now (a study run part by part with --only). Returns (the
-    rows, the settings that failed)."""
+    an earlier call wrote for settings not run now (a study run part by part with --only). ``timings``
+    gets each setting's wall time in this call (seconds; one after another, so each is that setting's
+    alone: a finished setting kept by --resume takes about 0). Returns (the rows, the settings that
+    failed)."""
     from .studies import launch_run, plan_run
 
     results, rows, failed = out / "runs", {}, []
@@ -437,7 +441,11 @@ def run_grid(
     configs = {s.name: run_config(s, rounds, overrides) for s in settings}
     if not ray_address:
         for s in settings:
-            finished(s.name, launch_run(results / s.name, configs[s.name], supernodes, log, reuse=resume))
+            started = time.time()
+            ok = launch_run(results / s.name, configs[s.name], supernodes, log, reuse=resume)
+            if timings is not None:
+                timings[s.name] = round(time.time() - started, 1)
+            finished(s.name, ok)
         return [rows[n] for n in order if n in rows], failed
     from .ray_jobs import run_as_jobs
 
@@ -459,3 +467,43 @@ def _said(row: dict) -> str:
     if pd.isna(row["recovered"]):
         return f"accuracy {acc}, no scored attack"
     return f"accuracy {acc}, {int(row['recovered'])} of {int(row['images'])} images recovered ({row['end_method']})"
+
+
+# --- the study's own record: its commands, commit and wall times ----------------------------------------------
+
+STUDY_FILE = "study.json"
+
+
+def record_call(out: Path, call: dict) -> Path:
+    """out/study.json with ``call`` (one invocation of the study: its command, the commit it ran at, when it
+    started and ended, its wall time and each setting's) in place of the entry of the same ``started``, or
+    appended; written atomically, at the start of a call and again at its end, so a killed call is seen as
+    one that never ended. The grid's wall time is the sum of its calls' ``seconds``."""
+    from fl_attack.records import write_text_atomic
+
+    path = out / STUDY_FILE
+    try:
+        calls = json.loads(path.read_text(encoding="utf-8"))["calls"]
+    except (OSError, ValueError, KeyError, TypeError):
+        calls = []
+    calls = [c for c in calls if c.get("started") != call["started"]] + [call]
+    return write_text_atomic(path, json.dumps({"calls": calls}, indent=2) + "\n")
+
+
+def commit_of(folder: Path) -> str:
+    """The git commit ``folder``'s checkout is at (with "+changes" when its tracked files differ from it),
+    or "" outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")

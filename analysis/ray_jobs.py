@@ -25,6 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 POLL_SECONDS = 5.0  # how often the jobs' statuses are asked (waiting for them to end, not a time limit)
 LOG_TAIL = 3000  # characters of a failed job's log printed
+# A cluster just started takes a while to start its dashboard agent, the job server's hands: until then Ray
+# answers a submission with HTTP 500 "No available agent to submit job, please try again later". It is asked
+# again every POLL_SECONDS, this many times (5 minutes at the default) before the study gives up.
+AGENT_WAITS = 60
+NO_AGENT = "No available agent"
 
 
 def entrypoint(values: dict, supernodes: int, ray_address: str, flwr_home: Path) -> str:
@@ -80,11 +85,16 @@ def run_as_jobs(
     jobs: dict[str, str] = {}
     try:
         for name, values, supernodes in runs:
-            jobs[name] = client.submit_job(
-                entrypoint=entrypoint(values, supernodes, address, home / name),
-                submission_id=f"fl-attack-{name}-{stamp}-{secrets.token_hex(3)}",
-                entrypoint_resources={resource: 1} if resource else None,
-                metadata={"run": name, "run-name": str(values.get("run-name", ""))},
+            jobs[name] = _submit(
+                client,
+                dict(
+                    entrypoint=entrypoint(values, supernodes, address, home / name),
+                    submission_id=f"fl-attack-{name}-{stamp}-{secrets.token_hex(3)}",
+                    entrypoint_resources={resource: 1} if resource else None,
+                    metadata={"run": name, "run-name": str(values.get("run-name", ""))},
+                ),
+                poll,
+                log,
             )
             log(f"submitted {name} as Ray job {jobs[name]}")
         pending = dict(jobs)
@@ -107,3 +117,18 @@ def run_as_jobs(
                 client.stop_job(job)
                 log(f"stopped Ray job {job} ({name}); --resume picks its run up again")
         raise
+
+
+def _submit(client, job: dict, poll: float, log, waits: int = AGENT_WAITS) -> str:
+    """``client.submit_job(**job)``, asked again while the cluster has no dashboard agent yet (``NO_AGENT``),
+    at most ``waits`` times; any other error, or the last refusal, is raised as Ray raised it."""
+    for attempt in range(waits + 1):
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as exc:
+            if NO_AGENT not in str(exc) or attempt == waits:
+                raise
+            if attempt == 0:
+                log("the cluster's job agent is not up yet; submitting again until it is")
+            time.sleep(poll)
+    raise AssertionError("unreachable")

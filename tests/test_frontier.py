@@ -246,3 +246,44 @@ def test_a_study_run_part_by_part_keeps_the_rows_of_settings_not_run_now(tmp_pat
     assert [r["setting"] for r in rows] == list(reversed(order)) and not failed
     rows, _ = run_grid(tmp_path, [], 3, 3, resume=True, grid_order=order[:1])  # only the grid's settings
     assert [r["setting"] for r in rows] == order[:1]
+
+
+def test_a_submission_waits_for_the_clusters_job_agent():
+    """A unit test on a fake client: Ray's "No available agent" refusal (a cluster still starting its dashboard
+    agent) is asked again until the job is taken; any other error, or the last refusal, is raised."""
+    from analysis.ray_jobs import NO_AGENT, _submit
+
+    class Client:
+        def __init__(self, refusals, error=NO_AGENT):
+            self.refusals, self.error, self.asked = refusals, error, 0
+
+        def submit_job(self, **job):
+            self.asked += 1
+            if self.asked <= self.refusals:
+                raise RuntimeError(f"Request failed with status code 500: {self.error} to submit job, try again later")
+            return job["submission_id"]
+
+    said = []
+    client = Client(3)
+    assert _submit(client, {"submission_id": "j1"}, 0.0, said.append) == "j1" and client.asked == 4
+    assert len(said) == 1  # said once, not per attempt
+    with pytest.raises(RuntimeError, match=NO_AGENT):
+        _submit(Client(5), {"submission_id": "j2"}, 0.0, said.append, waits=2)
+    with pytest.raises(RuntimeError, match="boom"):
+        _submit(Client(1, error="boom"), {"submission_id": "j3"}, 0.0, said.append)
+
+
+def test_the_study_records_each_call_and_the_docs_say_how_it_ran(tmp_path):
+    """A unit test (no run): record_call keeps one entry per call (rewritten at its end), and the generated
+    block lists each call's command, commit and times, a killed one as never ended."""
+    from analysis.frontier import record_call
+
+    first = {"command": "python -m analysis.defenses --grid frontier", "commit": "abc", "started": "t1"}
+    record_call(tmp_path, {**first, "ended": None, "seconds": None, "settings": {}})
+    record_call(tmp_path, {**first, "ended": "t2", "seconds": 1800.0, "settings": {"none": 1790.0}})
+    record_call(tmp_path, {**first, "started": "t3", "ended": None, "seconds": None, "settings": {}})
+    calls = json.loads((tmp_path / "study.json").read_text())["calls"]
+    assert [c["started"] for c in calls] == ["t1", "t3"] and calls[0]["settings"] == {"none": 1790.0}
+    text = "\n".join(docs.study_calls(tmp_path))
+    assert "at abc, t1: 30.0 min" in text and "(none 29.8 min)" in text and "never ended (killed)" in text
+    assert "wall time so far: 0.5 h over 2 call(s)" in text

@@ -5,6 +5,7 @@ the grid submitted as Ray jobs to a local `ray start --head` cluster."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -81,6 +82,11 @@ def test_a_study_killed_before_its_first_checkpoint_completes_with_resume(tmp_pa
     table = read_frontier(out / "frontier.csv")
     assert list(table["setting"]) == ["none", "quantize-1"] and (table["rounds"] == 1).all()
     assert (table["attacks_ok"] > 0).all()
+    # study.json: the three calls, the killed one seen as never ended; the last timed both its settings
+    calls = json.loads((out / "study.json").read_text())["calls"]
+    assert [c["ended"] is None for c in calls] == [False, True, False]
+    assert set(calls[-1]["settings"]) == {"none", "quantize-1"} and calls[-1]["settings"]["quantize-1"] > 0
+    assert all("--grid frontier" in c["command"] for c in calls)
 
 
 def _free_port() -> int:
