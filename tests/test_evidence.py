@@ -18,6 +18,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image
 
+from fl_attack.attacker.api import Reconstruction
 from fl_attack.attacker.workers import AttackOutcome
 from fl_attack.audit.evaluator import Evaluator
 from fl_attack.audit.runs import ATTACK_COLUMNS
@@ -136,9 +137,8 @@ def _cells(picture: np.ndarray, image: torch.Tensor, scale: int) -> list[tuple[i
 
 def _outcome(images: torch.Tensor, labels: torch.Tensor) -> AttackOutcome:
     target = AttackTarget(1, (0,), 7, "w0")
-    return AttackOutcome(
-        0, "pisme", target, "ok", images=images, labels=labels, label_source="recovered", attack_seconds=1.0
-    )
+    rec = Reconstruction("pisme", images, labels, "recovered", float("nan"), float("nan"), 1.0, {})
+    return AttackOutcome(0, "pisme", target, "ok", reconstruction=rec, label_source="recovered", attack_seconds=1.0)
 
 
 @pytest.fixture(scope="module")

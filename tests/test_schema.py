@@ -47,9 +47,15 @@ def test_every_column_is_named_once_typed_and_documented():
     assert [c.name for c in ATTACK_SCHEMA if f"| `{c.name}` |" not in documented] == []
 
 
+def _outcome_attributes() -> set[str]:
+    """AttackOutcome's fields and the properties it reads from its reconstruction."""
+    properties = {name for name, value in vars(AttackOutcome).items() if isinstance(value, property)}
+    return {f.name for f in dataclasses.fields(AttackOutcome)} | properties
+
+
 def test_each_attack_column_names_a_source_that_carries_it():
     assert {c.source for c in ATTACK_SCHEMA} == set(SOURCES)
-    fields = {f.name for f in dataclasses.fields(AttackOutcome)}
+    fields = _outcome_attributes()
     target = AttackTarget(1, (0,), 7, "w0")
     for column in ATTACK_SCHEMA:
         attribute = column.attribute or column.name
@@ -65,7 +71,7 @@ def test_each_attack_column_names_a_source_that_carries_it():
 def test_the_outcome_fills_its_columns_under_their_names():
     # the outcome's fields carry the names of the columns they fill; the one exception is the labels
     # column, whose name the outcome gives the label tensor (its value is label_source)
-    fields = {f.name for f in dataclasses.fields(AttackOutcome)}
+    fields = _outcome_attributes()
     assert [c.name for c in ATTACK_SCHEMA if c.attribute] == ["labels"]
     assert "attack_seconds" in fields and "seconds" not in fields
     # and no field named like a column holds anything but that column's value

@@ -9,10 +9,11 @@ server's memory) and the failed outcomes the pools and actors settle jobs with (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from fl_attack.attacker.api import Reconstruction
 from fl_attack.attacker.attacks import ATTACKS, AttackConfig, schedule_name
 from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, MemoryInputs
@@ -80,9 +81,11 @@ def remember(memory, outcome: AttackOutcome) -> None:
     outcome (no candidates) leaves the memory as it was."""
     if outcome.candidates:
         held = memory.remember(memory_key(outcome.target, outcome.method), outcome.candidates)
-        outcome.images, outcome.labels, outcome.lsim_honest = held.images, held.labels, held.fit
+        # the held estimate is not this attack's trajectory: no snapshots, no trend to judge
+        outcome.reconstruction = replace(
+            outcome.reconstruction, images=held.images, labels=held.labels, lsim_honest=held.fit, snapshots={}
+        )
         outcome.candidates = None  # kept by the memory; not in unwritten-<n>.pt twice
-        outcome.snapshots = None  # the held estimate is not this attack's trajectory: no trend to judge
 
 
 def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
@@ -109,13 +112,17 @@ def outcomes(job: AttackJob, outcome: AttackOutcome) -> list[AttackOutcome]:
 
 @dataclass
 class AttackOutcome:
-    """What came back: a reconstruction (images (k,C,H,W) in [0,1], labels (k,)), or status
-    "failed" with the error text. worker_node / worker_id: where it ran.
+    """What came back: status "ok" with its ``reconstruction`` (fl_attack.attacker.api.Reconstruction, held,
+    not copied: ``images`` (k,C,H,W) in [0,1], ``labels`` (k,), the Lsims, the trace, the snapshots and the
+    public start are read from it), or status "failed" with the error text and no reconstruction.
+    worker_node / worker_id: where it ran.
 
-    A field that fills an attacks.csv column carries that column's name (the audit's
-    ``fl_attack.audit.runs.ATTACK_SCHEMA`` names the field of each; tests/test_schema.py holds them
+    A field or property that fills an attacks.csv column carries that column's name (the audit's
+    ``fl_attack.audit.runs.ATTACK_SCHEMA`` names the attribute of each; tests/test_schema.py holds them
     together), but for ``label_source``, the ``labels`` column: ``labels`` here is the label tensor.
-    attack_seconds: the attack's wall time (``Reconstruction.seconds``; NaN when it never ran to the end).
+    label_source, attack_seconds, precision, compile describe the job's run, failed or not: the labels it
+    used ("recovered" or "oracle"), its wall time (NaN when it never ran to the end), its arithmetic and how
+    its steps ran (an ok job's are its reconstruction's; a "+memory" job's seconds include choosing).
     """
 
     job_id: int
@@ -123,11 +130,8 @@ class AttackOutcome:
     target: AttackTarget
     status: str
     error: str = ""
-    images: torch.Tensor | None = None
-    labels: torch.Tensor | None = None
+    reconstruction: Reconstruction | None = None  # an ok job's; a "+memory" job's: the estimate the server holds
     label_source: str = ""
-    lsim_honest: float = float("nan")
-    lsim_calibrated: float = float("nan")
     attack_seconds: float = float("nan")
     device: str = ""
     precision: str = ""  # the arithmetic the attack ran with (fl_attack.attacker.precision: fp32, bf16, tf32)
@@ -139,7 +143,6 @@ class AttackOutcome:
     parameters: int | None = None  # the update's floating-point entries (ObservedUpdate.num_parameters)
     unknowns: int | None = None  # the client's pixels k*C*H*W (ObservedUpdate.num_unknowns)
     optimizer: str = ""  # the client's optimizer (ClientOptimizer.describe)
-    trace: list | None = None  # the attack's trace (Reconstruction.trace)
     worker_node: str = ""
     worker_id: str = ""
     threads: int | None = None  # torch threads the attack ran with
@@ -149,8 +152,6 @@ class AttackOutcome:
     compile: str = ""  # how its steps ran (Reconstruction.compile: compiled, eager, "eager (<why>)")
     batch: int | None = None  # the attacks of the reconstruct_batch it ran in (1: alone); None: no attack ran
     batched: list | None = None  # a batch job's outcomes of its other jobs, in ``AttackJob.batch``'s order
-    snapshots: dict | None = None  # X_hat part-way, {iteration: images} (Reconstruction.snapshots)
-    start_images: torch.Tensor | None = None  # its public start (Reconstruction.start_images), a guess to score
 
     @classmethod
     def failed(cls, job: AttackJob, error: str, attack_seconds: float = float("nan")) -> AttackOutcome:
@@ -166,6 +167,35 @@ class AttackOutcome:
             memory=job.memory.mode if job.memory is not None else "",
             **job.described(),
         )
+
+    # What the reconstruction holds, read from it (None / NaN / [] for a failed job).
+    @property
+    def images(self) -> torch.Tensor | None:
+        return None if self.reconstruction is None else self.reconstruction.images
+
+    @property
+    def labels(self) -> torch.Tensor | None:
+        return None if self.reconstruction is None else self.reconstruction.labels
+
+    @property
+    def lsim_honest(self) -> float:
+        return float("nan") if self.reconstruction is None else self.reconstruction.lsim_honest
+
+    @property
+    def lsim_calibrated(self) -> float:
+        return float("nan") if self.reconstruction is None else self.reconstruction.lsim_calibrated
+
+    @property
+    def trace(self) -> list:
+        return [] if self.reconstruction is None else self.reconstruction.trace
+
+    @property
+    def snapshots(self) -> dict:
+        return {} if self.reconstruction is None else self.reconstruction.snapshots
+
+    @property
+    def start_images(self) -> torch.Tensor | None:
+        return None if self.reconstruction is None else self.reconstruction.start_images
 
 
 def _first_line(exc: BaseException) -> str:

@@ -80,15 +80,27 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
         base = job.method.removesuffix(MEMORY_SUFFIX)
         candidates, rec = attack_with_memory(job.update, base, job.memory, **options)
         best = min(candidates, key=lambda c: c.fit)
+        # the round's best candidate until the server's memory chooses (outcome.remember)
+        chosen = replace(
+            rec,
+            method=job.method,
+            images=best.images,
+            labels=best.labels,
+            label_source="recovered",
+            lsim_honest=best.fit,
+            lsim_calibrated=float("nan"),
+            trace=[],
+            lsim_per_update=[],
+            snapshots={},
+            start_images=None,
+        )
         return AttackOutcome(
             job.job_id,
             job.method,
             job.target,
             "ok",
-            images=best.images,
-            labels=best.labels,
+            reconstruction=chosen,
             label_source="recovered",
-            lsim_honest=best.fit,
             attack_seconds=time.perf_counter() - start,
             candidates=candidates,
             memory=job.memory.mode,
@@ -146,18 +158,12 @@ def _succeeded(job: AttackJob, method: str, rec, batch: int = 1, **where) -> Att
         method,
         job.target,
         "ok",
-        images=rec.images,
-        labels=rec.labels,
+        reconstruction=rec,
         label_source=rec.label_source,
-        lsim_honest=rec.lsim_honest,
-        lsim_calibrated=rec.lsim_calibrated,
         attack_seconds=rec.seconds,
-        trace=rec.trace,
         precision=rec.precision,
         compile=rec.compile,
         batch=batch,
-        snapshots=rec.snapshots,
-        start_images=rec.start_images,
         **job.described(rec.trace),
         **where,
     )
