@@ -8,10 +8,10 @@ import math
 
 from benchmarks.memory_cost import main, run_bench
 from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.settings import RunSettings
 from fl_attack.audit.victims import private_samples
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import AttackTarget, save_update
-from fl_attack.run_config import RunSettings
 from strategies.server_app import write_run_config
 
 RUN_CONFIG = {"samples-per-client": 8, "batch-size": 4, "local-epochs": 1, "attack-iterations": 6, "attack-nodes": 2}

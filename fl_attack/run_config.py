@@ -9,29 +9,13 @@ attacked, how, on what, and the record; fl_attack.audit.settings.AuditSettings).
 federation's nodes or this machine, and is the one place a run fails before its first round (the
 launcher runs it before the SuperLink starts, the ServerApp before round 1).
 
-RunSettings and the names below are importable from here as before (their homes are named beside
-them); this module sits above fl_attack.audit in the layers (pyproject.toml's import-linter contracts).
+Each setting is imported from its home (the modules named above); this module holds only ``preflight``
+and sits above fl_attack.audit in the layers (pyproject.toml's import-linter contracts).
 """
 
 from __future__ import annotations
 
-from fl_attack.audit.settings import (  # noqa: F401 -- their old home
-    ADDED_KEYS,
-    AUDIT_KEYS,
-    RESUMABLE_KEYS,
-    AuditSettings,
-    RunSettings,
-    audit_run_config,
-    usable_cpus,
-)
-from fl_attack.federation.defense_settings import (  # noqa: F401 -- DefenseSettings' old home
-    CLIPPING_SIDES,
-    DEFENSES,
-    DefenseSettings,
-    _field_to_key,
-    _key_to_field,
-)
-from fl_attack.federation.settings import SEED_MAX, FederationSettings  # noqa: F401 -- SEED_MAX: its old home
+from fl_attack.audit.settings import RunSettings
 
 
 def preflight(run_config, num_nodes: int | None = None) -> RunSettings:

@@ -29,8 +29,8 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from fl_attack import ObservedUpdate, TrainingMetadata
 from fl_attack.audit.service import AuditService
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.update import AttackTarget
-from fl_attack.run_config import RunSettings
 
 from .sampling import NodePartitions, SeededClients
 

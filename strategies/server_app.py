@@ -33,11 +33,12 @@ from fl_attack.audit.overlap import disjoint_record
 from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
 from fl_attack.audit.runs import RunFolder, check_resumable
 from fl_attack.audit.service import AuditService, new_run_folder
+from fl_attack.audit.settings import RunSettings
 from fl_attack.audit.verdict import DEFAULT_DISTRACTORS, DEFAULT_PUBLIC_SAMPLES, verdict_protocol
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.participants import sample_size
 from fl_attack.privacy.accountant import PrivacyLedger
-from fl_attack.run_config import RunSettings, preflight
+from fl_attack.run_config import preflight
 
 from .audit import AuditedStrategy
 from .secagg import SecAggLeakageFedAvg, run_secagg

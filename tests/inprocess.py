@@ -19,11 +19,11 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
 from fl_attack.attacker.workers import InlineWorkers, Pipeline
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.data import client_partition, load_pool
 from fl_attack.federation.models import build_model
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import ObservedUpdate, TrainingMetadata
-from fl_attack.run_config import RunSettings
 from strategies.secagg import run_secagg
 from strategies.server_app import build_strategy
 

@@ -25,6 +25,7 @@ from fl_attack import reconstruct, reconstruct_batch
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.attacks.base import lsim
 from fl_attack.attacker.attacks.batchnorm import client_statistics, statistics_loss, surrogate_mode
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.data import client_partition, get_spec, load_pool
 from fl_attack.federation.models import parameter_keys, resolve_model
 from fl_attack.federation.training import train_local
@@ -39,7 +40,6 @@ from fl_attack.federation.update import (
     save_update,
     verify_update,
 )
-from fl_attack.run_config import RunSettings
 from strategies.strategy import integer_arrays_as_max
 from tests.user_models import BatchNormNet, lenet
 

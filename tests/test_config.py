@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from fl_attack.attacker.attacks import AttackConfig
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.config import PAPER, PRESETS, Preset, TrainingProtocol
+from fl_attack.federation.defense_settings import DefenseSettings, _key_to_field
 from fl_attack.federation.settings import FederationSettings
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import TrainingMetadata
-from fl_attack.run_config import DefenseSettings, RunSettings, _key_to_field
 from fl_attack.standalone import AttackSettings
 from strategies import run_configs
 

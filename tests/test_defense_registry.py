@@ -19,11 +19,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.defense_registry import DEFENSES, Defense, register_defense
 from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.federation.models import build_model
 from fl_attack.federation.update import flatten
-from fl_attack.run_config import RunSettings, preflight
+from fl_attack.run_config import preflight
 from tests.inprocess import BASE, federate, flower_run_config
 
 

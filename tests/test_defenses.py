@@ -24,10 +24,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from clients.client_app import local_training
 from fl_attack.attacker.attacks import AttackConfig, get_attack
 from fl_attack.attacker.attacks.base import lsim, node_gradients
+from fl_attack.audit.settings import RunSettings
+from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.federation.defenses import low_rank_update, quantize_update, topk_update, weight_matrices
 from fl_attack.federation.models import build_model
 from fl_attack.federation.update import flatten, layout
-from fl_attack.run_config import DefenseSettings, RunSettings
 from tests.inprocess import BASE, federate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -126,7 +126,7 @@ def test_too_few_other_writers_for_d_gives_fewer_distractors_with_a_warning(capl
 
 
 def _write_config(tmp_path, run_config: dict, num_nodes: int) -> dict:
-    from fl_attack.run_config import RunSettings
+    from fl_attack.audit.settings import RunSettings
     from strategies.server_app import write_run_config
 
     settings = RunSettings.from_run_config(run_config)

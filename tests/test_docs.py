@@ -13,7 +13,7 @@ import pytest
 
 from analysis import docs
 from fl_attack.audit import runs
-from fl_attack.run_config import RunSettings
+from fl_attack.audit.settings import RunSettings
 
 ROOT = docs.ROOT
 

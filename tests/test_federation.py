@@ -14,13 +14,13 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.attacker.workers import AttackJob, InlineWorkers, RayWorkers
 from fl_attack.audit.service import AuditService
+from fl_attack.audit.settings import RunSettings, usable_cpus
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.config import ClientOptimizer
 from fl_attack.federation.data import client_partition, load_pool
 from fl_attack.federation.models import build_model
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import AttackTarget
-from fl_attack.run_config import RunSettings, usable_cpus
 from strategies.audit import AuditedStrategy, observed_update
 from strategies.strategy import SeededFedAvg
 from tests.mounts import tmpfs

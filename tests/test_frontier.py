@@ -35,7 +35,7 @@ from analysis.frontier import (
 )
 from analysis.frontier_figure import frontier_markdown, pareto, plot_frontier, plot_rounds
 from analysis.plots import save_figure
-from fl_attack.run_config import RunSettings
+from fl_attack.audit.settings import RunSettings
 
 FIXTURE = Path(__file__).parent / "golden" / "frontier"
 

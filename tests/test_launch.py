@@ -227,7 +227,7 @@ def test_a_resume_that_does_not_fit_its_run_is_refused_in_one_line_before_anythi
     import tomllib
 
     from fl_attack.audit.runs import RunFolder
-    from fl_attack.run_config import RunSettings
+    from fl_attack.audit.settings import RunSettings
     from strategies.server_app import write_run_config
 
     defaults = tomllib.loads((launch.ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 from fl_attack import AttackConfig, reconstruct
 from fl_attack.attacker.attacks import get_attack
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.config import ClientOptimizer
 from fl_attack.federation.data import client_partition, get_spec, load_pool
 from fl_attack.federation.models import build_model
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import flatten, layout
-from fl_attack.run_config import RunSettings
 
 LR = 0.01
 

@@ -19,6 +19,7 @@ from PIL import Image
 
 from clients.client_app import _load_split, node_settings
 from fl_attack.audit.replay import open_run
+from fl_attack.audit.settings import RunSettings
 from fl_attack.audit.victims import private_samples
 from fl_attack.federation import data as D
 from fl_attack.federation import partition
@@ -32,7 +33,6 @@ from fl_attack.federation.data import (
     partition_sizes,
     server_test_set,
 )
-from fl_attack.run_config import RunSettings
 from strategies.server_app import build_strategy, write_run_config
 
 HELD_OUT = 1000  # server-test-samples: the default

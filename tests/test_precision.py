@@ -382,7 +382,7 @@ def test_auto_on_cuda_is_fp32_whatever_the_gpu(monkeypatch):
 
 
 def test_attack_precision_reaches_every_attack_of_a_run():
-    from fl_attack.run_config import RunSettings
+    from fl_attack.audit.settings import RunSettings
 
     assert RunSettings.from_run_config({}).attack_config().precision == "fp32"
     assert RunSettings.from_run_config({"attack-precision": "bf16"}).attack_config().precision == "bf16"

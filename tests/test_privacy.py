@@ -25,8 +25,9 @@ from scipy.special import gammaln, logsumexp
 from scipy.stats import norm
 
 from analysis.report import main as report
+from fl_attack.audit.settings import RunSettings
+from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.privacy.accountant import PrivacyLedger, composed_epsilon, parse_epsilons
-from fl_attack.run_config import DefenseSettings, RunSettings
 from strategies.server_app import privacy_ledger, write_run_config
 from tests.inprocess import federate, flower_run_config
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
-from fl_attack.run_config import RunSettings
+from fl_attack.audit.settings import RunSettings
 from strategies.server_app import prepare_resume, write_run_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.config import typed_value
-from fl_attack.run_config import DefenseSettings, RunSettings, _field_to_key, preflight
+from fl_attack.federation.defense_settings import DefenseSettings, _field_to_key
+from fl_attack.run_config import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "invalid run config: "

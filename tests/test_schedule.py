@@ -13,10 +13,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.attacker.workers import Pipeline
 from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.data import get_spec, load_pool, server_test_set
 from fl_attack.federation.models import build_model
 from fl_attack.federation.update import load_update, read_update_index
-from fl_attack.run_config import RunSettings
 from tests.inprocess import federate, serve
 
 FAST = dict(attack_iterations=1, partitions=(0, 1, 2, 3), server_test_samples=200)

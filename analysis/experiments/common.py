@@ -31,11 +31,11 @@ from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.attacker.workers import Pipeline, make_workers, resolve_batch, run_job
 from fl_attack.audit import victims as victims_module
 from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, results_row
+from fl_attack.audit.settings import usable_cpus
 from fl_attack.audit.victims import Victim
 from fl_attack.federation.config import PRESETS, ClientOptimizer, Preset
 from fl_attack.federation.data import load_pool, num_partitions
 from fl_attack.records import CsvTable, write_text_atomic
-from fl_attack.run_config import usable_cpus
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.

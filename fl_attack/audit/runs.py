@@ -479,7 +479,7 @@ class RunFolder:
 
 
 def check_resumable(settings, run_config: dict) -> tuple | None:
-    """With ``settings`` (fl_attack.run_config.RunSettings) at resume="RUN_DIR": (the run folder,
+    """With ``settings`` (fl_attack.audit.settings.RunSettings) at resume="RUN_DIR": (the run folder,
     its config.json, its last completed round R, R's global model), after checking what a resume
     needs, before anything starts: a readable config.json and checkpoint.pt, ``run_config`` (the
     whole run config of the resume) equal to the interrupted run's but for RESUMABLE_KEYS, rounds

@@ -5,7 +5,7 @@
   plus the attack's iterations and nodes; the standalone CLI (``--preset``) and the paper
   experiments' --scale reads them too.
 * The attack's hyperparameters are ``fl_attack.attacker.attacks.AttackConfig``; the federation's run
-  config is ``fl_attack.run_config.RunSettings``, composed of both and the defense settings
+  config is ``fl_attack.audit.settings.RunSettings``, composed of both and the defense settings
   (the clients' part: ``fl_attack.federation.settings.FederationSettings``).
 
 Every entry point (the run config, ``attack-options``, the CLI) converts ``key=value`` text with
