@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.attacker.workers import run_job
+from fl_attack.attacker.runtime.workers import run_job
 from fl_attack.audit.evaluator import score
 from fl_attack.audit.metrics import get_lpips, match_pairs
 from fl_attack.audit.verdict import Verdict, pixel_l2, ssim_distance

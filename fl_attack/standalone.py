@@ -45,7 +45,7 @@ from fl_attack.attacker.api import resolve_device
 from fl_attack.attacker.attacks import AttackConfig, check_own_settings, parse_methods
 from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.precision import resolve_precision
-from fl_attack.attacker.workers import AttackJob, AttackOutcome, run_job
+from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome, run_job
 from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
 from fl_attack.audit.verdict import Verdict
 from fl_attack.audit.victims import Victim

@@ -1,4 +1,5 @@
-"""Launch a federation whose attacks may end only once round 2 has started (fl_attack.attacker.workers.GATE_ENV)."""
+"""Launch a federation whose attacks may end only once round 2 has started
+(fl_attack.attacker.runtime.workers.GATE_ENV)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fl_attack.attacker.workers import GATE_ENV
+from fl_attack.attacker.runtime.workers import GATE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
-from fl_attack.attacker.workers import InlineWorkers, Pipeline
+from fl_attack.attacker.runtime.workers import InlineWorkers, Pipeline
 from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.data import client_partition, load_pool
 from fl_attack.federation.models import build_model
@@ -93,7 +93,7 @@ class InProcessGrid:
 
 
 class RecordingWorkers(InlineWorkers):
-    """In-process workers (fl_attack.attacker.workers), keeping every job they were given."""
+    """In-process workers (fl_attack.attacker.runtime.workers), keeping every job they were given."""
 
     def __init__(self):
         super().__init__(device="cpu")

@@ -1,5 +1,5 @@
 """The attacker survives its actors dying: Ray restarts them, the dispatcher resubmits the job once,
-and a job that kills its actor twice is recorded as failed with the cause (fl_attack/attacker/workers.py).
+and a job that kills its actor twice is recorded as failed with the cause (fl_attack/attacker/runtime/workers.py).
 
 One real Ray runtime (2 CPUs, num_cpus=0 actors as inside Flower); the actor kills itself with
 os._exit inside a job, or the test SIGKILLs its process."""
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fl_attack import AttackConfig
-from fl_attack.attacker.workers import AttackJob, AttackWorker, RayWorkers
+from fl_attack.attacker.runtime.workers import AttackJob, AttackWorker, RayWorkers
 from fl_attack.federation.update import AttackTarget
 from tests.inprocess import small_update
 

@@ -1,4 +1,4 @@
-"""attack-batch: a round's attacks run as one ``reconstruct_batch`` on a worker (``attacker.workers.Pipeline``)
+"""attack-batch: a round's attacks run as one ``reconstruct_batch`` on a worker (``attacker.runtime.workers.Pipeline``)
 give the rows the unbatched attacks give, in the federation, ``fl-attack replay`` and an experiment.
 
 Exactness in float64: the attacks of these tests run with dtype torch.float64 (``reconstruct`` and
@@ -16,10 +16,10 @@ from functools import partial
 import pytest
 import torch
 
-import fl_attack.attacker.run as run_module  # where run_job calls reconstruct and reconstruct_batch
-import fl_attack.attacker.workers as workers_module
+import fl_attack.attacker.runtime.run as run_module  # where run_job calls reconstruct and reconstruct_batch
+import fl_attack.attacker.runtime.workers as workers_module
 from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.attacker.workers import AttackJob, InlineWorkers, Pipeline, batch_key, resolve_batch
+from fl_attack.attacker.runtime.workers import AttackJob, InlineWorkers, Pipeline, batch_key, resolve_batch
 from fl_attack.federation.update import AttackTarget, ObservedUpdate
 from tests.inprocess import federate, small_update
 
@@ -239,7 +239,7 @@ def test_run_forms_whole_batches_from_interleaved_jobs_and_never_stalls():
 def test_a_batch_crosses_to_a_worker_process_and_back():
     """The batch job and its outcome (with the other jobs' outcomes in ``batched``) pickle to and from
     a spawned attack process."""
-    from fl_attack.attacker.workers import ProcessWorkers
+    from fl_attack.attacker.runtime.workers import ProcessWorkers
 
     pipeline = Pipeline(ProcessWorkers(1, threads=1, device="cpu"), batch=2)
     try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-import fl_attack.attacker.run as workers  # where the standalone engine calls reconstruct (run_job)
+import fl_attack.attacker.runtime.run as workers  # where the standalone engine calls reconstruct (run_job)
 from fl_attack.audit.verdict import VERDICT_COLUMNS
 from fl_attack.cli import main
 from tests.mounts import tmpfs

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image
 
 from fl_attack.attacker.api import Reconstruction
-from fl_attack.attacker.workers import AttackOutcome
+from fl_attack.attacker.runtime.workers import AttackOutcome
 from fl_attack.audit.evaluator import Evaluator
 from fl_attack.audit.runs import ATTACK_COLUMNS
 from fl_attack.audit.verdict import Verdict

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from fl_attack.attacker.workers import AttackJob, InlineWorkers, RayWorkers
+from fl_attack.attacker.runtime.workers import AttackJob, InlineWorkers, RayWorkers
 from fl_attack.audit.service import AuditService
 from fl_attack.audit.settings import RunSettings, usable_cpus
 from fl_attack.audit.victims import ground_truth
@@ -94,7 +94,7 @@ def _round(settings: RunSettings, partitions=(0, 1), poison=None, timed=None):
 
 
 class RecordingWorkers(InlineWorkers):
-    """In-process workers (fl_attack.attacker.workers), keeping every job they were given."""
+    """In-process workers (fl_attack.attacker.runtime.workers), keeping every job they were given."""
 
     def __init__(self):
         super().__init__(device="cpu")
@@ -282,7 +282,7 @@ def test_raising_and_timed_out_attacks_are_recorded_as_failed(tmp_path, monkeypa
     assert {r["status"] for r in rows} == {"failed"}
     assert all("TimeoutError" in r["error"] for r in rows)
 
-    import fl_attack.attacker.run as attacker  # where run_job calls reconstruct
+    import fl_attack.attacker.runtime.run as attacker  # where run_job calls reconstruct
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
@@ -395,7 +395,7 @@ def test_the_last_rounds_attacks_get_every_core_and_the_choice_is_logged(tmp_pat
 
 
 def test_the_attacker_actor_sets_each_jobs_thread_count(monkeypatch):
-    import fl_attack.attacker.actor as attacker  # where the actor calls run_job
+    import fl_attack.attacker.runtime.actor as attacker  # where the actor calls run_job
 
     seen = []
     monkeypatch.setattr(attacker, "run_job", lambda job, device: seen.append(torch.get_num_threads()))

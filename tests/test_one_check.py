@@ -129,7 +129,7 @@ def served(tmp_path_factory):
     """A real ServerApp run (strategies/server_app.py main: pre-flight, run folder, one round of two
     FEMNIST clients, partition 0 attacked with IG for 1 iteration, its update recorded), with what its
     start did counted: pre-flight runs, attack-options parses, attack-batch resolutions."""
-    import fl_attack.attacker.workers as workers
+    import fl_attack.attacker.runtime.workers as workers
     import fl_attack.audit.settings as settings_module
     from fl_attack import run_config
     from tests.inprocess import serve

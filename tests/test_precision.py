@@ -19,7 +19,7 @@ from fl_attack import ATTACKS, AttackConfig, reconstruct, reconstruct_batch
 from fl_attack.attacker.attacks import gradients
 from fl_attack.attacker.attacks.pisme import PathIntegralSME
 from fl_attack.attacker.precision import autocast, precision_scope, resolve_precision
-from fl_attack.attacker.workers import AttackJob, run_job
+from fl_attack.attacker.runtime.workers import AttackJob, run_job
 from fl_attack.federation.data import get_spec
 from fl_attack.federation.models import build_model
 from fl_attack.federation.update import AttackTarget, flatten, layout

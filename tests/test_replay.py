@@ -16,7 +16,7 @@ import pytest
 import torch
 from flwr.supercore.task_identity import TaskIdentity
 
-import fl_attack.attacker.run as workers_module  # where run_job calls reconstruct
+import fl_attack.attacker.runtime.run as workers_module  # where run_job calls reconstruct
 from analysis.aggregate import differing_keys
 from analysis.load import load_run
 from analysis.report import main as report_main

@@ -277,7 +277,7 @@ def test_a_launcher_killed_from_outside_keeps_its_record_and_resumes(tmp_path):
     import signal
     import time
 
-    from fl_attack.attacker.workers import GATE_ENV
+    from fl_attack.attacker.runtime.workers import GATE_ENV
 
     gate = tmp_path / "attacks-may-end"
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), GATE_ENV: str(gate)}

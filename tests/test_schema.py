@@ -19,7 +19,7 @@ import pytest
 
 from analysis import aggregate, load
 from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.attacker.workers import AttackJob, AttackOutcome
+from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome
 from fl_attack.audit import runs
 from fl_attack.audit.evaluator import RESULT_COLUMNS, RESULT_FROM, RESULT_RENAMES, Evaluator, attack_row, results_row
 from fl_attack.audit.runs import ATTACK_COLUMNS, ATTACK_SCHEMA, ROUND_SCHEMA, RunFolder

@@ -1,4 +1,4 @@
-"""Attack workers (fl_attack.attacker.workers): local processes, this process, and a real Ray cluster started
+"""Attack workers (fl_attack.attacker.runtime.workers): local processes, this process, and a real Ray cluster started
 with ``ray start --head``. Faults are injected on the real path: a worker process is SIGKILLed
 while it runs a job (as the OOM killer would)."""
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fl_attack import AttackConfig
-from fl_attack.attacker.workers import (
+from fl_attack.attacker.runtime.workers import (
     GATE_ENV,
     AttackJob,
     InlineWorkers,

@@ -28,7 +28,7 @@ from fl_attack.attacker.attacks import AttackConfig, check_compile, check_iterat
 from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.quadrature import check_nodes
-from fl_attack.attacker.workers import Pipeline, make_workers, resolve_batch, run_job
+from fl_attack.attacker.runtime.workers import Pipeline, make_workers, resolve_batch, run_job
 from fl_attack.audit import victims as victims_module
 from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, results_row
 from fl_attack.audit.settings import usable_cpus
@@ -67,7 +67,7 @@ class Context:
     threads: int = 1  # torch threads per worker
     precision: str = "fp32"  # the attacks' arithmetic, --precision (an experiment's own arms may set theirs)
     compile: str = "auto"  # the attacks' compiled step, --compile (fl_attack.attacker.attacks.compiled)
-    batch: int = 1  # attacks run as one reconstruct_batch, --batch (fl_attack.attacker.workers.Pipeline)
+    batch: int = 1  # attacks run as one reconstruct_batch, --batch (fl_attack.attacker.runtime.workers.Pipeline)
     grid: dict = field(default_factory=dict)  # --grid overrides: {axis: (values, ...)}
     started: float = field(default_factory=time.perf_counter)
     invocation: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="microseconds"))
@@ -137,10 +137,10 @@ def make_context(
 
     grid: {axis: "v1,v2,..."} (the --grid options); each axis must be one of ``axes`` (the
     experiment's ``GRID``) and its values valid for ``AXES``. workers, ray_address, threads: where
-    the attacks run (``fl_attack.attacker.workers.make_workers``). precision: the attacks' arithmetic
+    the attacks run (``fl_attack.attacker.runtime.workers.make_workers``). precision: the attacks' arithmetic
     (``fl_attack.attacker.precision.PRECISIONS``; ValueError for another value, and for tf32 off CUDA).
     compile: off, on or auto (``AttackConfig.compile``). batch: N or "auto"
-    (``fl_attack.attacker.workers.resolve_batch``): the attacks of a grid a worker runs as one
+    (``fl_attack.attacker.runtime.workers.resolve_batch``): the attacks of a grid a worker runs as one
     ``reconstruct_batch``, with the rows of unbatched ones."""
     if scale not in PRESETS or PRESETS[scale].rule:
         scales = [name for name, p in PRESETS.items() if not p.rule]  # a rule preset is no fixed size

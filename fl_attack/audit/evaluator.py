@@ -1,7 +1,7 @@
 """The evaluator: every driver's one scorer of attack outcomes against the ground truth.
 
 The federation (strategies/), ``fl-attack replay``, ``fl-attack attack`` and the paper experiments
-all hand an ``AttackOutcome`` (fl_attack.attacker.workers) and the victim's truth to ``Evaluator.record``,
+all hand an ``AttackOutcome`` (fl_attack.attacker.runtime.workers) and the victim's truth to ``Evaluator.record``,
 which scores it and returns THE row (``attack_row``: the columns of attacks.csv, defined once in
 ``fl_attack.audit.runs.ATTACK_SCHEMA`` with where each value comes from; ``results_row`` renames it
 for results.csv and the experiments' CSVs).

@@ -11,7 +11,7 @@ the model did not change), attacks.csv (one row per attack, appended atomically 
 images/, events.log and summary.json. ``python -m analysis.report RUN RUN/replays/NAME`` then
 compares the two.
 
-The attacks run on the project's worker pool (``fl_attack.attacker.workers``): this process (``workers=0``,
+The attacks run on the project's worker pool (``fl_attack.attacker.runtime.workers``): this process (``workers=0``,
 one attack after another), N local processes, or N actors of a Ray cluster (``ray_address``). A
 worker gets only what the attacker sees (the recorded update; the true labels only with
 labels=oracle); this process scores each reconstruction against the ground truth and appends its
@@ -43,7 +43,7 @@ from fl_attack.attacker.attacks import AttackConfig, check_own_settings
 from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, check_memory_labels, memory_methods
 from fl_attack.attacker.precision import resolve_precision
-from fl_attack.attacker.workers import RayWorkers, make_workers, resolve_batch
+from fl_attack.attacker.runtime.workers import RayWorkers, make_workers, resolve_batch
 from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
 from fl_attack.audit.service import AuditService
 from fl_attack.audit.settings import OWN_KEYS, RunSettings
@@ -275,7 +275,7 @@ def prepare_replay(
     recorded one); threads: torch threads (0: leave torch's setting); name: the folder under
     ``<run>/replays/`` (default: built from the settings). missing: complete the run's own
     attacks instead (no methods, labels, iterations, nodes, options or name then). workers: where
-    the attacks run (``fl_attack.attacker.workers.make_workers``): 0 = this process, one after another; N =
+    the attacks run (``fl_attack.attacker.runtime.workers.make_workers``): 0 = this process, one after another; N =
     N local processes, or N Ray actors (at least 1) on the cluster at ``ray_address``, each with
     ``threads`` torch threads (0 there: this process's torch threads split over the N processes,
     1 per Ray actor).
@@ -287,7 +287,8 @@ def prepare_replay(
     the run's attack-precision, fp32 for a run recorded before it existed), checked on ``device``.
     compile: off, on or auto (``AttackConfig.compile``; default: the run's attack-compile). batch: the
     attacks of one round a worker runs as one ``reconstruct_batch`` (N or "auto",
-    ``fl_attack.attacker.workers.resolve_batch`` on ``device``; default: the run's attack-batch); rows as unbatched.
+    ``fl_attack.attacker.runtime.workers.resolve_batch`` on ``device``; default: the run's attack-batch); rows
+    as unbatched.
     Raises ReplayError, with a one-line message, for anything that does not fit.
     """
     run = open_run(run_dir)

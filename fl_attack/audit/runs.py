@@ -168,7 +168,9 @@ ATTACK_SCHEMA: tuple[Column, ...] = (
         "how many rounds after its own the attack finished (the federation's attacker lag)",
         EVALUATOR,
     ),
-    Column("worker_node", str, "where the attack ran (fl_attack.attacker.workers.where_am_i)", OUTCOME, default=""),
+    Column(
+        "worker_node", str, "where the attack ran (fl_attack.attacker.runtime.workers.where_am_i)", OUTCOME, default=""
+    ),
     Column("worker_id", str, "the worker that ran it", OUTCOME, default=""),
     Column("device", str, "the torch device it ran on (cpu, cuda); empty where unknown", OUTCOME, default=""),
     Column(

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory
-from fl_attack.attacker.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember
-from fl_attack.attacker.workers import outcomes as outcomes_of
+from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember
+from fl_attack.attacker.runtime.workers import outcomes as outcomes_of
 from fl_attack.audit.evaluator import Evaluator
 from fl_attack.audit.runs import RunFolder
 from fl_attack.audit.settings import RunSettings

@@ -40,7 +40,7 @@ from fl_attack.attacker.memory import check_memory_labels
 from fl_attack.attacker.precision import check_on_device, check_precision
 from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.attacker.rule import AUTO, placeholder
-from fl_attack.attacker.schedule import check_batch
+from fl_attack.attacker.runtime.schedule import check_batch
 from fl_attack.federation.config import check_field_types, parse_key_values
 from fl_attack.federation.defense_settings import DefenseSettings
 from fl_attack.federation.settings import NOT_KEYS, FederationSettings, typed_fields
@@ -257,12 +257,12 @@ class AuditSettings:
 
     def make_workers(self, threads: int):
         """The attack workers of attack-actors, -ray-address, -device and -num-gpus
-        (fl_attack.attacker.workers.make_workers), each attack with ``threads`` torch threads: actors
+        (fl_attack.attacker.runtime.workers.make_workers), each attack with ``threads`` torch threads: actors
         on the Ray runtime when one is up (Flower's simulation), else on the Ray cluster at
         attack-ray-address, else local processes (the deployment engine)."""
         import ray
 
-        from fl_attack.attacker.workers import make_workers
+        from fl_attack.attacker.runtime.workers import make_workers
 
         address = self.attack_ray_address
         kind = "ray" if ray.is_initialized() else f"ray cluster {address}" if address else ""
@@ -278,9 +278,9 @@ class AuditSettings:
 
     def attack_batch_size(self) -> int:
         """The attacks of one round a worker runs as one ``reconstruct_batch`` (attack-batch: N, or
-        "auto": ``fl_attack.attacker.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1):
+        "auto": ``fl_attack.attacker.runtime.workers.BATCH_ON_CUDA`` when the attacks run on CUDA, else 1):
         attack-batch resolved, once, by the AuditService that runs the attacks."""
-        from fl_attack.attacker.workers import resolve_batch
+        from fl_attack.attacker.runtime.workers import resolve_batch
 
         return resolve_batch(self.attack_batch, self.attack_device)
 

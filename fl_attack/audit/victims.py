@@ -20,7 +20,7 @@ import torch
 from fl_attack.attacker.api import resolve_device
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.labels import check_label_mode
-from fl_attack.attacker.workers import AttackJob
+from fl_attack.attacker.runtime.workers import AttackJob
 from fl_attack.federation.data import ClientData, DataSettings, client_partition, get_spec, load_client_split, load_pool
 from fl_attack.federation.models import build_model, resolve_model
 from fl_attack.federation.training import train_local

@@ -1,6 +1,6 @@
 """Attack workers without Ray: this process (``InlineWorkers``) or spawned local processes
 (``ProcessWorkers``), behind the interface every worker pool has (``submit``, ``poll``, ``drain``,
-``in_flight``, ``shutdown``; fl_attack.attacker.workers). Each runs ``run_job``.
+``in_flight``, ``shutdown``; fl_attack.attacker.runtime.workers). Each runs ``run_job``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
-from fl_attack.attacker.outcome import RESUBMITS, AttackJob, AttackOutcome, _died, _first_line
-from fl_attack.attacker.run import run_job
+from fl_attack.attacker.runtime.outcome import RESUBMITS, AttackJob, AttackOutcome, _died, _first_line
+from fl_attack.attacker.runtime.run import run_job
 
 log = logging.getLogger(__name__)
 

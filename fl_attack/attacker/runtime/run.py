@@ -20,8 +20,8 @@ import torch
 from fl_attack.attacker.api import reconstruct, reconstruct_batch
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.memory import MEMORY_SUFFIX, attack_with_memory
-from fl_attack.attacker.outcome import AttackJob, AttackOutcome
 from fl_attack.attacker.precision import resolve_precision
+from fl_attack.attacker.runtime.outcome import AttackJob, AttackOutcome
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""An attack job and what comes back from it: the one unit the workers move (fl_attack.attacker.workers).
+"""An attack job and what comes back from it: the one unit the workers move (fl_attack.attacker.runtime.workers).
 
 ``AttackJob``: one attack to run, from the observed update and public metadata alone (no private data).
 ``AttackOutcome``: its reconstruction or its failure, with where and how it ran.

@@ -29,11 +29,11 @@ No Flower import here.
 
 from __future__ import annotations
 
-from fl_attack.attacker.actor import MAX_RESTARTS, AttackWorker, RayWorkers
-from fl_attack.attacker.outcome import RESUBMITS, AttackJob, AttackOutcome, memory_key, outcomes, remember
-from fl_attack.attacker.pool import InlineWorkers, ProcessWorkers
-from fl_attack.attacker.run import GATE_ENV, run_job, where_am_i
-from fl_attack.attacker.schedule import (
+from fl_attack.attacker.runtime.actor import MAX_RESTARTS, AttackWorker, RayWorkers
+from fl_attack.attacker.runtime.outcome import RESUBMITS, AttackJob, AttackOutcome, memory_key, outcomes, remember
+from fl_attack.attacker.runtime.pool import InlineWorkers, ProcessWorkers
+from fl_attack.attacker.runtime.run import GATE_ENV, run_job, where_am_i
+from fl_attack.attacker.runtime.schedule import (
     BATCH_ON_CUDA,
     HOLD_BATCHES,
     Pipeline,

@@ -1,6 +1,6 @@
 """Which workers a driver gets, and how jobs reach them: ``make_workers``, ``check_batch``, ``resolve_batch``,
 ``batch_key`` and ``Pipeline``, the one submit-ahead / poll / drain loop of the federation,
-``fl-attack replay`` and the experiments (fl_attack.attacker.workers says where each piece lives).
+``fl-attack replay`` and the experiments (fl_attack.attacker.runtime.workers says where each piece lives).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import asdict, replace
 
 import torch
 
-from fl_attack.attacker.actor import RayWorkers
 from fl_attack.attacker.attacks import ATTACKS
-from fl_attack.attacker.outcome import AttackJob, AttackOutcome, _failed_like
-from fl_attack.attacker.pool import InlineWorkers, ProcessWorkers
-from fl_attack.attacker.run import _device_name
+from fl_attack.attacker.runtime.actor import RayWorkers
+from fl_attack.attacker.runtime.outcome import AttackJob, AttackOutcome, _failed_like
+from fl_attack.attacker.runtime.pool import InlineWorkers, ProcessWorkers
+from fl_attack.attacker.runtime.run import _device_name
 from fl_attack.federation.update import layout
 
 # ---------------------------------------------------------------------------------- choice

@@ -1,5 +1,5 @@
 """Attack workers on Ray: the actor body (``AttackWorker``) and its pool (``RayWorkers``), with the same
-interface as the local pools (fl_attack.attacker.pool). Most of ``RayWorkers`` is what happens when
+interface as the local pools (fl_attack.attacker.runtime.pool). Most of ``RayWorkers`` is what happens when
 an actor dies under a job: which job was running, resubmitted ``RESUBMITS`` time(s), then failed
 with the cause.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from fl_attack.attacker.outcome import RESUBMITS, AttackJob, AttackOutcome, _died, _first_line
-from fl_attack.attacker.run import run_job, where_am_i
+from fl_attack.attacker.runtime.outcome import RESUBMITS, AttackJob, AttackOutcome, _died, _first_line
+from fl_attack.attacker.runtime.run import run_job, where_am_i
 
 log = logging.getLogger(__name__)
 
