@@ -373,6 +373,7 @@ def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None 
         log=log,
         grid_order=names,
         timings=call["settings"],
+        on_setting=lambda: record_call(out, call),  # each setting's time kept, even if the call is killed later
     )
     call.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(time.time() - started, 1))
     record_call(out, call)

@@ -409,6 +409,7 @@ def run_grid(
     log=print,
     grid_order: list[str] | None = None,
     timings: dict | None = None,
+    on_setting=None,
 ) -> tuple[list[dict], list[str]]:
     """Run every setting into out/runs/NAME (``analysis.studies.plan_run``: with ``resume`` a finished
     run is kept, an interrupted one resumed, one that cannot be resumed restarted), one after another,
@@ -416,8 +417,8 @@ def run_grid(
     out/frontier.csv as each finishes, in ``grid_order`` (default: the settings' order), keeping the rows
     an earlier call wrote for settings not run now (a study run part by part with --only). ``timings``
     gets each setting's wall time in this call (seconds; one after another, so each is that setting's
-    alone: a finished setting kept by --resume takes about 0). Returns (the rows, the settings that
-    failed)."""
+    alone: a finished setting kept by --resume takes about 0) and ``on_setting()`` is called after each
+    (the study records its call there). Returns (the rows, the settings that failed)."""
     from .studies import launch_run, plan_run
 
     results, rows, failed = out / "runs", {}, []
@@ -446,6 +447,8 @@ def run_grid(
             if timings is not None:
                 timings[s.name] = round(time.time() - started, 1)
             finished(s.name, ok)
+            if on_setting is not None:
+                on_setting()
         return [rows[n] for n in order if n in rows], failed
     from .ray_jobs import run_as_jobs
 
