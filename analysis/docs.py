@@ -449,9 +449,16 @@ def copy_frontier(study: Path, to: Path) -> None:
     if not source.is_file():
         raise ValueError(f"{study} holds no frontier.csv (python -m analysis.defenses --grid frontier writes it)")
     to.mkdir(parents=True, exist_ok=True)
-    for name in ("frontier.csv", "study.json"):
-        if (study / name).is_file() and (study / name).resolve() != (to / name).resolve():
-            shutil.copyfile(study / name, to / name)
+    if source.resolve() != (to / "frontier.csv").resolve():
+        shutil.copyfile(source, to / "frontier.csv")
+    if (study / "study.json").is_file() and study.resolve() != to.resolve():
+        # the study's folder is this machine's: the recorded commands name it OUT (their --out)
+        text = (study / "study.json").read_text(encoding="utf-8")
+        for spelling in {str(study.resolve()), str(study)}:
+            text = text.replace(json.dumps(spelling)[1:-1], "OUT")
+        from fl_attack.records import write_text_atomic
+
+        write_text_atomic(to / "study.json", text)
 
 
 # --- the command ------------------------------------------------------------------------------------------

@@ -287,3 +287,16 @@ def test_the_study_records_each_call_and_the_docs_say_how_it_ran(tmp_path):
     text = "\n".join(docs.study_calls(tmp_path))
     assert "at abc, t1: 30.0 min" in text and "(none 29.8 min)" in text and "never ended (killed)" in text
     assert "wall time so far: 0.5 h over 2 call(s)" in text
+
+
+def test_frontier_record_names_the_studys_folder_out(tmp_path):
+    """A unit test: the recorded commands name the study's folder OUT, not this machine's path."""
+    study = tmp_path / "somewhere" / "study"
+    study.mkdir(parents=True)
+    (study / "frontier.csv").write_text((FIXTURE / "frontier.csv").read_text())
+    command = f"python -m analysis.defenses --grid frontier --out {study} --resume"
+    (study / "study.json").write_text(json.dumps({"calls": [{"command": command, "started": "t"}]}))
+    docs.copy_frontier(study, tmp_path / "record")
+    recorded = json.loads((tmp_path / "record" / "study.json").read_text())["calls"][0]["command"]
+    assert recorded == "python -m analysis.defenses --grid frontier --out OUT --resume"
+    assert (tmp_path / "record" / "frontier.csv").read_text() == (FIXTURE / "frontier.csv").read_text()
