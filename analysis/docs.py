@@ -418,13 +418,17 @@ def study_calls(record: Path) -> list[str]:
     calls = json.loads(path.read_text(encoding="utf-8"))["calls"]
     lines = ["", "How it ran (study.json), one call after another on 2 cores:", ""]
     for call in calls:
-        took = "never ended (killed)" if call.get("seconds") is None else f"{call['seconds'] / 60:.1f} min"
+        took = (
+            "not ended when recorded (running then, or killed)"
+            if call.get("seconds") is None
+            else f"{call['seconds'] / 60:.1f} min"
+        )
         each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in call.get("settings", {}).items())
         lines.append(f"- `{call['command']}` at {call.get('commit') or 'an unknown commit'}, {call['started']}: {took}")
         if each:
             lines.append(f"  ({each})")
     total = sum(c["seconds"] for c in calls if c.get("seconds") is not None)
-    lines += ["", f"The grid's wall time so far: {total / 3600:.1f} h over {len(calls)} call(s)."]
+    lines += ["", f"The ended calls' wall time: {total / 3600:.1f} h of {len(calls)} call(s)."]
     return lines
 
 

@@ -285,8 +285,8 @@ def test_the_study_records_each_call_and_the_docs_say_how_it_ran(tmp_path):
     calls = json.loads((tmp_path / "study.json").read_text())["calls"]
     assert [c["started"] for c in calls] == ["t1", "t3"] and calls[0]["settings"] == {"none": 1790.0}
     text = "\n".join(docs.study_calls(tmp_path))
-    assert "at abc, t1: 30.0 min" in text and "(none 29.8 min)" in text and "never ended (killed)" in text
-    assert "wall time so far: 0.5 h over 2 call(s)" in text
+    assert "at abc, t1: 30.0 min" in text and "(none 29.8 min)" in text and "not ended when recorded" in text
+    assert "ended calls' wall time: 0.5 h of 2 call(s)" in text
 
 
 def test_frontier_record_names_the_studys_folder_out(tmp_path):
