@@ -201,7 +201,12 @@ def plot_rounds(table: pd.DataFrame) -> Figure:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("fraction recovered")
-    fig.suptitle("Leakage over rounds: memoryless attacks (solid), the remembering server (dashed)", fontsize=9)
+    fig.suptitle(
+        "Leakage over rounds:\nmemoryless attacks (solid),\nthe remembering server (dashed)"
+        if cols == 1
+        else "Leakage over rounds: memoryless attacks (solid), the remembering server (dashed)",
+        fontsize=9,
+    )
     return fig
 
 
