@@ -12,7 +12,7 @@ fl_attack.privacy, fl_attack.paths and fl_attack.records, never the attacker or 
 The dataset registry: each dataset is one module that registers its ``DatasetSpec``
 (pools.register_dataset); the import below is the registration, so that importing any module of this
 package registers every dataset (a new dataset: its module, its assets and one name here;
-docs/architecture.md, "Adding a dataset").
+docs/data.md, "Adding a dataset").
 """
 
 from fl_attack.federation import (  # noqa: F401  (registration side effect: the dataset registry)

@@ -29,7 +29,7 @@ from torch.nn import Module
 class DatasetSpec:
     """One dataset, everything the federation, the attacker and the evaluator ask of it: the registry
     entry (``DATASETS``), made by its own module (femnist.py, cifar.py, femnist_digits.py) and registered
-    with :func:`register_dataset` (docs/architecture.md, "Adding a dataset").
+    with :func:`register_dataset` (docs/data.md, "Adding a dataset").
 
     * ``name``, ``image_shape`` (C,H,W), ``num_classes``; ``mean``/``std``: the per-channel statistics of
       the paper protocol (docs/PISME.md, "Input normalisation"): CIFAR-100 (0.5071, 0.4866, 0.4409) /
