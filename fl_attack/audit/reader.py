@@ -321,7 +321,7 @@ def bundled_client_set(dataset: str) -> tuple[np.ndarray, np.ndarray, str]:
     idx = np.flatnonzero(np.isin(pool.writers, writers) & (pool.split == 0))
     text = (
         f"the LEAF-train samples of the first {FEMNIST_CLIENT_WRITERS} eligible writers at "
-        f"k={FEMNIST_CLIENT_K} (partitions 0..{FEMNIST_CLIENT_WRITERS - 1}) of the bundled femnist pool"
+        f"k={FEMNIST_CLIENT_K} (partitions 0..{FEMNIST_CLIENT_WRITERS - 1}) of the bundled {name} pool"
     )
     return pool.images[idx], pool.labels[idx], text
 
