@@ -168,3 +168,49 @@ def test_a_short_digits_federation_runs_through_the_plugin_and_the_verdict(tmp_p
         assert row["dataset"] == "femnist-digits" and row["status"] == "ok" and int(row["k"]) == 8
         assert 0 <= float(row["recognized_low"]) <= float(row["recognized"]) <= float(row["recognized_high"]) <= 1
         assert float(row["psnr"]) > 0 and 0 <= float(row["label_accuracy"]) <= 1
+
+
+@pytest.mark.heavy
+def test_the_audit_plugin_takes_the_digits_app_and_refuses_dggi_on_it(tmp_path):
+    """strategies.audit.audit around Flower's own FedAvg, for an app on femnist-digits: the digits CNN
+    and its clients' real images pass the plugin's checks, the run records the dataset, the verdict's
+    public pool (the server's held-out set) and distractors are digits; DGGI (a diffusion prior this
+    dataset lacks) is refused first, with nothing written."""
+    import json
+
+    from flwr.app import Context, RecordDict
+    from flwr.serverapp.strategy import FedAvg
+
+    from strategies.audit import audit
+
+    digits = load_bundled("femnist-digits")
+
+    def truth(p):
+        split = client_partition(digits, p, 8, seed=0)
+        return split.train.images, split.train.labels
+
+    def context(name, **keys):
+        run_config = {"results-dir": str(tmp_path), "run-name": name, "attack-method": "pisme", **keys}
+        return Context(1, 0, {}, RecordDict(), run_config)
+
+    with pytest.raises(ValueError, match="attack-method: femnist-digits has no diffusion prior"):
+        audit(
+            FedAvg(),
+            context("dggi", **{"attack-method": "dggi"}),
+            model=build_model("femnist-digits", seed=0),
+            dataset="femnist-digits",
+        )
+    assert not (tmp_path / "dggi").exists()
+    strategy = audit(
+        FedAvg(),
+        context("digits", **{"server-test-samples": 100}),
+        model=lambda: build_model("femnist-digits", seed=0),
+        dataset="femnist-digits",
+        truth=truth,
+    )
+    config = json.loads((tmp_path / "digits" / "config.json").read_text())
+    assert config["run_config"]["dataset"] == "femnist-digits" and config["audit"]["scored"]
+    verdict = strategy.service.evaluator.verdict  # its public pool: the server's 100 held-out digits
+    assert verdict.dataset == "femnist-digits" and len(verdict.public_labels) == 100
+    assert int(verdict.public_labels.max()) <= 9 and int(verdict.distractor_labels.max()) <= 9
+    assert tuple(verdict.distractors.shape[1:]) == (1, 28, 28) and len(verdict.distractors) >= 1000
