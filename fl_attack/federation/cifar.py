@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_attack.federation.models import CifarCNN
 from fl_attack.federation.pools import ClientSplit, DatasetSpec, Pool, _to_client, register_dataset
 
 
@@ -138,6 +137,14 @@ def _cifar_client(
     return ClientSplit(_to_client(pool, train_idx, cid, p), _to_client(pool, test_idx, cid, p))
 
 
+def _model(**kwargs):
+    """The paper's CifarCNN (fl_attack.federation.models; imported here, on first use: torch stays unloaded
+    until a model is built)."""
+    from fl_attack.federation.models import CifarCNN
+
+    return CifarCNN(**kwargs)
+
+
 CIFAR100 = register_dataset(
     DatasetSpec(
         name="cifar100",
@@ -151,7 +158,7 @@ CIFAR100 = register_dataset(
         hflip=True,
         sample="cifar100_sample.npz",
         read_dir=lambda root: load_cifar100_pickles(root, train=True),
-        model=CifarCNN,
+        model=_model,
         reader_epochs=17,
         reader_source="cifar100_train29513.npz",
         prior_steps=1500,

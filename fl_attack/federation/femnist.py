@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_attack.federation.models import FemnistCNN
 from fl_attack.federation.pools import ClientSplit, DatasetSpec, Pool, _check_args, _to_client, register_dataset
 
 
@@ -147,6 +146,14 @@ def _femnist_client(pool: Pool, p: int, k: int, seed: int, test_samples: int | N
     return ClientSplit(_to_client(pool, train_idx, name, p), _to_client(pool, test_idx, name, p))
 
 
+def _model(**kwargs):
+    """The paper's FemnistCNN (fl_attack.federation.models; imported here, on first use: torch stays unloaded
+    until a model is built)."""
+    from fl_attack.federation.models import FemnistCNN
+
+    return FemnistCNN(**kwargs)
+
+
 FEMNIST = register_dataset(
     DatasetSpec(
         name="femnist",
@@ -160,7 +167,7 @@ FEMNIST = register_dataset(
         hflip=False,
         sample="femnist_sample.npz",
         read_dir=load_femnist_leaf,
-        model=FemnistCNN,
+        model=_model,
         reader_epochs=40,
         reader_crop_pad=2,
         prior_steps=1800,

@@ -14,11 +14,13 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
-from torch.nn import Module
+
+if TYPE_CHECKING:  # torch loads on first use: the registry (imported with any module of the package) stays light
+    from torch import Tensor
+    from torch.nn import Module
 
 # ---------------------------------------------------------------------------
 # Dataset specs: the registry
@@ -80,6 +82,8 @@ class DatasetSpec:
     prior_steps: int | None = None
 
     def _stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        import torch
+
         if not torch.is_floating_point(x):
             raise TypeError(f"{self.name}: expected a floating-point tensor, got {x.dtype}")
         c = self.image_shape[0]
@@ -106,6 +110,8 @@ class DatasetSpec:
 
         Each is a float32 CPU tensor of shape (1,C,1,1); e.g. FEMNIST lo = -0.9642/0.1577 = -6.114,
         hi = 0.0358/0.1577 = 0.227."""
+        import torch
+
         mean = torch.tensor(self.mean, dtype=torch.float32)
         std = torch.tensor(self.std, dtype=torch.float32)
         lo = ((0.0 - mean) / std).view(1, -1, 1, 1)
@@ -272,6 +278,8 @@ def _check_args(pool: Pool, num_samples, classes, test_samples=None) -> tuple[Da
 
 def _to_client(pool: Pool, idx: np.ndarray, client_id: str, partition_id: int) -> ClientData:
     """The pool's samples ``idx`` as a ClientData: images float32 (n,C,H,W) in [0,1], labels int64 (n,)."""
+    import torch
+
     imgs = pool.images[idx]  # fancy indexing: a fresh, writable copy
     if imgs.ndim == 3:
         imgs = imgs[:, None, :, :]  # (k,28,28) -> (k,1,28,28)
