@@ -203,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = AttackSettings()
     # fmt: off
     _add_flags(a, ("--dataset", str, d.dataset, "{" + ",".join(sorted(DATASETS)) + "}",
-                   "victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer) or cifar100 "
-                   f"(3x32x32, 100 classes) (default: {d.dataset})"))
+                   "victim dataset: femnist (1x28x28, 62 classes, one client per LEAF writer), cifar100 "
+                   f"(3x32x32, 100 classes) or femnist-digits (femnist's digits, 10 classes) (default: {d.dataset})"))
     _add_attack_choice(a, d.methods, d.labels, d.device, f"{','.join(d.methods)}", d.labels, d.device)
     _add_flags(a, ("--clients", int, d.clients, "N",
                    f"number of victim clients, partition ids 0..N-1, integer >= 1 (default: {d.clients})"))

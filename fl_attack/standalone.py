@@ -84,7 +84,8 @@ class AttackSettings:
     """One standalone experiment. Defaults are the "paper" preset (``fl_attack.federation.config.PRESETS``,
     docs/PISME.md).
 
-    dataset: "femnist" or "cifar100". methods: attack names (fl_attack.attacker.attacks.ATTACKS).
+    dataset: a registered dataset (fl_attack.federation.data.DATASETS: femnist, cifar100, femnist-digits).
+    methods: attack names (fl_attack.attacker.attacks.ATTACKS).
     clients: N victims, partition ids 0..N-1 of ``fl_attack.federation.data.client_partition``.
     samples (k), batch_size (B), local_epochs (E), lr (eta): the victims' local training.
     iterations (K), nodes (m), trace_every, seed: the attack (AttackConfig); seed also fixes the

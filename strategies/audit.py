@@ -97,8 +97,9 @@ def audit(
     (fl_attack.audit.settings.audit_run_config: every attack-* key, num-server-rounds, seed,
     results-dir, run-name, record-updates, server-test-samples), the app's own keys are not.
     model: the victims' architecture: the app's nn.Module class or factory (called with no
-    arguments), or a model. dataset: "cifar100" or "femnist": the images' shape (3x32x32, 1x28x28),
-    classes and public pool. normalize: (mean, std) per channel, the app's own input normalisation
+    arguments), or a model. dataset: a registered dataset ("cifar100", "femnist", "femnist-digits";
+    fl_attack.federation.data.DATASETS): the images' shape (3x32x32, 1x28x28), classes and public pool.
+    normalize: (mean, std) per channel, the app's own input normalisation
     (the attack reconstructs pixels in [0,1] and feeds the model what the app feeds it); None: the
     dataset's (fl_attack.federation.data.get_spec). truth: partition id -> (images (k,C,H,W) in [0,1], labels
     (k,)), that client's training images, for scoring; only the evaluator calls it, never the

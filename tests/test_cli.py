@@ -163,7 +163,7 @@ def test_an_interrupted_run_keeps_the_rows_already_written(tmp_path, monkeypatch
 BAD_INPUTS = [
     (["--methods", "pisme,dlgx"], "argument --methods: unknown attack method 'dlgx'; choose from: dggi, dimitrov"),
     (["--methods", "pisme+memory"], "'pisme+memory' attacks a client over a federation's rounds: give attack-memory"),
-    (["--dataset", "mnist"], "unknown dataset 'mnist'; choose one of: cifar100, femnist"),
+    (["--dataset", "mnist"], "unknown dataset 'mnist'; choose one of: cifar100, femnist, femnist-digits"),
     (["--nodes", "0"], "the number of quadrature nodes m must be an integer >= 1, got 0"),
     (["--label-refine", "1.5"], "label_refine must be in [0, 1) (a fraction of the iterations), got 1.5"),
     (["--batch-size", "60"], "batch size B=60 is larger than the client's k=50 samples"),

@@ -134,7 +134,7 @@ def test_missing_data_errors(tmp_path):
 
 
 def test_specs():
-    assert sorted(DATASETS) == ["cifar100", "femnist"]
+    assert sorted(DATASETS) == ["cifar100", "femnist", "femnist-digits"]
     f, c = get_spec("femnist"), get_spec("cifar100")
     assert (f.image_shape, f.num_classes, f.mean, f.std) == ((1, 28, 28), 62, (0.9642,), (0.1577,))
     assert (c.image_shape, c.num_classes) == ((3, 32, 32), 100)

@@ -28,7 +28,7 @@ SUBSET = 4  # the accuracy test reads every 4th image of the sidecar's client se
 TOLERANCE = 0.03  # and finds the sidecar's accuracy within 3 points (measured: +0.3 femnist, +1.1 cifar100)
 
 
-@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100", "femnist-digits"])
 def test_the_reader_classifies_the_bundled_clients_at_its_sidecars_accuracy(dataset):
     """The images the sidecar's ``client_accuracy`` was measured on (``bundled_client_set``: the first 20
     femnist writers' LEAF-train samples, none a reader writer; all 3,000 bundled cifar100 images), every
@@ -51,7 +51,7 @@ def test_the_reader_classifies_the_bundled_clients_at_its_sidecars_accuracy(data
     assert abs(accuracy - recorded) <= TOLERANCE, (accuracy, recorded)
 
 
-@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100", "femnist-digits"])
 def test_the_shipped_weights_are_the_ones_the_sidecar_describes(dataset):
     """The weights file's SHA-256 and size are what training recorded in the sidecar beside its accuracies
     (``train_reader`` writes both), and the sidecar's command is the training module's."""
@@ -62,7 +62,7 @@ def test_the_shipped_weights_are_the_ones_the_sidecar_describes(dataset):
     assert info["command"].startswith(f"python -m fl_attack.audit.reader --dataset {dataset} ")
 
 
-@pytest.mark.parametrize("dataset", ["femnist", "cifar100"])
+@pytest.mark.parametrize("dataset", ["femnist", "cifar100", "femnist-digits"])
 def test_the_shipped_files_are_small_and_described(dataset):
     info = reader.reader_info(dataset)
     assert info["dataset"] == dataset

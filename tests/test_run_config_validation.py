@@ -62,8 +62,17 @@ BAD = [
     # the federation's keys (fl_attack.federation.settings.FederationSettings)
     ({"seed": -1}, "seed", "seed must be an integer in [0, 2**32-1], got -1"),
     ({"seed": 2**32}, "seed", "seed must be an integer in [0, 2**32-1], got 4294967296"),
-    ({"dataset": "mnist"}, "dataset", "dataset: unknown dataset 'mnist'; choose one of: cifar100, femnist"),
+    (
+        {"dataset": "mnist"},
+        "dataset",
+        "dataset: unknown dataset 'mnist'; choose one of: cifar100, femnist, femnist-digits",
+    ),
     ({"model": "nope"}, "model", "model: model spec 'nope' is neither 'paper' nor 'package.module:factory'"),
+    (
+        {"dataset": "femnist-digits", "attack-method": "dggi"},
+        "attack-method",
+        "attack-method: femnist-digits has no diffusion prior ...",
+    ),
     ({"fraction-train": 0.0}, "fraction-train", "fraction-train must be in (0, 1]"),
     ({"fraction-train": 1.5}, "fraction-train", "fraction-train must be in (0, 1]"),
     ({"fraction-evaluate": -0.1}, "fraction-evaluate", "fraction-evaluate must be in [0, 1]"),

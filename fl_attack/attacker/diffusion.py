@@ -44,7 +44,7 @@ from torch.nn import functional as F
 
 from fl_attack.federation.loading import load_bundled
 from fl_attack.federation.partition import server_test_set
-from fl_attack.federation.pools import ClientData, get_spec
+from fl_attack.federation.pools import DATASETS, ClientData, DatasetSpec, get_spec
 from fl_attack.federation.update import save_torch_atomic
 from fl_attack.paths import asset
 from fl_attack.records import write_json_atomic
@@ -58,6 +58,7 @@ __all__ = [
     "load_prior",
     "prior_info",
     "train_prior",
+    "check_prior",
     "main",
 ]
 
@@ -66,7 +67,6 @@ BETA_START, BETA_END = 1e-4, 0.02  # their linear schedule
 PUBLIC_SAMPLES = 1000  # the server's public pool: run config server-test-samples, verdict DEFAULT_PUBLIC_SAMPLES
 PUBLIC_SEED = 0
 WIDTHS = (32, 64, 64)  # channels of the U-Net's three resolutions
-DEFAULT_STEPS = {"femnist": 1800, "cifar100": 1500}  # optimiser steps: about 15 min each at 1 thread
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
@@ -222,6 +222,20 @@ def _weights_file(dataset: str) -> str:
 
 
 @functools.cache
+def check_prior(dataset: str) -> DatasetSpec:
+    """The spec of ``dataset``, which must have a diffusion prior (``DatasetSpec.prior_steps``): ValueError
+    naming the dataset otherwise, before anything is loaded or trained (and in a run's preflight, when an
+    attack needs the prior: fl_attack.audit.settings.RunSettings.check_together)."""
+    spec = get_spec(dataset)
+    if spec.prior_steps is None:
+        with_prior = ", ".join(sorted(n for n, s in DATASETS.items() if s.prior_steps))
+        raise ValueError(
+            f"{spec.name} has no diffusion prior (DatasetSpec.prior_steps is None): DGGI and image_prior "
+            f"'diffusion' need one; datasets with a prior: {with_prior}"
+        )
+    return spec
+
+
 def _loaded(dataset: str) -> Denoiser:
     model = Denoiser(dataset)
     state = torch.load(asset(_weights_file(dataset)), map_location="cpu", weights_only=True)
@@ -231,16 +245,18 @@ def _loaded(dataset: str) -> Denoiser:
 
 def load_prior(dataset: str, device: str | torch.device = "cpu") -> DiffusionPrior:
     """The shipped diffusion prior of ``dataset`` (``diffusion_{dataset}.pt``) on ``device``; the weights
-    are read once per process, each call gets its own copy. FileNotFoundError when it is not shipped
+    are read once per process, each call gets its own copy. ValueError for a dataset without a prior
+    (``DatasetSpec.prior_steps`` None: femnist-digits); FileNotFoundError when it is not shipped
     (train it with ``python -m fl_attack.attacker.diffusion --dataset DATASET``)."""
-    model = Denoiser(dataset)
-    model.load_state_dict(_loaded(get_spec(dataset).name).state_dict())
+    spec = check_prior(dataset)
+    model = Denoiser(spec.name)
+    model.load_state_dict(_loaded(spec.name).state_dict())
     return DiffusionPrior(model).to(device)
 
 
 def prior_info(dataset: str) -> dict:
     """The sidecar ``diffusion_{dataset}.json``: how the shipped prior was trained."""
-    return json.loads(asset(f"diffusion_{get_spec(dataset).name}.json").read_text())
+    return json.loads(asset(f"diffusion_{check_prior(dataset).name}.json").read_text())
 
 
 # ---------------------------------------------------------------------------
@@ -271,8 +287,8 @@ def train_prior(
     moving average ``ema`` of the weights is what ships. Deterministic in ``seed`` up to the CPU's
     arithmetic. ValueError for steps or batch_size < 1.
     """
-    spec = get_spec(dataset)
-    steps = DEFAULT_STEPS[spec.name] if steps is None else int(steps)
+    spec = check_prior(dataset)
+    steps = spec.prior_steps if steps is None else int(steps)
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
     torch.set_num_threads(max(1, int(threads)))
@@ -300,7 +316,7 @@ def train_prior(
     for step in range(1, steps + 1):
         idx = torch.randint(0, n, (batch_size,), generator=gen)
         x0 = x_all[idx]
-        if spec.name == "cifar100":
+        if spec.hflip:
             flip = torch.rand(batch_size, generator=gen) < 0.5
             x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
         t = torch.randint(0, DIFFUSION_STEPS, (batch_size,), generator=gen)
@@ -348,7 +364,7 @@ def train_prior(
         "steps": steps,
         "batch_size": batch_size,
         "optimizer": f"AdamW lr {lr}, weight decay 0, {warmup}-step warm-up then cosine decay; EMA {ema}",
-        "augmentation": "random horizontal flip" if spec.name == "cifar100" else "none",
+        "augmentation": "random horizontal flip" if spec.hflip else "none",
         "seed": seed,
         "threads": int(threads),
         "wall_seconds": round(wall, 1),
@@ -400,8 +416,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m fl_attack.attacker.diffusion", description=train_prior.__doc__.split("\n")[0]
     )
-    ap.add_argument("--dataset", required=True, choices=["femnist", "cifar100"])
-    ap.add_argument("--steps", type=int, default=None, help=f"optimiser steps, default {DEFAULT_STEPS}")
+    ap.add_argument("--dataset", required=True, choices=sorted(n for n, s in DATASETS.items() if s.prior_steps))
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"optimiser steps, default { ({n: s.prior_steps for n, s in DATASETS.items() if s.prior_steps}) }",
+    )
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)

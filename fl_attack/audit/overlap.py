@@ -143,7 +143,7 @@ def disjoint_record(data: DataSettings, public_samples: int, *, num_distractors:
     record: dict = {
         "reader_training_images": sum(reader_overlap(private_samples(data, p).images, data.dataset) for p in clients)
     }
-    if get_spec(data.dataset).name == "femnist":
+    if get_spec(data.dataset).writers:
         pool = load_pool(data.dataset, data.data_dir)
         held = server_test_set(pool, public_samples, seed=data.seed) if public_samples else None
         drawn = held if held is not None else server_test_set(pool, default_public, seed=data.seed)

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from fl_attack.federation.femnist import partition_writers
 from fl_attack.federation.loading import load_bundled
-from fl_attack.federation.pools import Pool, get_spec
+from fl_attack.federation.pools import DATASETS, DatasetSpec, Pool, get_spec
 from fl_attack.federation.update import save_torch_atomic
 from fl_attack.paths import asset
 from fl_attack.records import write_json_atomic
@@ -72,20 +72,25 @@ __all__ = [
 ]
 
 READER_WRITER_COUNT = 40  # femnist: the last writers by name (among those with LEAF-train samples)
-CIFAR100_SOURCE = "cifar100_train29513.npz"  # in the shared offline data folder (--shared-data)
+CIFAR100_SOURCE = get_spec("cifar100").reader_source  # in the shared offline data folder (--shared-data)
 WIDTHS = (48, 96, 192)  # channels of the three stages of ReaderNet
 # The bundled-client images the sidecar's accuracy is measured on (femnist): the LEAF-train samples
 # of the first 20 eligible writers at k = 32, none of them a reader writer.
 FEMNIST_CLIENT_WRITERS, FEMNIST_CLIENT_K = 20, 32
 VAL_FRACTION = 0.1
 DEGRADED = 0.5  # the fraction of each training batch seen through ``_degrade``
-DEFAULT_EPOCHS = {"femnist": 40, "cifar100": 17}
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DIGEST_BYTES = 8  # blake2b digest of one image's 8-bit pixels: 2^-64 per pair to collide
 
 
 def _command(dataset: str) -> str:
     return f"python -m fl_attack.audit.reader --dataset {dataset} --shared-data DIR"
+
+
+def _crop(spec: DatasetSpec) -> tuple[int, float, bool]:
+    """(pad, fill, flip) of the reader's augmentation: a random crop from a ``reader_crop_pad``-padded
+    copy filled with the dataset's ``background``, and a horizontal flip where it keeps the class."""
+    return spec.reader_crop_pad, spec.background, spec.hflip
 
 
 # ---------------------------------------------------------------------------
@@ -209,20 +214,25 @@ def _reader_writer_indices(pool: Pool) -> np.ndarray:
     have = have[np.argsort(pool.writer_names[have], kind="stable")]
     if have.size < 2 * READER_WRITER_COUNT:
         raise ValueError(
-            f"femnist pool has only {have.size} writers with LEAF-train samples; the reader takes the last "
+            f"{pool.dataset} pool has only {have.size} writers with LEAF-train samples; the reader takes the last "
             f"{READER_WRITER_COUNT} and needs at least as many others for the clients"
         )
     return have[-READER_WRITER_COUNT:]
 
 
 @functools.cache
-def reader_writers() -> tuple[str, ...]:
-    """The LEAF writer names (sorted) whose LEAF-train samples the femnist reader trained on: the last
-    40 by name among the bundled pool's writers with any LEAF-train sample (``f3209_08`` ..). A
-    femnist client's ``client_id`` is its writer name, so ``client_id in reader_writers()`` says the
-    reader saw that client's training samples: with the bundled pool, partition ids 61+ at k = 32
-    (58+ at k = 100, 65+ at k = 1), i.e. only federations of more than ~60 clients."""
-    pool = load_bundled("femnist")
+def reader_writers(dataset: str = "femnist") -> tuple[str, ...]:
+    """The LEAF writer names (sorted) whose LEAF-train samples the reader of ``dataset`` trained on: the
+    last 40 by name among the bundled pool's writers with any LEAF-train sample (femnist: ``f3209_08``
+    ..; femnist-digits: the same 40). A femnist client's ``client_id`` is its writer name, so
+    ``client_id in reader_writers()`` says the reader saw that client's training samples: with the
+    bundled pool, partition ids 61+ at k = 32 (58+ at k = 100, 65+ at k = 1), i.e. only federations of
+    more than ~60 clients. () for a dataset whose clients are not writers (cifar100). ValueError for an
+    unknown dataset."""
+    spec = get_spec(dataset)
+    if not spec.writers:
+        return ()
+    pool = load_bundled(spec.name)
     return tuple(str(n) for n in pool.writer_names[_reader_writer_indices(pool)])
 
 
@@ -230,34 +240,41 @@ def _hashes(images: np.ndarray) -> list[bytes]:
     return [hashlib.sha256(np.ascontiguousarray(x).tobytes()).digest() for x in images]
 
 
-def _cifar_source(source) -> Path:
+def _file_source(spec: DatasetSpec, source) -> Path:
+    """The reader's training file (``spec.reader_source``) given its path or folder."""
     if source is None:
-        raise ValueError(f"cifar100: the reader's training source is {CIFAR100_SOURCE}; pass its path or folder")
+        raise ValueError(f"{spec.name}: the reader's training source is {spec.reader_source}; pass its path or folder")
     path = Path(source).expanduser()
     if path.is_dir():
-        path = path / CIFAR100_SOURCE
+        path = path / str(spec.reader_source)
     if not path.is_file():
-        raise FileNotFoundError(f"cifar100 reader source not found: {path}")
+        raise FileNotFoundError(f"{spec.name} reader source not found: {path}")
     return path
 
 
-def _load_source_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _load_source_arrays(spec: DatasetSpec, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    c, h, w = spec.image_shape
+    want = (h, w) if c == 1 else (h, w, c)
     with np.load(path, allow_pickle=False) as z:
         images, labels = z["images"], z["labels"].astype(np.int64)
-    if images.dtype != np.uint8 or images.shape[1:] != (32, 32, 3) or labels.shape != (len(images),):
-        raise ValueError(f"{path}: expected uint8 images (N,32,32,3) and labels (N,), got {images.shape}")
+    if images.dtype != np.uint8 or images.shape[1:] != want or labels.shape != (len(images),):
+        raise ValueError(
+            f"{path}: expected uint8 images (N,{','.join(map(str, want))}) and labels (N,), got {images.shape}"
+        )
     return images, labels
 
 
 def _source(dataset: str, source) -> tuple[np.ndarray, np.ndarray, Pool | None]:
-    """(images, labels, femnist pool or None) of the reader's training source."""
-    name = get_spec(dataset).name
-    if name == "femnist":
+    """(images, labels, writers' pool or None) of the reader's training source."""
+    spec = get_spec(dataset)
+    if spec.reader_source is None:
         if source is not None and not isinstance(source, Pool):
-            raise ValueError("femnist: the reader's source is the bundled pool (source=None) or a femnist Pool")
-        pool = load_bundled("femnist") if source is None else source
+            raise ValueError(
+                f"{spec.name}: the reader's source is the bundled pool (source=None) or a {spec.name} Pool"
+            )
+        pool = load_bundled(spec.name) if source is None else source
         return pool.images, pool.labels, pool
-    return (*_load_source_arrays(_cifar_source(source)), None)
+    return (*_load_source_arrays(spec, _file_source(spec, source)), None)
 
 
 def training_indices(dataset: str, source=None) -> np.ndarray:
@@ -274,7 +291,7 @@ def training_indices(dataset: str, source=None) -> np.ndarray:
     if pool is not None:
         chosen = np.isin(pool.writers, _reader_writer_indices(pool)) & (pool.split == 0)
         return np.flatnonzero(chosen).astype(np.int64)
-    bundled = set(_hashes(load_bundled("cifar100").images))
+    bundled = set(_hashes(load_bundled(dataset).images))
     return np.array([i for i, h in enumerate(_hashes(images)) if h not in bundled], dtype=np.int64)
 
 
@@ -293,17 +310,18 @@ def bundled_client_set(dataset: str) -> tuple[np.ndarray, np.ndarray, str]:
     ``(images uint8, labels int64, description)``. femnist: every LEAF-train sample of the first 20
     eligible writers at k = 32 (partitions 0..19, none a reader writer); cifar100: all 3,000 bundled
     images. Raises ValueError for an unknown dataset or (femnist) when those writers meet the reader's."""
-    name = get_spec(dataset).name
+    spec = get_spec(dataset)
+    name = spec.name
     pool = load_bundled(name)
-    if name == "cifar100":
-        return pool.images, pool.labels, "all 3,000 images of the bundled cifar100 pool"
+    if not spec.writers:
+        return pool.images, pool.labels, f"all {len(pool):,} images of the bundled {name} pool"
     writers = partition_writers(pool, FEMNIST_CLIENT_K)[:FEMNIST_CLIENT_WRITERS]
     if np.isin(writers, _reader_writer_indices(pool)).any():
-        raise ValueError("femnist: the first 20 eligible writers overlap the reader's writers")
+        raise ValueError(f"{name}: the first 20 eligible writers overlap the reader's writers")
     idx = np.flatnonzero(np.isin(pool.writers, writers) & (pool.split == 0))
     text = (
         f"the LEAF-train samples of the first {FEMNIST_CLIENT_WRITERS} eligible writers at "
-        f"k={FEMNIST_CLIENT_K} (partitions 0..{FEMNIST_CLIENT_WRITERS - 1}) of the bundled femnist pool"
+        f"k={FEMNIST_CLIENT_K} (partitions 0..{FEMNIST_CLIENT_WRITERS - 1}) of the bundled {name} pool"
     )
     return pool.images[idx], pool.labels[idx], text
 
@@ -343,8 +361,9 @@ def write_training_digests(dataset: str, shared_data=None, out=ASSETS) -> dict:
     of every image of the reader's training set (:func:`training_set`, its 10% validation hold-out
     included; cifar100 from ``shared_data``, the folder of ``cifar100_train29513.npz``). Returns the
     sidecar's ``training_digests`` record: file, count, sha256, rule. Raises as :func:`training_set`."""
-    name = get_spec(dataset).name
-    digests = _training_set_digests(name, None if name == "femnist" else shared_data)
+    spec = get_spec(dataset)
+    name = spec.name
+    digests = _training_set_digests(name, None if spec.reader_source is None else shared_data)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / _digests_file(name)
@@ -503,8 +522,9 @@ def train_reader(
     Raises ValueError for an unknown dataset, epochs < 1, an unknown precision, and as
     :func:`training_set`."""
     start = time.perf_counter()
-    name = get_spec(dataset).name
-    epochs = DEFAULT_EPOCHS[name] if epochs is None else int(epochs)
+    spec = get_spec(dataset)
+    name = spec.name
+    epochs = spec.reader_epochs if epochs is None else int(epochs)
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if precision not in ("auto", "fp32", "bf16"):
@@ -514,7 +534,7 @@ def train_reader(
     torch.manual_seed(seed)
     np.random.seed(seed)
 
-    images_u8, labels_np = training_set(name, None if name == "femnist" else shared_data)
+    images_u8, labels_np = training_set(name, None if spec.reader_source is None else shared_data)
     n = len(labels_np)
     perm = np.random.default_rng(seed).permutation(n)
     n_val = int(round(VAL_FRACTION * n))
@@ -532,7 +552,7 @@ def train_reader(
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, epochs=epochs, steps_per_epoch=steps)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     gen = torch.Generator().manual_seed(seed)
-    pad, fill, flip = (2, 1.0, False) if name == "femnist" else (4, 0.0, True)
+    pad, fill, flip = _crop(spec)
     history = []
     for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()
@@ -570,21 +590,22 @@ def train_reader(
     wall = time.perf_counter() - start
     log(f"reader {name}: val acc {val_acc:.4f}, bundled-client acc {client_acc:.4f}, {wall:.0f} s")
 
-    if name == "femnist":
-        pool = load_bundled("femnist")
+    if spec.reader_source is None:
+        pool = load_bundled(name)
         described = (
             f"the LEAF-train samples (split 0 only) of the last {READER_WRITER_COUNT} writers by name among "
             f"the {int((np.bincount(pool.writers[pool.split == 0]) > 0).sum())} bundled-pool writers with "
             "LEAF-train samples (reader_writers()); no LEAF-test sample, so none of the server's pool"
         )
-        source = {"file": "fl_attack/assets/femnist_sample.npz", "sha256": _sha256(asset("femnist_sample.npz"))}
+        source = {"file": f"fl_attack/assets/{spec.sample}", "sha256": _sha256(asset(spec.sample))}
     else:
-        src = _cifar_source(shared_data)
+        src = _file_source(spec, shared_data)
         described = (
-            f"{CIFAR100_SOURCE} ({_load_source_arrays(src)[1].size} CIFAR-100 training images) minus every "
-            "image byte-equal (SHA-256 of the uint8 bytes) to one of the 3,000 of the bundled pool"
+            f"{spec.reader_source} ({_load_source_arrays(spec, src)[1].size} CIFAR-100 training images) minus "
+            f"every image byte-equal (SHA-256 of the uint8 bytes) to one of the {len(load_bundled(name)):,} of "
+            "the bundled pool"
         )
-        source = {"file": CIFAR100_SOURCE, "sha256": _sha256(src)}
+        source = {"file": spec.reader_source, "sha256": _sha256(src)}
     info = {
         "dataset": name,
         "architecture": f"ReaderNet widths={list(WIDTHS)} (6 conv3x3+BN+ReLU, 2 max pools, avg pool, linear)",
@@ -599,13 +620,15 @@ def train_reader(
             "validation": n_val,
             "validation_rule": f"{VAL_FRACTION:.0%} held out with numpy default_rng(seed).permutation",
         },
-        "reader_writers": list(reader_writers()) if name == "femnist" else None,
+        "reader_writers": list(reader_writers(name)) if spec.writers else None,
         "epochs": epochs,
         "seed": seed,
         "batch_size": batch_size,
         "optimizer": f"SGD nesterov momentum 0.9, weight decay {weight_decay}, one-cycle lr max {lr}, "
         "label smoothing 0.1",
-        "augmentation": ("random crop, padding 2 (white)" if name == "femnist" else "random crop, padding 4; h-flip")
+        "augmentation": f"random crop, padding {pad}"
+        + (" (white)" if fill == 1.0 else "")
+        + ("; h-flip" if flip else "")
         + f"; {DEGRADED:.0%} of each batch degraded (_degrade: contrast, blotches, noise, speckle, min/max filter)",
         "precision": "bf16 autocast (training), fp32 (evaluation)" if bf16 else "fp32",
         "threads": int(threads),
@@ -646,13 +669,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m fl_attack.audit.reader", description=train_reader.__doc__.split("\n")[0]
     )
-    ap.add_argument("--dataset", required=True, choices=["femnist", "cifar100"])
+    ap.add_argument("--dataset", required=True, choices=sorted(DATASETS))
     ap.add_argument(
         "--shared-data",
         default=None,
-        help=f"the shared offline data folder (cifar100: holds {CIFAR100_SOURCE}); femnist reads the bundled pool",
+        help=f"the shared offline data folder (cifar100: holds {CIFAR100_SOURCE}); femnist and femnist-digits "
+        "read the bundled pool",
     )
-    ap.add_argument("--epochs", type=int, default=None, help=f"default {DEFAULT_EPOCHS}")
+    ap.add_argument(
+        "--epochs", type=int, default=None, help=f"default { ({n: s.reader_epochs for n, s in DATASETS.items()}) }"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ASSETS), help="folder for reader_<dataset>.pt/.json")
     ap.add_argument("--batch-size", type=int, default=128)
@@ -665,8 +691,9 @@ def main(argv: list[str] | None = None) -> int:
         help="write only reader_<dataset>_train.npy (the training set's fingerprint) and its sidecar entry",
     )
     args = ap.parse_args(argv)
-    if args.dataset == "cifar100" and args.shared_data is None:
-        ap.error(f"cifar100 needs --shared-data DIR (the folder of {CIFAR100_SOURCE})")
+    source = get_spec(args.dataset).reader_source
+    if source is not None and args.shared_data is None:
+        ap.error(f"{args.dataset} needs --shared-data DIR (the folder of {source})")
     if args.digests_only:
         record = refresh_training_digests(args.dataset, args.shared_data, args.out)
         print(f"reader {args.dataset}: {record['count']} digests in {Path(args.out) / record['file']}", flush=True)

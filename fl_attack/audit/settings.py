@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fl_attack.attacker.api import check_device, resolve_device
 from fl_attack.attacker.attacks import (
+    ATTACKS,
     LR_SCHEDULES,
     AttackConfig,
     check_compile,
@@ -564,8 +565,9 @@ class RunSettings(AuditSettings, FederationSettings):
 
     def check_together(self) -> None:
         """The audit's keys against the federation's: what the defense, the clients' training mode or
-        the server's held-out pool rule out, and attack-labels recovered's need of an output bias in a
-        user model (resolved again here: FederationSettings.check_model). ValueError naming the key."""
+        the server's held-out pool rule out, attack-labels recovered's need of an output bias in a
+        user model (resolved again here: FederationSettings.check_model), and an attack's need of the
+        dataset's diffusion prior (dggi, image_prior diffusion). ValueError naming the key."""
         if self.resume and self.defense.secagg:
             raise ValueError(
                 "invalid run config: resume is not supported with defense secagg "
@@ -589,3 +591,12 @@ class RunSettings(AuditSettings, FederationSettings):
             )
         if self.attack_labels == "recovered" and (self.model.strip() or self.defense.low_rank):
             self.check_model(self.check_output_bias)
+        prior = [m for m in self.methods if getattr(ATTACKS.get(m.split("+")[0]), "uses_prior", False)]
+        if prior or config.image_prior == "diffusion":
+            from fl_attack.attacker.diffusion import check_prior
+
+            try:
+                check_prior(self.dataset)
+            except ValueError as exc:
+                key = "attack-method" if prior else "attack-options image_prior"
+                raise ValueError(f"invalid run config: {key}: {exc}") from None

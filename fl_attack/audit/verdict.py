@@ -241,7 +241,7 @@ class Verdict:
             images, labels = images[keep], labels[keep]
         from fl_attack.audit.reader import reader_writers
 
-        writers = frozenset(reader_writers()) if get_spec(dataset).name == "femnist" else frozenset()
+        writers = frozenset(reader_writers(dataset))
         return cls(
             dataset,
             kept.public_images,

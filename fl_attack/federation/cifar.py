@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_attack.federation.pools import ClientSplit, Pool, _to_client
+from fl_attack.federation.pools import ClientSplit, DatasetSpec, Pool, _to_client, register_dataset
 
 
 def _cifar_dir(root: Path) -> Path:
@@ -98,7 +98,7 @@ def _cifar_client(
     range, or too few samples in the pool or the chosen classes."""
     n = len(pool)
     t = _cifar_test_size(k, test_samples)
-    cid = f"cifar100-client-{p}"
+    cid = f"{pool.dataset}-client-{p}"
     if n < k:
         raise ValueError(f"client {cid} has only {n} samples (the whole cifar100 pool), asked for {k}")
     count = max(0, n - int(held_out)) // (k + t)
@@ -135,3 +135,32 @@ def _cifar_client(
     train_idx = rng.permutation(np.concatenate(train_parts))
     test_idx = rng.permutation(np.concatenate(test_parts))
     return ClientSplit(_to_client(pool, train_idx, cid, p), _to_client(pool, test_idx, cid, p))
+
+
+def _model(**kwargs):
+    """The paper's CifarCNN (fl_attack.federation.models; imported here, on first use: torch stays unloaded
+    until a model is built)."""
+    from fl_attack.federation.models import CifarCNN
+
+    return CifarCNN(**kwargs)
+
+
+CIFAR100 = register_dataset(
+    DatasetSpec(
+        name="cifar100",
+        image_shape=(3, 32, 32),
+        num_classes=100,
+        mean=(0.5071, 0.4866, 0.4409),
+        std=(0.2673, 0.2564, 0.2762),
+        psnr_recovered_db=19.0,
+        writers=False,
+        background=0.0,
+        hflip=True,
+        sample="cifar100_sample.npz",
+        read_dir=lambda root: load_cifar100_pickles(root, train=True),
+        model=_model,
+        reader_epochs=17,
+        reader_source="cifar100_train29513.npz",
+        prior_steps=1500,
+    )
+)

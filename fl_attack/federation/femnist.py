@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_attack.federation.pools import ClientSplit, Pool, _check_args, _to_client
+from fl_attack.federation.pools import ClientSplit, DatasetSpec, Pool, _check_args, _to_client, register_dataset
 
 
 def _leaf_json_files(root: Path) -> tuple[list[Path], list[Path]]:
@@ -103,11 +103,11 @@ def _femnist_eligible(pool: Pool, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def partition_writers(pool: Pool, num_samples: int) -> np.ndarray:
-    """FEMNIST: the writer index (into ``pool.writer_names``) of each client partition of k =
+    """FEMNIST (any ``writers`` dataset): the writer index (into ``pool.writer_names``) of each client partition of k =
     ``num_samples``: partition p is writer ``partition_writers(pool, k)[p]``. For keeping a public
     pool disjoint from a federation's writers. ValueError for a non-FEMNIST pool or k < 1."""
     spec, k, _, _ = _check_args(pool, num_samples, None)
-    if spec.name != "femnist":
+    if not spec.writers:
         raise ValueError(f"partition_writers is for femnist pools (one client per writer), not {spec.name}")
     return _femnist_eligible(pool, k)[0]
 
@@ -144,3 +144,32 @@ def _femnist_client(pool: Pool, p: int, k: int, seed: int, test_samples: int | N
     if test_samples is not None and test_samples < test_idx.size:
         test_idx = rng.choice(test_idx, size=test_samples, replace=False)
     return ClientSplit(_to_client(pool, train_idx, name, p), _to_client(pool, test_idx, name, p))
+
+
+def _model(**kwargs):
+    """The paper's FemnistCNN (fl_attack.federation.models; imported here, on first use: torch stays unloaded
+    until a model is built)."""
+    from fl_attack.federation.models import FemnistCNN
+
+    return FemnistCNN(**kwargs)
+
+
+FEMNIST = register_dataset(
+    DatasetSpec(
+        name="femnist",
+        image_shape=(1, 28, 28),
+        num_classes=62,
+        mean=(0.9642,),
+        std=(0.1577,),
+        psnr_recovered_db=20.0,
+        writers=True,
+        background=1.0,
+        hflip=False,
+        sample="femnist_sample.npz",
+        read_dir=load_femnist_leaf,
+        model=_model,
+        reader_epochs=40,
+        reader_crop_pad=2,
+        prior_steps=1800,
+    )
+)

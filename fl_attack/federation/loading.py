@@ -1,5 +1,7 @@
 """Loading a dataset pool from wherever it lives: the bundled sample, an ``.npz``, a directory written by
-``datasets``' ``save_to_disk``, a LEAF FEMNIST directory (femnist.py) or CIFAR-100's pickles (cifar.py).
+``datasets``' ``save_to_disk``, or the dataset's own format (``DatasetSpec.read_dir``: a LEAF FEMNIST
+directory, femnist.py; CIFAR-100's pickles, cifar.py); a dataset with its own ``DatasetSpec.load``
+(a subset of another's pool, femnist_digits.py) is made by it.
 
 ``load_pool`` (cached in-process, arrays read-only) is the one entry point the partitions use; the
 public names are re-exported by fl_attack.federation.data.
@@ -12,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_attack.federation.cifar import load_cifar100_pickles
-from fl_attack.federation.femnist import load_femnist_leaf
 from fl_attack.federation.pools import DatasetSpec, Pool, get_spec
 from fl_attack.paths import asset
 
@@ -22,12 +22,13 @@ def _load_npz(dataset: str, path: Path) -> Pool:
     """A pool from an .npz in the bundled format (see fl_attack/assets/README.md)."""
     if not path.is_file():
         raise FileNotFoundError(f"{dataset} .npz file not found: {path}")
+    writers = get_spec(dataset).writers
     with np.load(path, allow_pickle=False) as z:
-        need = ["images", "labels"] + (["writer_ids", "writer_names", "split"] if dataset == "femnist" else [])
+        need = ["images", "labels"] + (["writer_ids", "writer_names", "split"] if writers else [])
         missing = [k for k in need if k not in z.files]
         if missing:
             raise ValueError(f"{path}: missing arrays {missing} for a {dataset} pool")
-        if dataset == "femnist":
+        if writers:
             return Pool(
                 dataset=dataset,
                 images=z["images"],
@@ -133,7 +134,7 @@ def load_saved_dataset(dataset: str, root: str | Path) -> Pool:
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded:
             raise ValueError(f"{root}: a saved DatasetDict needs a 'train' split, found {sorted(loaded)}")
-        parts = [(0, loaded["train"])] + ([(1, loaded["test"])] if spec.name == "femnist" and "test" in loaded else [])
+        parts = [(0, loaded["train"])] + ([(1, loaded["test"])] if spec.writers and "test" in loaded else [])
     else:
         parts = [(0, loaded)]
     images, labels, writers, splits = [], [], [], []
@@ -162,7 +163,7 @@ def load_saved_dataset(dataset: str, root: str | Path) -> Pool:
             f"{root}: labels in {labels_all.min()}..{labels_all.max()}, but dataset={spec.name!r} has "
             f"classes 0..{spec.num_classes - 1}; set dataset to the one the saved data holds"
         )
-    if spec.name != "femnist":
+    if not spec.writers:
         return Pool(dataset=spec.name, images=np.concatenate(images), labels=labels_all)
     names = np.concatenate(writers)
     writer_names, writer_ids = np.unique(names, return_inverse=True)
@@ -178,18 +179,21 @@ def load_saved_dataset(dataset: str, root: str | Path) -> Pool:
 
 @functools.lru_cache(maxsize=8)
 def _cached_pool(dataset: str, source: str | None) -> Pool:
-    if source is None:
-        pool = _load_npz(dataset, asset(f"{dataset}_sample.npz"))
+    spec = get_spec(dataset)
+    if spec.load is not None:
+        pool = spec.load(source)
+    elif source is None:
+        pool = _load_npz(dataset, asset(spec.sample))
     else:
         path = Path(source)
         if path.suffix == ".npz":
             pool = _load_npz(dataset, path)
         elif _is_saved_dataset(path):
             pool = load_saved_dataset(dataset, path)
-        elif dataset == "femnist":
-            pool = load_femnist_leaf(path)
+        elif spec.read_dir is not None:
+            pool = spec.read_dir(path)
         else:
-            pool = load_cifar100_pickles(path, train=True)
+            raise FileNotFoundError(f"{path}: {dataset} reads an .npz or a save_to_disk directory only")
     # Shared across callers: make the arrays immutable.
     for arr in (pool.images, pool.labels, pool.writers, pool.writer_names, pool.split):
         if arr is not None:
@@ -201,7 +205,8 @@ def load_bundled(dataset: str) -> Pool:
     """The real sample shipped in ``fl_attack/assets`` (provenance in its README.md).
 
     femnist: 184 LEAF writers, 18,796 samples (LEAF train and test splits);
-    cifar100: 3,000 CIFAR-100 training images, 30 per class. Cached; arrays are read-only.
+    cifar100: 3,000 CIFAR-100 training images, 30 per class; femnist-digits: the 12,555 digit samples
+    of the femnist sample. Cached; arrays are read-only.
     Raises ValueError for an unknown dataset."""
     return _cached_pool(get_spec(dataset).name, None)
 
@@ -213,8 +218,10 @@ def load_pool(dataset: str, data_dir: str | Path | None = None) -> Pool:
     * a ``.npz`` file in the bundled format.
     * a directory written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``):
       :func:`load_saved_dataset`.
-    * femnist: a LEAF directory (:func:`load_femnist_leaf`).
-    * cifar100: torchvision's pickles, training file (:func:`load_cifar100_pickles`).
+    * the dataset's own format (``DatasetSpec.read_dir``): femnist a LEAF directory
+      (:func:`load_femnist_leaf`), cifar100 torchvision's pickles, training file
+      (:func:`load_cifar100_pickles`).
+    * a dataset with its own ``DatasetSpec.load`` (femnist-digits: what femnist reads, its digits).
 
     Returned arrays are read-only (the pool is shared by every caller). Raises ValueError for an
     unknown dataset, FileNotFoundError when the data is missing.

@@ -71,27 +71,24 @@ class FemnistCNN(PaperCNN):
         self.fc2 = nn.Linear(100, num_classes)
 
 
-_MODELS = {"cifar100": CifarCNN, "femnist": FemnistCNN}
-
-
 def build_model(dataset: str, seed: int | None = None, width: int | None = None) -> nn.Module:
-    """The victim model for ``dataset`` ("femnist" or "cifar100"), in eval mode.
+    """The victim model for ``dataset`` (its registered ``DatasetSpec.model``: FemnistCNN for femnist,
+    CifarCNN for cifar100), in eval mode.
 
     ``seed`` makes the initial weights reproducible. ``width`` overrides conv1's channel count
     (conv2 has twice as many; the paper's 32 for FEMNIST, 64 for CIFAR-100), for scaling studies.
     Raises ValueError for an unknown dataset or a width < 1.
     """
-    if dataset not in _MODELS:
-        raise ValueError(f"unknown dataset '{dataset}'; choose one of: {', '.join(sorted(_MODELS))}")
+    spec = get_spec(dataset)
     if width is not None and int(width) < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     kwargs = {} if width is None else {"width": int(width)}
     if seed is None:
-        model = _MODELS[dataset](**kwargs)
+        model = spec.new_model(**kwargs)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = _MODELS[dataset](**kwargs)
+            model = spec.new_model(**kwargs)
     return model.eval()
 
 

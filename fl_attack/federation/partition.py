@@ -2,8 +2,9 @@
 
 * The paper's partitions (``client_partition``, run config ``partitioner = "paper"``), as in the
   PI-SME / SME victim protocol: femnist one client per LEAF writer (femnist.py), cifar100 k-sample
-  clients, optionally restricted to C classes (cifar.py). ``server_test_set`` is the server's
-  held-out test set, which no client gets.
+  clients, optionally restricted to C classes (cifar.py). What femnist says holds for every dataset
+  whose clients are writers (``DatasetSpec.writers``: femnist-digits), what cifar100 says for the
+  others. ``server_test_set`` is the server's held-out test set, which no client gets.
 * The partitioners of Flower Datasets (flwr_datasets: natural, iid, dirichlet, pathological), applied
   to a ``datasets.Dataset`` of the pool's indices and labels (``flower_client_partition``).
 
@@ -41,7 +42,7 @@ def num_partitions(pool: Pool, num_samples: int, classes: int | None = None, hel
     Raises ValueError for num_samples < 1, classes outside 1..num_classes or classes for femnist.
     """
     spec, k, _, _ = _check_args(pool, num_samples, classes)
-    if spec.name == "femnist":
+    if spec.writers:
         return int(len(_femnist_eligible(pool, k)[0]))
     return max(0, len(pool) - int(held_out)) // (k + _cifar_test_size(k, None))
 
@@ -60,11 +61,11 @@ def server_test_set(pool: Pool, num_samples: int, seed: int = 0) -> ClientData:
     n = _as_index("num_samples", num_samples)
     if n < 1:
         raise ValueError(f"the server's test set needs num_samples >= 1, got {n}")
-    if get_spec(pool.dataset).name == "femnist":
+    if get_spec(pool.dataset).writers:
         idx = _femnist_server_indices(pool, n, seed)
     else:
         if n >= len(pool):
-            raise ValueError(f"cannot hold out {n} of the {len(pool)} cifar100 images for the server")
+            raise ValueError(f"cannot hold out {n} of the {len(pool)} {pool.dataset} images for the server")
         idx = _cifar_server_indices(pool, n, seed)
     return _to_client(pool, idx, "server-test", -1)
 
@@ -108,7 +109,7 @@ def client_partition(
     """
     spec, k, classes, test_samples = _check_args(pool, num_samples, classes, test_samples)
     p = _as_index("partition_id", partition_id)
-    if spec.name == "femnist":
+    if spec.writers:
         return _femnist_client(pool, p, k, seed, test_samples)
     return _cifar_client(pool, p, k, classes, seed, test_samples, held_out)
 
@@ -162,7 +163,7 @@ class DataSettings:
 def _client_indices(pool: Pool, held_out: int, seed: int) -> np.ndarray:
     """Pool indices a client may get, ascending: femnist LEAF-train samples (the server's test set
     is LEAF-test); cifar100 all but the server's ``held_out`` images (:func:`server_test_set`)."""
-    if get_spec(pool.dataset).name == "femnist":
+    if get_spec(pool.dataset).writers:
         return np.flatnonzero(pool.split == 0)
     keep = np.ones(len(pool), dtype=bool)
     keep[_cifar_server_indices(pool, int(held_out), seed)] = False
@@ -181,7 +182,7 @@ def partition_dataset(pool: Pool, held_out: int = 0, seed: int = 0):
 
     idx = _client_indices(pool, held_out, seed)
     columns = {"index": idx.astype(np.int64), "label": pool.labels[idx].astype(np.int64)}
-    if get_spec(pool.dataset).name == "femnist":
+    if get_spec(pool.dataset).writers:
         columns["writer_id"] = pool.writer_names[pool.writers[idx]].astype(str).tolist()
     return Dataset.from_dict(columns)
 
@@ -255,8 +256,10 @@ def _flower_partitions(
     held_out: int,
 ) -> tuple[tuple[np.ndarray, ...], tuple[str, ...]]:
     spec = get_spec(pool.dataset)
-    if partitioner == "natural" and spec.name != "femnist":
-        raise ValueError(f"the natural partitioner needs writer ids: femnist only, not {spec.name}")
+    if partitioner == "natural" and not spec.writers:
+        raise ValueError(
+            f"the natural partitioner needs writer ids: femnist only (datasets of writers), not {spec.name}"
+        )
     part = flower_partitioner(partitioner, num_partitions, seed=seed, alpha=alpha, classes=classes)
     # As FederatedDataset(shuffle=True, seed=seed) does before partitioning.
     part.dataset = partition_dataset(pool, held_out, seed).shuffle(seed=seed)
@@ -415,7 +418,7 @@ def run_writers(data: DataSettings, pool: Pool | None = None) -> tuple[str, ...]
     federation's number of partitions is not known") and as :func:`partition_writers` /
     :func:`flower_partitions`."""
     spec = get_spec(data.dataset)
-    if spec.name != "femnist":
+    if not spec.writers:
         return ()
     if data.num_partitions is None:
         raise ValueError("run_writers: the federation's number of partitions is not known (num_partitions=None)")

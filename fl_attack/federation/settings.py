@@ -308,7 +308,7 @@ class FederationSettings:
                 f"classes-per-client must be in 0..{spec.num_classes} (0 = unrestricted)",
             ),
             (
-                self.classes_per_client == 0 or self.dataset == "cifar100" or self.partitioner != "paper",
+                self.classes_per_client == 0 or not spec.writers or self.partitioner != "paper",
                 "classes-per-client only applies to cifar100 (FEMNIST clients are writers)",
             ),
             (
@@ -321,7 +321,7 @@ class FederationSettings:
                 "partitioner 'pathological' needs classes-per-client >= 1 (the classes of each partition)",
             ),
             (
-                self.partitioner != "natural" or self.dataset == "femnist",
+                self.partitioner != "natural" or spec.writers,
                 f"partitioner 'natural' partitions by writer id: femnist only, not {self.dataset} "
                 "(use iid, dirichlet or pathological)",
             ),
