@@ -73,6 +73,11 @@ BAD = [
         "attack-method",
         "attack-method: femnist-digits has no diffusion prior ...",
     ),
+    (
+        {"dataset": "femnist-digits", "attack-method": "dimitrov"},
+        "attack-method",
+        "attack-method: dimitrov has hyperparameters for femnist, cifar100, not 'femnist-digits'",
+    ),
     ({"fraction-train": 0.0}, "fraction-train", "fraction-train must be in (0, 1]"),
     ({"fraction-train": 1.5}, "fraction-train", "fraction-train must be in (0, 1]"),
     ({"fraction-evaluate": -0.1}, "fraction-evaluate", "fraction-evaluate must be in [0, 1]"),

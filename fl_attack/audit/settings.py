@@ -591,6 +591,12 @@ class RunSettings(AuditSettings, FederationSettings):
             )
         if self.attack_labels == "recovered" and (self.model.strip() or self.defense.low_rank):
             self.check_model(self.check_output_bias)
+        for method in self.methods:  # an attack that cannot run on this dataset (dimitrov's hyperparameters)
+            attack = ATTACKS.get(method.split("+")[0])
+            try:
+                attack.check_dataset(self.dataset) if attack is not None else None
+            except ValueError as exc:
+                raise ValueError(f"invalid run config: attack-method: {exc}") from None
         prior = [m for m in self.methods if getattr(ATTACKS.get(m.split("+")[0]), "uses_prior", False)]
         if prior or config.image_prior == "diffusion":
             from fl_attack.attacker.diffusion import check_prior

@@ -391,6 +391,11 @@ class Attack:
     own_variables = "generator"  # what those variables are, for the message refusing a joint attack
     uses_prior = False  # True: the diffusion prior guides X_hat whatever config.image_prior says (dggi)
 
+    @classmethod
+    def check_dataset(cls, dataset: str) -> None:
+        """ValueError when this attack cannot run on ``dataset`` (a name of the dataset registry); the run
+        config's preflight asks it before round 1. Every dataset by default."""
+
     def __init__(
         self,
         model,

@@ -95,8 +95,7 @@ def resolve_settings(config, dataset: str) -> dict:
     """The attack's hyperparameters for ``dataset``: ``DATASET_DEFAULTS`` where a ``dimitrov_*`` field of
     ``config`` (an AttackConfig) holds its default (0, or -1 for the three weights), else the field.
     ValueError for a dataset without defaults."""
-    if dataset not in DATASET_DEFAULTS:
-        raise ValueError(f"dimitrov has hyperparameters for {', '.join(DATASET_DEFAULTS)}, not {dataset!r}")
+    Dimitrov.check_dataset(dataset)
     out = dict(DATASET_DEFAULTS[dataset])
     for key in ("lr", "lr_decay", "decay_every", "data_start", "data_end"):
         value = getattr(config, f"dimitrov_{key}")
@@ -280,6 +279,12 @@ class Dimitrov(Attack):
         self.frozen = torch.zeros(self.batch_shape, dtype=torch.bool)
         self.dummy = self._scored = self._last_good = self._loss_finite = None
         self._optimizers = []
+
+    @classmethod
+    def check_dataset(cls, dataset: str) -> None:
+        """The authors' hyperparameters exist for FEMNIST and CIFAR-100 only (``DATASET_DEFAULTS``)."""
+        if dataset not in DATASET_DEFAULTS:
+            raise ValueError(f"dimitrov has hyperparameters for {', '.join(DATASET_DEFAULTS)}, not {dataset!r}")
 
     @classmethod
     def nodes_per_iteration(cls, config, trace=None):
