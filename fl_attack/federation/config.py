@@ -335,6 +335,7 @@ class Preset:
         return self.protocol.with_epochs(self.local_epochs(paper_T)).local_steps
 
     def clients_for(self, dataset: str) -> int:
+        # by name: cifar_clients is a setting of the paper presets' CIFAR-100 experiments alone
         if dataset == "cifar100" and self.cifar_clients is not None:
             return min(self.clients, self.cifar_clients)
         return self.clients
