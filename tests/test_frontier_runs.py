@@ -104,11 +104,20 @@ def ray_head(tmp_path):
     if not ray_bin.exists():
         pytest.skip("the ray command is not installed")
     port, dashboard = _free_port(), _free_port()
+    # Every port of its own: a Ray already on this machine (a study's federation) holds Ray's default agent
+    # port 52365, and a head whose dashboard agent cannot bind its HTTP port takes no job (submissions hang).
+    own = {
+        "--dashboard-agent-listen-port": _free_port(),
+        "--dashboard-agent-grpc-port": _free_port(),
+        "--runtime-env-agent-port": _free_port(),
+        "--metrics-export-port": _free_port(),
+        "--ray-client-server-port": _free_port(),
+    }
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
     log = tmp_path / "ray-start.log"
     command = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1"]
     command += ["--num-cpus=2", "--include-dashboard=true", f"--dashboard-port={dashboard}", f"--temp-dir={temp}"]
-    command += ["--disable-usage-stats"]
+    command += ["--disable-usage-stats", *(f"{flag}={value}" for flag, value in own.items())]
     # A loaded machine starts the dashboard's modules slower than Ray's 30 s default allows.
     env = {**os.environ, "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "600"}
     with open(log, "wb") as sink:
