@@ -76,7 +76,8 @@ BAD = [
     (
         {"dataset": "femnist-digits", "attack-method": "dimitrov"},
         "attack-method",
-        "attack-method: dimitrov has hyperparameters for femnist, cifar100, not 'femnist-digits'",
+        "attack-method dimitrov cannot run on femnist-digits: dimitrov has hyperparameters for femnist, "
+        "cifar100, not 'femnist-digits'",
     ),
     ({"fraction-train": 0.0}, "fraction-train", "fraction-train must be in (0, 1]"),
     ({"fraction-train": 1.5}, "fraction-train", "fraction-train must be in (0, 1]"),

@@ -596,7 +596,9 @@ class RunSettings(AuditSettings, FederationSettings):
             try:
                 attack.check_dataset(self.dataset) if attack is not None else None
             except ValueError as exc:
-                raise ValueError(f"invalid run config: attack-method: {exc}") from None
+                raise ValueError(
+                    f"invalid run config: attack-method {method} cannot run on {self.dataset}: {exc}"
+                ) from None
         prior = [m for m in self.methods if getattr(ATTACKS.get(m.split("+")[0]), "uses_prior", False)]
         if prior or config.image_prior == "diffusion":
             from fl_attack.attacker.diffusion import check_prior
