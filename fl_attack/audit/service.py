@@ -20,7 +20,6 @@ Fault injection (tests) goes through ``hooks``: a callable called at each point 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import time
@@ -481,19 +480,13 @@ class AuditService:
 
     def keep_unwritten(self) -> None:
         """At shutdown: outcomes whose rows could still not be written go to unwritten-<n>.pt in the
-        run folder, one plain dict each (the reconstruction's images, labels, ... beside the outcome's
-        target, method and the rest), for a later look; a failure here is logged, not raised."""
+        run folder, one plain dict each (``AttackOutcome.plain``), for a later look; a failure here is
+        logged, not raised."""
         if not self.unwritten:
             return
-
-        def plain(outcome) -> dict:
-            rec = outcome.reconstruction
-            held = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)} if rec is not None else {}
-            return {**held, **{k: v for k, v in vars(outcome).items() if k != "reconstruction"}}
-
         try:
             path = self.folder / f"unwritten-{len(self.unwritten)}.pt"
-            save_torch_atomic(path, [plain(o) for o in self.unwritten])
+            save_torch_atomic(path, [o.plain() for o in self.unwritten])
             self.folder.event(f"{len(self.unwritten)} result(s) not written to attacks.csv; saved in {path.name}")
         except Exception as exc:
             log.error("%d attack result(s) could not be written at all: %s", len(self.unwritten), exc)

@@ -1,4 +1,5 @@
 """The audit's settings: what the honest-but-curious server attacks, how, and where it records it.
+(Over 600 lines: every audit key is parsed and checked here, once, by its one checker.)
 
 ``AuditSettings`` holds the audit's run-config keys, each parsed and checked here once: which rounds
 and clients are attacked (num-server-rounds, attack-rounds, attack-clients, attack-budget,

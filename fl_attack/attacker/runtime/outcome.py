@@ -9,7 +9,7 @@ server's memory) and the failed outcomes the pools and actors settle jobs with (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -167,6 +167,13 @@ class AttackOutcome:
             memory=job.memory.mode if job.memory is not None else "",
             **job.described(),
         )
+
+    def plain(self) -> dict:
+        """The outcome as one plain dict: its reconstruction's fields (images, labels, ...) beside its own
+        (target, method, status, ...), the outcome's winning where both have one (method)."""
+        rec = self.reconstruction
+        held = {f.name: getattr(rec, f.name) for f in fields(rec)} if rec is not None else {}
+        return {**held, **{k: v for k, v in vars(self).items() if k != "reconstruction"}}
 
     # What the reconstruction holds, read from it (None / NaN / [] for a failed job).
     @property
