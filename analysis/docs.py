@@ -7,14 +7,17 @@ Usage (from the project root):
     python -m analysis.docs demo-record RUN_DIR # copy a `make demo` run's record to docs/demo-record/, then demo-block
     python -m analysis.docs frontier            # docs/defenses.md's frontier block and figures, from docs/frontier/
     python -m analysis.docs frontier-record DIR # copy a study's DIR/frontier.csv to docs/frontier/, then frontier
-    python -m analysis.docs all                 # the two pages, the demo blocks and the frontier block
+    python -m analysis.docs trajectory          # docs/time-to-quality.md's trajectory block and its records
+    python -m analysis.docs records             # the tables of measured figures (analysis/docs_tables.py)
+    python -m analysis.docs all                 # every one of the above
 Add --check to any of them to compare instead of write: exit 1 naming each file that differs.
 
 run-config reads the settings dataclasses (their fields, types and the checks in their modules' source) and
 pyproject.toml's [tool.flwr.app.config] (defaults and comments); run-folder reads fl_attack.audit.runs;
 demo-block reads a run folder's summary.json (the verdict lines, the timings), config.json and rounds.csv;
 frontier reads docs/frontier/frontier.csv (analysis/frontier.py), and writes its figures beside it (only their
-text is compared: --check asks that they exist).
+text is compared: --check asks that they exist); records reads the CSV files each block names
+(analysis/docs_tables.py.BLOCKS).
 tests/test_docs.py fails when a committed page or block differs from what this writes.
 """
 
@@ -483,7 +486,18 @@ def outputs(what: str, record: Path = DEMO_RECORD, frontier: Path = FRONTIER_REC
         out[README] = with_blocks(readme, demo_blocks(ROOT / record))
     if what in ("trajectory", "all"):
         out.update(trajectory_outputs())
+    if what in ("records", "all"):
+        out.update(record_outputs())
     return out
+
+
+def record_outputs() -> dict[Path, str]:
+    """Each page of analysis.docs_tables.BLOCKS with its blocks written from their records."""
+    from .docs_tables import blocks
+
+    return {
+        page: with_blocks((ROOT / page).read_text(encoding="utf-8"), made, str(page)) for page, made in blocks().items()
+    }
 
 
 TIME_TO_QUALITY_PAGE = Path("docs/time-to-quality.md")
@@ -518,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             "demo-block",
             "demo-record",
             "trajectory",
+            "records",
             "frontier",
             "frontier-record",
             "all",

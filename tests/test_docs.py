@@ -51,6 +51,28 @@ def test_the_trajectory_table_and_its_records_are_current():
     assert "| dimitrov-T100 | 100 | m7-steps-400 | 7 | 400 |" in made[docs.TIME_TO_QUALITY_PAGE]
 
 
+def test_record_tables_are_their_records():
+    """Every table of analysis/docs_tables.py.BLOCKS on its page is what its records make: a figure edited
+    by hand, or a record changed without regenerating, fails here."""
+    from analysis import docs_tables
+
+    made = docs.record_outputs()
+    assert set(made) == set(docs_tables.BLOCKS)
+    for path, text in made.items():
+        assert (ROOT / path).read_text() == text, _stale(path, "records")
+
+
+def test_leakage_verdict_table_reads_its_record():
+    """The dated leakage page's verdict table holds the 2026-12-06 record's round 15 (mean of three writers:
+    2 of 16 recovered, 35% singled out, PSNR 1.44 dB under the guess), not the 2026-12-04 figures it
+    held by hand (2.7 / 42% / -2.2)."""
+    from analysis import docs_tables
+
+    block = docs_tables.leakage_verdict()
+    assert "| images recovered (of 16) | 7.7 |" in block and block.split("\n")[-3].endswith("| 2.0 |")
+    assert block.split("\n")[-2].endswith("| 35% |") and block.split("\n")[-1].endswith("| −1.4 |")
+
+
 def test_demo_block_holds_every_verdict_line():
     summary = json.loads((ROOT / docs.DEMO_RECORD / "summary.json").read_text())
     block = docs.demo_blocks(ROOT / docs.DEMO_RECORD)["demo"]
