@@ -16,9 +16,9 @@ from fl_attack.attacker.labels import (
     recover_counts,
     round_counts_on_support,
 )
+from fl_attack.audit.settings import RunSettings  # its owner; fl_attack.run_config no longer re-exports it
 from fl_attack.audit.victims import ground_truth
 from fl_attack.federation.update import load_update, read_update_index
-from fl_attack.run_config import RunSettings
 
 
 def accuracy(counts: np.ndarray, truth: np.ndarray) -> float:
