@@ -191,7 +191,62 @@ def leakage_paper_size() -> str:
     return _head(*records, page=LEAKAGE_PAGE) + "\n" + table
 
 
+# --- docs/defenses.md: the privacy-budget study of 2026-12-02 ------------------------------------------------
+
+DEFENSES_PAGE = Path("docs/defenses.md")
+PRIVACY_BUDGET = Path("docs/privacy-budget/defenses.csv")  # analysis.defenses --grid privacy, seed 0
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _epsilon(x: float) -> str:
+    """11.5, 586, 1,752, 5.5·10⁴ (from 10,000 on), '-' for none."""
+    if pd.isna(x):
+        return "-"
+    if x >= 1e4:
+        mantissa, exponent = f"{x:.1e}".split("e")
+        return f"{mantissa}·10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+    return f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def privacy_budget() -> str:
+    """One row per setting of defenses.csv: the ε spent (RDP, δ = 1e-5; local-dp: the most-spent client's),
+    the means over the ok memoryless attacks and the remembering server's PSNR, the final test accuracy."""
+    rows = _read(PRIVACY_BUDGET)
+    pct = lambda x: f"{100 * x:.1f}%"
+    table = _table(
+        [
+            "setting",
+            "defense",
+            "attacks ok",
+            "ε spent after 10 rounds (RDP, δ = 1e-5)",
+            "PI-SME PSNR (dB)",
+            "SSIM",
+            "LPIPS",
+            "label acc.",
+            "+memory PSNR",
+            "final test acc.",
+        ],
+        [
+            [
+                r.setting,
+                f"`{r.defense}`",
+                r.attacks,
+                _epsilon(r.epsilon),
+                f"{r.psnr:.2f}",
+                f"{r.ssim:.3f}",
+                f"{r.lpips:.3f}",
+                pct(r.label_accuracy),
+                f"{r.psnr_memory:.2f}",
+                pct(r.final_accuracy),
+            ]
+            for r in rows.itertuples()
+        ],
+    )
+    return _head(PRIVACY_BUDGET, page=DEFENSES_PAGE) + "\n" + table
+
+
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
+    DEFENSES_PAGE: {"privacy-budget": privacy_budget},
     LEAKAGE_PAGE: {
         "leakage-femnist": leakage_femnist,
         "leakage-verdict": leakage_verdict,

@@ -73,6 +73,17 @@ def test_leakage_verdict_table_reads_its_record():
     assert block.split("\n")[-2].endswith("| 35% |") and block.split("\n")[-1].endswith("| −1.4 |")
 
 
+def test_privacy_budget_table_reads_its_record():
+    """defenses.md's privacy-budget table has one row per setting of its record, its ε written as the page
+    reads it (central-dp z = 1: 11.5 spent after 10 rounds; z = 0.01: 5.5·10⁴)."""
+    from analysis import docs_tables
+
+    block = docs_tables.privacy_budget()
+    assert sum(line.startswith("|") for line in block.splitlines()) == 2 + 7  # header, rule, seven settings
+    assert "| central-dp-z1 | `central-dp(server,z=1,C=0.5)` | 12/12 | 11.5 | 10.52 |" in block
+    assert "| 5.5·10⁴ |" in block and docs_tables._epsilon(float("nan")) == "-"
+
+
 def test_demo_block_holds_every_verdict_line():
     summary = json.loads((ROOT / docs.DEMO_RECORD / "summary.json").read_text())
     block = docs.demo_blocks(ROOT / docs.DEMO_RECORD)["demo"]
