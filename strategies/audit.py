@@ -106,11 +106,12 @@ def audit(
     (run config server-test-samples is not read), the verdict's distractors the app's (or drawn from the
     public set), and, with no reader for it, the verdict leads with "singled out" and leaves its
     reader's columns NaN (recognized*, recovered*, guess_recovered; docs/audit-your-app.md, "Your own
-    data"). An attack that needs a diffusion prior is refused. normalize: (mean, std) per channel, the app's own input normalisation
-    (the attack reconstructs pixels in [0,1] and feeds the model what the app feeds it); None: the
-    dataset's (fl_attack.federation.data.get_spec). truth: partition id -> (images (k,C,H,W) in [0,1], labels
-    (k,)), that client's training images, for scoring; only the evaluator calls it, never the
-    attacker. None: the rows are recorded unscored (the reconstructions and their Lsim).
+    data"). An attack that needs a diffusion prior is refused. normalize: (mean, std) per channel, the
+    app's own input normalisation (the attack reconstructs pixels in [0,1] and feeds the model what
+    the app feeds it); None: the dataset's (fl_attack.federation.data.get_spec). truth: partition id
+    -> (images (k,C,H,W) in [0,1], labels (k,)), that client's training images, for scoring; only
+    the evaluator calls it, never the attacker. None: the rows are recorded unscored (the
+    reconstructions and their Lsim).
     The clients' replies must carry clients.mods.leakage_metadata's metrics. Raises ValueError,
     before any round, for an unknown attack-* key, bad settings, a model that breaks
     fl_attack.federation.models.check_model, a normalisation that does not fit the dataset, a truth

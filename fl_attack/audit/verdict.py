@@ -349,7 +349,8 @@ class Verdict:
         pool_mean = images.mean(0)
         central = images[int(pixel_l2(pool_mean[None], images).argmin())]
         # without a reader there is no reader's pick: an all-zero score picks each class's first image, dropped below
-        probs = torch.softmax(self._logits(images), 1) if self.has_reader else torch.zeros(len(images), self._num_classes)
+        zeros = torch.zeros(len(images), self._num_classes)
+        probs = torch.softmax(self._logits(images), 1) if self.has_reader else zeros
         means, medoids, picks = [], [], []
         for c in range(self._num_classes):
             of_c = images[labels == c]
@@ -733,11 +734,12 @@ def unread_line(row: dict) -> str:
     the best guess without the update: 3.1%); 'recovered' needs a reader (none for this dataset); PSNR
     15.1 dB, 1.9 dB under the guess"."""
     margin = _num(row, "psnr_margin")
+    side = "over" if margin >= 0 else "under"
     return (
         f"singled out {percent(_num(row, 'reidentified'))} of {int(_num(row, 'k'))} images (chance "
         f"{percent(_num(row, 'reid_chance'))}: update-free outputs under the same matching; the best guess without "
         f"the update: {percent(_num(row, 'guess_reidentified'))}); 'recovered' needs a reader (none for this "
-        f"dataset); PSNR {_num(row, 'psnr'):.1f} dB, {abs(margin):.1f} dB {'over' if margin >= 0 else 'under'} the guess"
+        f"dataset); PSNR {_num(row, 'psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
     )
 
 

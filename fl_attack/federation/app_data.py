@@ -97,10 +97,8 @@ def _checked(app: AppData, pair, what: str, least: int) -> tuple[torch.Tensor, t
             f"got {int(labels.min())}..{int(labels.max())}"
         )
     if len(images) < least:
-        raise ValueError(
-            f"{where} has {len(images)} images; the verdict needs at least {least} "
-            f"({'its guesses come from it' if what == 'public' else 'D distractors: the chance k/(k+D) grows as D shrinks'})"
-        )
+        why = "its guesses come from it" if what == "public" else "D distractors: the chance k/(k+D) grows as D shrinks"
+        raise ValueError(f"{where} has {len(images)} images; the verdict needs at least {least} ({why})")
     return images.float().contiguous(), labels.long()
 
 
