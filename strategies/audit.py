@@ -28,6 +28,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fl_attack.audit.service import AuditService, new_run_folder
 from fl_attack.audit.settings import RunSettings, audit_run_config
+from fl_attack.federation.app_data import AppData, register_app_data
 from fl_attack.federation.data import get_spec
 from fl_attack.federation.models import check_model, with_input_normalization
 from fl_attack.federation.update import AttackTarget, ObservedUpdate, TrainingMetadata
@@ -87,7 +88,7 @@ def audit(
     context,
     *,
     model,
-    dataset: str,
+    dataset: str | AppData,
     normalize: tuple | None = None,
     truth: Callable[[int], tuple] | None = None,
 ) -> AuditedStrategy:
@@ -98,17 +99,29 @@ def audit(
     results-dir, run-name, record-updates, server-test-samples), the app's own keys are not.
     model: the victims' architecture: the app's nn.Module class or factory (called with no
     arguments), or a model. dataset: a registered dataset ("cifar100", "femnist", "femnist-digits";
-    fl_attack.federation.data.DATASETS): the images' shape (3x32x32, 1x28x28), classes and public pool.
-    normalize: (mean, std) per channel, the app's own input normalisation
-    (the attack reconstructs pixels in [0,1] and feeds the model what the app feeds it); None: the
-    dataset's (fl_attack.federation.data.get_spec). truth: partition id -> (images (k,C,H,W) in [0,1], labels
-    (k,)), that client's training images, for scoring; only the evaluator calls it, never the
-    attacker. None: the rows are recorded unscored (the reconstructions and their Lsim).
+    fl_attack.federation.data.DATASETS): the images' shape (3x32x32, 1x28x28), classes and public pool;
+    or the app's own data, ``fl_attack.federation.app_data.AppData`` (its name, (C,H,W), class count, a
+    public set (images float (P,C,H,W) in [0,1], labels (P,)) and optionally distractors), registered
+    under its name (``register_app_data``): the server's public pool is then the app's public set
+    (run config server-test-samples is not read), the verdict's distractors the app's (or drawn from the
+    public set), and, with no reader for it, the verdict leads with "singled out" and leaves its
+    reader's columns NaN (recognized*, recovered*, guess_recovered; docs/audit-your-app.md, "Your own
+    data"). An attack that needs a diffusion prior is refused. normalize: (mean, std) per channel, the
+    app's own input normalisation (the attack reconstructs pixels in [0,1] and feeds the model what
+    the app feeds it); None: the dataset's (fl_attack.federation.data.get_spec). truth: partition id
+    -> (images (k,C,H,W) in [0,1], labels (k,)), that client's training images, for scoring; only
+    the evaluator calls it, never the attacker. None: the rows are recorded unscored (the
+    reconstructions and their Lsim).
     The clients' replies must carry clients.mods.leakage_metadata's metrics. Raises ValueError,
     before any round, for an unknown attack-* key, bad settings, a model that breaks
     fl_attack.federation.models.check_model, a normalisation that does not fit the dataset, a truth
-    that does not give float (k,C,H,W) images in [0,1] (``check_truth``), or a run-name taken.
+    that does not give float (k,C,H,W) images in [0,1] (``check_truth``), a run-name taken, or an
+    AppData that ``register_app_data`` refuses (shapes, ranges, labels outside 0..num_classes-1, fewer
+    than 100 public images or distractors).
     """
+    app = dataset if isinstance(dataset, AppData) else None
+    if app is not None:  # checked and registered before anything reads the registry
+        dataset = register_app_data(app).name
     audit_keys = audit_run_config(context.run_config)
     known = {f.name.replace("_", "-") for f in fields(RunSettings)}
     unknown = sorted(k for k in audit_keys if k not in known)
@@ -139,18 +152,40 @@ def audit(
                 "model": f"{type(victim).__module__}.{type(victim).__qualname__}",
                 "normalize": [list(v) if isinstance(v, (tuple, list)) else v for v in normalize] if normalize else None,
                 "scored": truth is not None,
+                "app_data": None if app is None else _app_record(app),
             },
         }
     )
     print(f"fl-attack: leakage record in {folder}", flush=True)
+    if app is not None:
+        print(
+            f"fl-attack: {dataset} is the app's own data, with no reader trained for it: the verdict leads with "
+            "'singled out'; 'recovered' needs a reader (its columns stay empty)",
+            flush=True,
+        )
     service = AuditService(
         settings,
         folder,
-        test_set=settings.server_test_set(),
+        test_set=settings.server_test_set() if app is None else app.public_set(),
         truth=None if truth is None else _concatenated(truth),
         model=victim,
     )
     return AuditedStrategy(strategy, service)
+
+
+def _app_record(app: AppData) -> dict:
+    """config.json's account of an app's own data: its shape, classes, sizes and statistics."""
+    spec = get_spec(app.name)
+    return {
+        "name": spec.name,
+        "image_shape": list(spec.image_shape),
+        "num_classes": spec.num_classes,
+        "public": len(app.public[1]),
+        "distractors": "drawn from the public set" if app.distractors is None else len(app.distractors[1]),
+        "mean": list(spec.mean),
+        "std": list(spec.std),
+        "reader": None,
+    }
 
 
 def check_truth(truth: Callable[[int], tuple], dataset: str, partition_id: int = 0) -> None:

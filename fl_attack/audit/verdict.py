@@ -198,6 +198,9 @@ class Verdict:
                 )
         self._num_classes = spec.num_classes
         self._psnr_recovered_db = spec.psnr_recovered_db
+        # no reader (an app's own data, DatasetSpec.reader_epochs 0, none given): "singled out" leads, and
+        # "recognized"/"recovered" are NaN (a reader's columns; ``score``)
+        self.has_reader = self.reader is not None or spec.reader_epochs > 0
         self._distractor_prints = _fingerprints(self.distractors)
         self._public_prints = _fingerprints(self.public_images)
         self._warned: set = set()
@@ -255,7 +258,10 @@ class Verdict:
     def warn_reader_overlap(self, truth: torch.Tensor, client_id: str = "") -> int:
         """How many of a client's originals ``truth`` (k,C,H,W) in [0,1] the reader trained on, by
         fingerprint (``fl_attack.audit.overlap.reader_overlap``); the first time in a run that any is,
-        one warning names the count (its ``recognized`` is then optimistic). ValueError for bad images."""
+        one warning names the count (its ``recognized`` is then optimistic); 0 without a reader (or with a
+        reader the app gave, whose training set the verdict cannot see). ValueError for bad images."""
+        if not self.has_reader or get_spec(self.dataset).reader_epochs == 0:
+            return 0
         count = reader_overlap(truth, self.dataset)
         if count and ("reader training set",) not in self._warned:
             self._warned.add(("reader training set",))
@@ -342,7 +348,9 @@ class Verdict:
         images, labels = self.public_images[keep].float(), self.public_labels[keep]
         pool_mean = images.mean(0)
         central = images[int(pixel_l2(pool_mean[None], images).argmin())]
-        probs = torch.softmax(self._logits(images), 1)
+        # without a reader there is no reader's pick: an all-zero score picks each class's first image, dropped below
+        zeros = torch.zeros(len(images), self._num_classes)
+        probs = torch.softmax(self._logits(images), 1) if self.has_reader else zeros
         means, medoids, picks = [], [], []
         for c in range(self._num_classes):
             of_c = images[labels == c]
@@ -355,7 +363,8 @@ class Verdict:
             means.append(of_c.mean(0))
             medoids.append(of_c[int(ssim_distance(of_c, of_c).sum(1).argmin())])
         out = {"pool mean": pool_mean, "class mean": torch.stack(means), "class medoid": torch.stack(medoids)}
-        out["reader's pick"] = torch.stack(picks)
+        if self.has_reader:
+            out["reader's pick"] = torch.stack(picks)
         self._picks[key] = out
         return out
 
@@ -372,7 +381,7 @@ class Verdict:
             keep = torch.tensor([p not in own for p in self._public_prints])
         picks = self._class_picks(keep)
         out = {"pool mean": picks["pool mean"].expand(len(labels), *picks["pool mean"].shape).clone()}
-        out.update({name: picks[name][labels] for name in GUESSES[1:]})
+        out.update({name: picks[name][labels] for name in GUESSES[1:] if name in picks})  # no reader: no pick
         return out
 
     def noise(self, k: int, draw: int) -> torch.Tensor:
@@ -406,9 +415,12 @@ class Verdict:
         truth = truth.float().cpu()
         candidates = self.candidates(truth) if candidates is None else candidates
         singled = self.singled_out(matched, candidates)
-        read = self._read(matched.clamp(0, 1))
-        read_truth = self._read(truth) if read_truth is None else read_truth
         labels = torch.as_tensor(truth_labels).long().cpu()
+        if not self.has_reader:  # nothing reads the images: class -1, never recognized nor recovered (score: NaN)
+            read = read_truth = torch.full((len(matched),), -1, dtype=torch.long)
+        else:
+            read = self._read(matched.clamp(0, 1))
+            read_truth = self._read(truth) if read_truth is None else read_truth
         return {
             "singled": singled,
             "read": read,
@@ -572,6 +584,19 @@ class Verdict:
             "recovered_curve": json.dumps({str(it): n for it, n in curve.items()}) if curve else "",
             "count_trend": trend,
             "guess_psnr_recovered": best("psnr_recovered"),
+        } | ({} if self.has_reader else self._unread(per_guess))
+
+    @staticmethod
+    def _unread(per_guess: dict) -> dict:
+        """The columns a reader gives, NaN (and the count's curve empty) for a verdict without one, and
+        each guess's recognized/recovered NaN in ``guesses``: singled out and its chance stand alone."""
+        reader_columns = ("recovered", "recovered_low", "recovered_high", "guess_recovered", "recognized")
+        reader_columns += ("recognized_low", "recognized_high", "recognized_truth", "recognized_guess")
+        unread = {n: {**g, "recognized": math.nan, "recovered": math.nan} for n, g in per_guess.items()}
+        return {c: math.nan for c in reader_columns} | {
+            "guesses": json.dumps({n: {c: round(v, 6) for c, v in g.items()} for n, g in unread.items()}),
+            "recovered_curve": "",
+            "count_trend": "",
         }
 
     # ------------------------------------------------------------------------------- the evidence
@@ -675,6 +700,8 @@ def verdict_line(row: dict) -> str:
     15.1 dB, 1.9 dB under the guess". Rows without a verdict (failed, or written before it existed)
     say so; rows written before the intervals leave them out."""
     k, recovered = _num(row, "k"), _num(row, "recovered")
+    if math.isfinite(k) and not math.isfinite(recovered) and math.isfinite(_num(row, "reidentified")):
+        return unread_line(row)  # a verdict without a reader (an app's own data): singled out leads
     if not (math.isfinite(k) and math.isfinite(recovered)):
         status = row.get("status") or "no verdict"
         return f"no verdict ({status}{': ' + str(row['error']) if row.get('error') else ''})"
@@ -698,6 +725,21 @@ def verdict_line(row: dict) -> str:
         f"{percent(_num(row, 'recognized_truth'))} of the originals, {percent(_num(row, 'recognized_guess'))} "
         f"of the best guess); PSNR {_num(row, 'psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
         + _trend_words(row)
+    )
+
+
+def unread_line(row: dict) -> str:
+    """The verdict of a row scored without a reader (an app's own data: no reader trained for it), led by
+    singled out: "singled out 28% of 32 images (chance 4.1%: update-free outputs under the same matching;
+    the best guess without the update: 3.1%); 'recovered' needs a reader (none for this dataset); PSNR
+    15.1 dB, 1.9 dB under the guess"."""
+    margin = _num(row, "psnr_margin")
+    side = "over" if margin >= 0 else "under"
+    return (
+        f"singled out {percent(_num(row, 'reidentified'))} of {int(_num(row, 'k'))} images (chance "
+        f"{percent(_num(row, 'reid_chance'))}: update-free outputs under the same matching; the best guess without "
+        f"the update: {percent(_num(row, 'guess_reidentified'))}); 'recovered' needs a reader (none for this "
+        f"dataset); PSNR {_num(row, 'psnr'):.1f} dB, {abs(margin):.1f} dB {side} the guess"
     )
 
 
@@ -728,8 +770,16 @@ def verdict_summary(rows: list[dict]) -> dict:
         key=lambda r: (r["round"] or 0, r["partition_id"] if r["partition_id"] is not None else -1, r["method"])
     )
     lines = [f"round {r['round']}, {whose(r)}, {r['method']}: {verdict_line(r)}" for r in scored]
+    unread = [r for r in scored if not math.isfinite(_num(r, "recovered"))]  # no reader: no count to add up
+    if unread:
+        singled = sum(round(_num(r, "reidentified") * int(r["k"])) for r in unread)
+        lines.append(
+            f"in all: {singled} of {sum(int(r['k']) for r in unread)} attacked images singled out by "
+            f"{len(unread)} attack(s); 'recovered' needs a reader, and none is trained for this dataset"
+        )
+    counted = [r for r in scored if r not in unread]
     held = {}
-    for r in scored:
+    for r in counted:
         if r.get("memory"):
             held[(r["partition_id"], r["method"])] = r  # the last round's, rows in round order
     lines += [
@@ -737,7 +787,7 @@ def verdict_summary(rows: list[dict]) -> dict:
         f"after round {r['round']}"
         for (_, method), r in held.items()
     ]
-    memoryless = [r for r in scored if not r.get("memory")]
+    memoryless = [r for r in counted if not r.get("memory")]
     if memoryless:
         recovered, images = sum(int(r["recovered"]) for r in memoryless), sum(int(r["k"]) for r in memoryless)
         budget = "/".join(str(i) for i in sorted({r["iterations"] for r in memoryless}))

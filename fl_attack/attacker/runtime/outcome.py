@@ -18,6 +18,8 @@ from fl_attack.attacker.attacks import ATTACKS, AttackConfig, schedule_name
 from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, MemoryInputs
 from fl_attack.attacker.rule import for_update
+from fl_attack.federation.app_data import app_spec
+from fl_attack.federation.pools import DatasetSpec
 from fl_attack.federation.update import AttackTarget, ObservedUpdate
 
 RESUBMITS = 1  # a job whose worker died under it is resubmitted this many times, then recorded as failed
@@ -45,8 +47,12 @@ class AttackJob:
     with_memoryless: bool = False  # a "+memory" job that also yields its METHOD's memoryless row (``outcomes``)
     # the other jobs run with this one as one reconstruct_batch (Pipeline, ``batch_key``); () alone
     batch: tuple = ()
+    # an app's own dataset (fl_attack.federation.app_data), which a worker in another process registers first
+    dataset_spec: DatasetSpec | None = None
 
     def __post_init__(self):
+        if self.update is not None and self.dataset_spec is None:
+            self.dataset_spec = app_spec(self.update.metadata.dataset)
         # the settings the audit's rule picks (config.auto) are chosen here, from the update's metadata, so
         # that every worker, batch key and row sees the attack that runs (fl_attack.attacker.rule)
         if self.update is not None:

@@ -22,6 +22,7 @@ from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.memory import MEMORY_SUFFIX, attack_with_memory
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.runtime.outcome import AttackJob, AttackOutcome
+from fl_attack.federation.app_data import ensure_registered
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def run_job(job: AttackJob, device: str = "auto", callback=None) -> AttackOutcom
     start = time.perf_counter()
     node, worker = where_am_i()
     try:
+        if job.dataset_spec is not None:  # an app's own dataset: the server's process registered it, this one may not
+            ensure_registered(job.dataset_spec)
         options = dict(
             config=job.config,
             device=device,
