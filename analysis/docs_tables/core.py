@@ -64,13 +64,13 @@ def records_table(
     rows: list | None = None,
 ) -> str:
     """The block of ``page`` whose rows are ``records``' rows (concatenated; each row's file stem in the
-    column ``record``), kept by ``where`` (a mask of the frame), or with ``by`` their groups, in first-seen
-    order or those of ``rows`` (group keys) in its order. Each column is (header, cell): the cell is a
-    function of the row (a Series) or of the group (a frame).
+    column ``record``, its folder's name in ``folder``), kept by ``where`` (a mask of the frame), or with
+    ``by`` their groups, in first-seen order or those of ``rows`` (group keys) in its order. Each column is
+    (header, cell): the cell is a function of the row (a Series) or of the group (a frame).
 
     Raises ValueError when a key of ``rows`` has no rows, or nothing is left."""
     records = [records] if isinstance(records, Path) else records
-    frame = pd.concat([_read(r).assign(record=r.stem) for r in records], ignore_index=True)
+    frame = pd.concat([_read(r).assign(record=r.stem, folder=r.parent.name) for r in records], ignore_index=True)
     if where is not None:
         frame = frame[where(frame)]
     if by is None:
