@@ -16,19 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import audit, federations, leakage, results, verdict
+from . import audit, federations, leakage, quality, results, verdict
 from .leakage import _epsilon, leakage_verdict, privacy_budget
 
 __all__ = ["BLOCKS", "blocks", "leakage_verdict", "privacy_budget", "_epsilon"]
 
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {}
-for _module in (
-    leakage,
-    federations,
-    verdict,
-    audit,
-    results,
-):  # each module's {page: {block: function}}, pages shared or not
+_MODULES = (leakage, federations, verdict, audit, results, quality)  # each: {page: {block: function}}
+for _module in _MODULES:
     for _page, _made in _module.BLOCKS.items():
         BLOCKS.setdefault(_page, {}).update(_made)
 
