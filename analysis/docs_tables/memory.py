@@ -82,3 +82,60 @@ def _db(x: float) -> str:
 
 
 BLOCKS = {PAGE: {"memory-over-rounds": memory_over_rounds, "memory-joint": memory_joint, "memory-cost": memory_cost}}
+
+
+def _span(values) -> str:
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def _federation(folder: str, lpips: bool, who: str = "writer"):
+    """Per tracked client of one remembering-server federation's attacks.csv: round 1's PSNR, the memoryless
+    attack's range over rounds 2–15 and at round 15, the remembering server's (one figure when it held one
+    estimate), their gap at round 15, the mean label accuracies, and optionally both LPIPS at round 15."""
+    record = RECORDS / folder / "attacks.csv"
+
+    def make() -> str:
+        frame = _read(record)
+        frame = frame[frame["status"] == "ok"]
+        last = int(frame["round"].max())
+        rows = []
+        for partition, mine in frame.groupby("partition_id"):
+            alone = mine[mine["method"] == "pisme"].set_index("round")
+            kept = mine[mine["method"] == "pisme+memory"].set_index("round")
+            row = [
+                str(partition),
+                f"{alone.loc[1, 'psnr']:.2f}",
+                _span(alone.loc[2:, "psnr"]),
+                f"{alone.loc[last, 'psnr']:.2f}",
+                _span(kept["psnr"]),
+                f"{kept.loc[last, 'psnr'] - alone.loc[last, 'psnr']:+.2f}",
+                f"{alone['label_accuracy'].mean():.2f} / {kept['label_accuracy'].mean():.2f}",
+            ]
+            if lpips:
+                row.append(f"{alone.loc[last, 'lpips']:.3f} / {kept.loc[last, 'lpips']:.3f}")
+            rows.append(row)
+        header = [
+            who,
+            "round 1",
+            f"memoryless, rounds 2–{last}",
+            f"memoryless round {last}",
+            f"`+memory`, every round 1–{last}",
+            f"gap at round {last}",
+            f"label acc. memoryless / `+memory` (mean 1–{last})",
+        ]
+        if lpips:
+            header.append(f"LPIPS at round {last}, memoryless / `+memory`")
+        return _head(record, page=PAGE) + "\n" + _table(header, rows)
+
+    return make
+
+
+BLOCKS[PAGE].update(
+    {
+        "memory-seed1": _federation("seed1", lpips=False),
+        "memory-seed1-keep-aux": _federation("seed1/keep-aux", lpips=True),
+        "memory-seed0-keep-aux": _federation("seed0-keep-aux", lpips=True),
+        "memory-cifar100": _federation("cifar100-keep-aux", lpips=True, who="client"),
+    }
+)
