@@ -95,6 +95,16 @@ def test_real_federations_verdict_table_reads_its_records():
     assert "| momentum 0.9 | 10 | +0.76 dB, 5/5 | +0.32 dB, 4/5 | 23.4 |" in federations.client_optimizers()
 
 
+def test_records_table_names_the_group_its_record_lacks():
+    """A declarative table asked for a run its record does not hold says which, before writing anything."""
+    from analysis.docs_tables import core, federations
+
+    with pytest.raises(ValueError, match="no rows of run"):
+        core.records_table(
+            federations.PAGE, federations.STUDY, [("run", core.value("run"))], by="run", rows=["paper", "no-such-run"]
+        )
+
+
 def test_demo_block_holds_every_verdict_line():
     summary = json.loads((ROOT / docs.DEMO_RECORD / "summary.json").read_text())
     block = docs.demo_blocks(ROOT / docs.DEMO_RECORD)["demo"]
