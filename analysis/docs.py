@@ -8,7 +8,7 @@ Usage (from the project root):
     python -m analysis.docs frontier            # docs/defenses.md's frontier block and figures, from docs/frontier/
     python -m analysis.docs frontier-record DIR # copy a study's DIR/frontier.csv to docs/frontier/, then frontier
     python -m analysis.docs trajectory          # docs/time-to-quality.md's trajectory block and its records
-    python -m analysis.docs records             # the tables of measured figures (analysis/docs_tables.py)
+    python -m analysis.docs records             # the tables of measured figures (analysis/docs_tables/)
     python -m analysis.docs all                 # every one of the above
 Add --check to any of them to compare instead of write: exit 1 naming each file that differs.
 
@@ -17,7 +17,7 @@ pyproject.toml's [tool.flwr.app.config] (defaults and comments); run-folder read
 demo-block reads a run folder's summary.json (the verdict lines, the timings), config.json and rounds.csv;
 frontier reads docs/frontier/frontier.csv (analysis/frontier.py), and writes its figures beside it (only their
 text is compared: --check asks that they exist); records reads the CSV files each block names
-(analysis/docs_tables.py.BLOCKS).
+(analysis/docs_tables BLOCKS).
 tests/test_docs.py fails when a committed page or block differs from what this writes.
 """
 

@@ -52,7 +52,7 @@ def test_the_trajectory_table_and_its_records_are_current():
 
 
 def test_record_tables_are_their_records():
-    """Every table of analysis/docs_tables.py.BLOCKS on its page is what its records make: a figure edited
+    """Every table of analysis/docs_tables BLOCKS on its page is what its records make: a figure edited
     by hand, or a record changed without regenerating, fails here."""
     from analysis import docs_tables
 
@@ -82,6 +82,27 @@ def test_privacy_budget_table_reads_its_record():
     assert sum(line.startswith("|") for line in block.splitlines()) == 2 + 7  # header, rule, seven settings
     assert "| central-dp-z1 | `central-dp(server,z=1,C=0.5)` | 12/12 | 11.5 | 10.52 |" in block
     assert "| 5.5·10⁴ |" in block and docs_tables._epsilon(float("nan")) == "-"
+
+
+def test_real_federations_verdict_table_reads_its_records():
+    """real-federations.md's verdict table sums the paper run's rerun record (30 and 32 of its 48 images,
+    not the 32 and 34 of the run before it that the page once kept), and its optimizer table pairs the
+    aware and naive attacks of one update (momentum at T=10, seed 0: aware ahead on all 5 victims)."""
+    from analysis.docs_tables import federations
+
+    verdict = federations.federations_verdict()
+    assert "| 30 of 48, 83%, +5.5 dB | 32 of 48, 85%, +5.3 dB |" in verdict
+    assert "| momentum 0.9 | 10 | +0.76 dB, 5/5 | +0.32 dB, 4/5 | 23.4 |" in federations.client_optimizers()
+
+
+def test_records_table_names_the_group_its_record_lacks():
+    """A declarative table asked for a run its record does not hold says which, before writing anything."""
+    from analysis.docs_tables import core, federations
+
+    with pytest.raises(ValueError, match="no rows of run"):
+        core.records_table(
+            federations.PAGE, federations.STUDY, [("run", core.value("run"))], by="run", rows=["paper", "no-such-run"]
+        )
 
 
 def test_demo_block_holds_every_verdict_line():
