@@ -142,6 +142,7 @@ def test_a_batch_that_times_out_fails_each_of_its_jobs():
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # 32 s; CI keeps the batch's path: test_a_batch_crosses_to_a_worker_process_and_back
 def test_a_batched_federation_and_its_replay_give_the_unbatched_rows(tmp_path, float64, capsys):
     from fl_attack.cli import main
     from strategies.server_app import write_run_config

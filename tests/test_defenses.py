@@ -349,6 +349,7 @@ def _check_run(proc, run, defense: str):
 
 
 @pytest.mark.runtime
+@pytest.mark.slow  # 68 s; CI keeps SecAgg+ in process (the two secagg tests above) and flwr run in test_e2e_federation
 def test_secagg_federation_from_the_run_config_alone(tmp_path):
     proc, run = launch(tmp_path, 'defense="secagg"')
     _, rows = _check_run(proc, run, "secagg")

@@ -246,6 +246,7 @@ def test_a_federation_records_the_memoryless_and_the_remembering_rows(memory_run
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # 32 s; CI keeps the memory's path: the federation's rows (memory_run) and keep's best fit
 def test_a_replay_reproduces_the_memory_and_none_reproduces_todays_rows(memory_run, tmp_path):
     folder, _, _ = memory_run
     run = tmp_path / "run"

@@ -88,6 +88,7 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
 
 
 @pytest.mark.runtime
+@pytest.mark.slow  # 29 s; CI keeps worker processes against this process: test_workers.py
 def test_local_worker_processes_reproduce_this_process_rows_exactly(run_dir):
     """--workers 2 (spawned processes, --threads 1 each) gives the rows --workers 0 gives, apart from
     the time and where it ran, and the run's own scores."""
