@@ -30,9 +30,9 @@ class Column:
     name: the header's. kind: int, float or str (analysis/load.py reads the first two as numbers; node_id
     and client_id are text: Flower node ids are 64-bit and would lose digits as floats). doc: what it
     holds, one line (docs/run-folder.md is made from it). source (attacks.csv): who gives an attack
-    row the value (``fl_attack.audit.evaluator.attack_row`` / ``Evaluator.record``): ``TARGET`` (the
+    row the value (``fl_attack.evaluation.evaluator.attack_row`` / ``Evaluator.record``): ``TARGET`` (the
     ``AttackTarget``'s attribute), ``OUTCOME`` (the ``AttackOutcome``'s field), ``SCORE`` (the evaluator's
-    metrics), ``VERDICT`` (``fl_attack.audit.verdict.VERDICT_COLUMNS``) or ``EVALUATOR`` (the evaluator
+    metrics), ``VERDICT`` (``fl_attack.evaluation.verdict.VERDICT_COLUMNS``) or ``EVALUATOR`` (the evaluator
     or its caller). attribute: the name of that attribute or field where it is not the column's own.
     default: the value of a row not given it (None: an empty cell). required: ``attack_row`` refuses
     a row without it.
@@ -196,7 +196,7 @@ ATTACK_SCHEMA: tuple[Column, ...] = (
     Column("parameters", int, "the update's floating-point entries: the equations the attack has", OUTCOME),
     Column("unknowns", int, "the client's pixels k*C*H*W: what it must recover", OUTCOME),
     Column("optimizer", str, 'the client\'s optimizer, e.g. "momentum 0.9, weight decay 0.0005"', OUTCOME, default=""),
-    # The verdict (fl_attack.audit.verdict, docs/verdict.md); empty for a failed attack or an older run.
+    # The verdict (fl_attack.evaluation.verdict, docs/verdict.md); empty for a failed attack or an older run.
     Column("k", int, "the client's images (the attacked samples)", VERDICT),
     Column("recovered", int, "of the k: singled out and read by the reader as their original is", VERDICT),
     Column("recovered_low", int, "its exact 95% interval over the k images (Clopper-Pearson), low end", VERDICT),
@@ -287,7 +287,7 @@ FOLDER_FILES: dict[str, str] = {
     "why, the backlog and lag, excluded updates, resumes (``event``)",
     "rounds.csv": "one row per finished round (``ROUNDS``, columns below)",
     "attacks.csv": "one row per attack, the leakage record and the verdict (``ATTACKS``, columns below; "
-    "fl_attack.audit.evaluator.attack_row)",
+    "fl_attack.evaluation.evaluator.attack_row)",
     "images/round-R/METHOD/client-P.png": "every original over its matched reconstruction, in bands of 16 pairs",
     "images/round-R/METHOD/client-P-evidence.png": "a few singled-out images: the reconstruction, its own original "
     "and the nearest other candidate, with their 1 - SSIM (``evidence_path``; docs/verdict.md)",
@@ -331,7 +331,7 @@ def whose(row) -> str:
 
 def evidence_path(image: str | Path) -> Path:
     """The evidence picture beside a row's grid (its ``image``, relative to the run folder):
-    images/round-R/METHOD/NAME.png -> images/round-R/METHOD/NAME-evidence.png (fl_attack.audit.images
+    images/round-R/METHOD/NAME.png -> images/round-R/METHOD/NAME-evidence.png (fl_attack.evaluation.images
     .save_evidence; drawn by the evaluator when the verdict singles some image out)."""
     image = Path(image)
     return image.with_name(f"{image.stem}-evidence.png")

@@ -16,7 +16,7 @@ from fl_attack.attacker.labels import (
     recover_counts,
     round_counts_on_support,
 )
-from fl_attack.audit.victims import ground_truth
+from fl_attack.evaluation.victims import ground_truth
 from fl_attack.federation.update import load_update, read_update_index
 from fl_attack.run_config import RunSettings
 
