@@ -15,16 +15,16 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from fl_attack.audit.runs import percent, whose
-from fl_attack.audit.stats import interval
+from fl_attack.evaluation.stats import interval
+from fl_attack.schema import percent, whose
 
 from .load import Run
 
-# The verdict first (fl_attack.audit.verdict: recovered / k, the fraction singled out, PSNR over the guess).
+# The verdict first (fl_attack.evaluation.verdict: recovered / k, the fraction singled out, PSNR over the guess).
 METRICS = ("recovered_fraction", "reidentified", "psnr_margin", "psnr", "ssim", "fsim", "lpips", "lsim_honest")
 METRICS += ("label_accuracy",)
 STATS = ("mean", "median", "ci95_low", "ci95_high")
-# The range each metric can take (fl_attack/audit/metrics.py; lsim is a cosine dissimilarity, attacks/base.py).
+# The range each metric can take (fl_attack/evaluation/metrics.py; lsim is a cosine dissimilarity, attacks/base.py).
 # Intervals are clipped to it.
 METRIC_RANGES = {
     "recovered_fraction": (0.0, 1.0),
@@ -234,7 +234,7 @@ def per_client(attacks: pd.DataFrame) -> pd.DataFrame:
 
     Output columns PER_CLIENT_COLUMNS: rounds_attacked (distinct rounds with an attack row, failed
     included), n_ok, n_failed, first_round/last_round attacked, k and the images recovered in the
-    first/last attacked round and at most (fl_attack.audit.verdict), psnr mean/min/max over ok rows,
+    first/last attacked round and at most (fl_attack.evaluation.verdict), psnr mean/min/max over ok rows,
     psnr_first/psnr_last: mean ok psnr in the first/last attacked round (NaN when that attack failed).
     """
     rows = []
@@ -419,7 +419,7 @@ def summary_table(run: Run) -> pd.DataFrame:
     """One row per (method, defense, labels) group of the run's attacks: SUMMARY_COLUMNS.
 
     rounds_attacked: distinct rounds with an attack row (failed included); recovered / images /
-    guess_recovered: the verdict's counts summed over the ok attacks that have one (fl_attack.audit.verdict),
+    guess_recovered: the verdict's counts summed over the ok attacks that have one (fl_attack.evaluation.verdict),
     reidentified_mean, reid_chance_mean, psnr_margin_mean their means, guess_*_mean the floor's
     scores beside PSNR, SSIM and LPIPS; psnr_first/psnr_last:
     mean ok PSNR in the first/last attacked round (NaN when none was ok); psnr_mean/psnr_best:
@@ -515,7 +515,7 @@ def summary_sentences(run: Run, threshold: float = 20.0) -> list[str]:
 
 
 def verdict_sentence(attacks: pd.DataFrame, method: str) -> str | None:
-    """The verdict of one method's ok attacks (fl_attack.audit.verdict) in a reader's words, None when no
+    """The verdict of one method's ok attacks (fl_attack.evaluation.verdict) in a reader's words, None when no
     row has one (an older run). A remembering server's rows (METHOD+memory) say what it holds at the
     end for each tracked client; the others sum the images recovered over the attacks."""
     ok = _ok(attacks[attacks["method"] == method])

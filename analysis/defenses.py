@@ -168,7 +168,7 @@ def summarize(run_dirs: list[Path], settings: list[str]) -> pd.DataFrame:
             "parameters": json.dumps({k: v for k, v in defense.get("parameters", {}).items()}),
             "attacks": f"{int((~remembered).sum())}/{len(memoryless)}",
         }
-        judged = ok.loc[~remembered & ok["recovered"].notna()]  # the verdict (fl_attack.audit.verdict)
+        judged = ok.loc[~remembered & ok["recovered"].notna()]  # the verdict (fl_attack.evaluation.verdict)
         row["recovered"] = float(judged["recovered"].sum()) if len(judged) else math.nan
         row["images"] = float(judged["k"].sum()) if len(judged) else math.nan
         for metric in ("reidentified", "psnr_margin", "psnr", "ssim", "lpips", "label_accuracy"):

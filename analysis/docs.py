@@ -13,7 +13,7 @@ Usage (from the project root):
 Add --check to any of them to compare instead of write: exit 1 naming each file that differs.
 
 run-config reads the settings dataclasses (their fields, types and the checks in their modules' source) and
-pyproject.toml's [tool.flwr.app.config] (defaults and comments); run-folder reads fl_attack.audit.runs;
+pyproject.toml's [tool.flwr.app.config] (defaults and comments); run-folder reads fl_attack.schema;
 demo-block reads a run folder's summary.json (the verdict lines, the timings), config.json and rounds.csv;
 frontier reads docs/frontier/frontier.csv (analysis/frontier.py), and writes its figures beside it (only their
 text is compared: --check asks that they exist); records reads the CSV files each block names
@@ -267,7 +267,7 @@ def run_config_page(root: Path = ROOT) -> str:
 
 def run_folder_page() -> str:
     """docs/run-folder.md's text."""
-    from fl_attack.audit import runs
+    from fl_attack import schema as runs
     from fl_attack.federation.update import UPDATE_INDEX_COLUMNS
 
     out = [
@@ -276,7 +276,8 @@ def run_folder_page() -> str:
         _generated("run-folder"),
         "",
         "Every run writes `results/<run-name>/` (`results-dir` sets the root; `RunFolder` in "
-        "[fl_attack/audit/runs.py](../fl_attack/audit/runs.py) reads and writes it). Each CSV row is "
+        "[fl_attack/audit/run_folder.py](../fl_attack/audit/run_folder.py) reads and writes it; its files and "
+        "columns below are defined in [fl_attack/schema.py](../fl_attack/schema.py)). Each CSV row is "
         "appended atomically as soon as it exists, so an interrupted run keeps everything already computed.",
         "",
         "| file | what |",

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_attack.audit.runs import ATTACK_COLUMNS, ATTACKS, ROUND_COLUMNS, ROUNDS, numeric
+from fl_attack.schema import ATTACK_COLUMNS, ATTACKS, ROUND_COLUMNS, ROUNDS, numeric
 
-# The run folder's typed schema (fl_attack.audit.runs): the writers' and this reader's one column list.
+# The run folder's typed schema (fl_attack.schema): the writers' and this reader's one column list.
 ROUND_NUMERIC, ATTACK_NUMERIC = numeric(ROUNDS), numeric(ATTACKS)
 ATTACK_STATUSES = ("ok", "failed")
 # A row without these cannot be placed in a table at all.
@@ -102,7 +102,7 @@ def load_run(path: str | Path) -> Run:
         attacks = attacks.sort_values(
             ["round", "method", "partition_id"], kind="stable", na_position="last"
         ).reset_index(drop=True)
-    # The verdict's counts as fractions of k (fl_attack.audit.verdict): NaN for older runs and failed attacks.
+    # The verdict's counts as fractions of k (fl_attack.evaluation.verdict): NaN for older runs and failed attacks.
     attacks["recovered_fraction"] = attacks["recovered"] / attacks["k"]
     attacks["guess_recovered_fraction"] = attacks["guess_recovered"] / attacks["k"]
     return Run(path=path, name=str(name), config=config, rounds=rounds, attacks=attacks)

@@ -158,7 +158,7 @@ def plot_leakage(
 
 
 def plot_verdict(runs: Run | Sequence[Run]) -> Figure:
-    """The verdict against the round (fl_attack.audit.verdict): the mean fraction of a client's images
+    """The verdict against the round (fl_attack.evaluation.verdict): the mean fraction of a client's images
     recovered (left) and singled out (right) per (run, method, defense, labels), with the best guess
     without the update (grey dashed: its recovered fraction) and chance (grey dotted: 1/(k+D)) drawn."""
     runs = _as_runs(runs)

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_attack.audit.runs import evidence_path, whose
 from fl_attack.records import write_bytes_atomic, write_text_atomic
+from fl_attack.schema import evidence_path, whose
 
 from .aggregate import (
     METRICS,
@@ -247,7 +247,7 @@ def _pick_grids(run: Run, label: str) -> list[tuple[int, list[_Picture | str]]]:
 
 
 def _pick_evidence(run: Run, label: str) -> list[_Picture]:
-    """The evidence pictures (fl_attack.audit.runs.evidence_path, beside each grid) of the ok attacks that
+    """The evidence pictures (fl_attack.schema.evidence_path, beside each grid) of the ok attacks that
     single out the most images (then the highest PSNR), at most ``MAX_EVIDENCE``; an attack without
     one is passed over, so a run recorded before the evidence existed shows none."""
     ok = run.attacks[(run.attacks["status"] == "ok") & run.attacks["image"].notna()]
@@ -672,7 +672,7 @@ _VERDICT_NOTE = (
 
 def _disjoint_text(config: dict) -> str:
     """config.json's line on what the verdict's data and the attacker's public pool share with the
-    run's clients (``verdict["disjoint"]["text"]``, fl_attack.audit.overlap.disjoint_record); "" when
+    run's clients (``verdict["disjoint"]["text"]``, fl_attack.evaluation.overlap.disjoint_record); "" when
     the run has none (an audited app's, or one written before it)."""
     verdict = config.get("verdict")
     record = verdict.get("disjoint") if isinstance(verdict, dict) else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.run_folder import RunFolder
 
 FEDERATION = "num-supernodes={} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
 

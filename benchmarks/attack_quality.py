@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from fl_attack.attacker.attacks import AttackConfig
-from fl_attack.audit.evaluator import results_row
+from fl_attack.evaluation.evaluator import results_row
 from fl_attack.federation.config import PAPER, parse_key_values
 from fl_attack.standalone import (
     AttackSettings,

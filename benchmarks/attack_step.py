@@ -42,7 +42,7 @@ from fl_attack.attacker.api import reconstruct, reconstruct_batch, resolve_devic
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.attacks.pisme import PathIntegralSME
 from fl_attack.attacker.precision import autocast, check_precision, gemm_gflops, precision_scope, resolve_precision
-from fl_attack.audit.victims import train_victim
+from fl_attack.evaluation.victims import train_victim
 from fl_attack.federation.config import PAPER
 from fl_attack.federation.data import client_partition, get_spec, load_pool
 from fl_attack.federation.models import build_model

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from fl_attack import reconstruct
-from fl_attack.audit.evaluator import psnr_trace, score
 from fl_attack.audit.replay import open_run
-from fl_attack.audit.victims import ground_truth
+from fl_attack.evaluation.evaluator import psnr_trace, score
+from fl_attack.evaluation.victims import ground_truth
 from fl_attack.federation.update import AttackTarget, load_update
 
 

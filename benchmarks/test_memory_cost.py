@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 from benchmarks.memory_cost import main, run_bench
-from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.run_folder import RunFolder
 from fl_attack.audit.settings import RunSettings
-from fl_attack.audit.victims import private_samples
+from fl_attack.evaluation.victims import private_samples
 from fl_attack.federation.training import train_local
 from fl_attack.federation.update import AttackTarget, save_update
 from strategies.server_app import write_run_config

@@ -33,10 +33,10 @@ import torch
 
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.runtime.workers import run_job
-from fl_attack.audit.evaluator import score
-from fl_attack.audit.metrics import get_lpips, match_pairs
-from fl_attack.audit.verdict import Verdict, pixel_l2, ssim_distance
-from fl_attack.audit.victims import train_victim
+from fl_attack.evaluation.evaluator import score
+from fl_attack.evaluation.metrics import get_lpips, match_pairs
+from fl_attack.evaluation.verdict import Verdict, pixel_l2, ssim_distance
+from fl_attack.evaluation.victims import train_victim
 from fl_attack.federation.data import DataSettings, load_bundled, run_writers, server_test_set
 
 DATASETS = ("femnist", "cifar100")
@@ -83,7 +83,7 @@ def _ssim(recon: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
 
 
 def _lpips_features(images: torch.Tensor) -> list[torch.Tensor]:
-    """LPIPS-alex's unit-normalised features of each layer (fl_attack.audit.metrics.LPIPS's input handling)."""
+    """LPIPS-alex's unit-normalised features of each layer (fl_attack.evaluation.metrics.LPIPS's input handling)."""
     import lpips
 
     metric = get_lpips("cpu")

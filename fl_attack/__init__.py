@@ -8,10 +8,11 @@ The library is usable without Flower:
 
 Its packages, by role (each one's header says what it holds and who may import it):
 ``federation`` (data, models, client training, the update a client returns), ``attacker`` (the
-attacks and what runs on an attack worker), ``audit`` (the audit service, the ground truth and the
-evaluator), ``privacy`` (the DP accountant). Data flows one way: client training -> ObservedUpdate ->
-attack -> evaluation against the ground truth. ``run_config`` parses a run's settings;
-``cli`` and ``standalone`` are the entry points; ``records`` and ``paths`` are shared helpers.
+attacks and what runs on an attack worker), ``audit`` (the server's audit service, its settings and
+run folder), ``evaluation`` (the ground truth and the evaluator), ``privacy`` (the DP accountant). Data
+flows one way: client training -> ObservedUpdate -> attack -> evaluation against the ground truth.
+``run_config`` parses a run's settings; ``cli`` and ``standalone`` are the entry points; ``records``,
+``paths`` and ``schema`` (a run folder's files and its CSVs' columns) are shared helpers.
 """
 
 import importlib as _importlib

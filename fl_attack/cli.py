@@ -27,7 +27,7 @@ from fl_attack.attacker.attacks.base import COMPILE_MODES
 from fl_attack.attacker.labels import LABEL_MODES, check_label_mode
 from fl_attack.attacker.memory import MEMORY_MODES, MEMORY_SUFFIX, check_memory_mode, memory_methods
 from fl_attack.attacker.precision import PRECISIONS, check_precision
-from fl_attack.audit.verdict import verdict_line
+from fl_attack.evaluation.verdict import verdict_line
 from fl_attack.federation.config import PRESETS, parse_key_values
 from fl_attack.federation.data import DATASETS
 from fl_attack.standalone import (

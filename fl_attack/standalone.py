@@ -2,11 +2,11 @@
 
 The three roles of the threat model (docs/PISME.md) stay apart here as in the federation:
 
-* victim: ``train_victim`` runs one client's local epochs (``fl_attack.audit.victims.train_victim``)
+* victim: ``train_victim`` runs one client's local epochs (``fl_attack.evaluation.victims.train_victim``)
   on its real private samples and keeps them, as the ground truth, in a ``Victim``;
 * attacker: ``fl_attack.reconstruct`` receives only ``Victim.update``, an ``ObservedUpdate``
   (w0, wT, public metadata), never the images or labels (oracle labels only when asked for);
-* evaluator: ``attack_victim`` hands the outcome to ``fl_attack.audit.evaluator.Evaluator``, which scores
+* evaluator: ``attack_victim`` hands the outcome to ``fl_attack.evaluation.evaluator.Evaluator``, which scores
   the returned images against the truth after the attack; its trace callback reports PSNR during the
   attack without passing anything back to it.
 
@@ -15,8 +15,8 @@ benchmarks/attack_quality.py. It writes, under the output folder:
 
 * ``results.csv``: one row per (client, method), columns ``RESULT_COLUMNS``, rewritten atomically
   (temporary file + os.replace) after every attack, so a crash loses nothing already computed.
-  Each row is the federation's attacks.csv row (``fl_attack.audit.evaluator.attack_row``, its columns
-  those of ``fl_attack.audit.runs.ATTACK_SCHEMA``) with partition_id named ``client`` and
+  Each row is the federation's attacks.csv row (``fl_attack.evaluation.evaluator.attack_row``, its columns
+  those of ``fl_attack.schema.ATTACK_SCHEMA``) with partition_id named ``client`` and
   attack_seconds ``seconds`` (``results_row``, ``RESULT_RENAMES``), without the federation's other
   columns (round, node_id, client_id, defense, status, error, image, ...);
 * ``trace-<client>-<method>.csv``: the attack's trace (iteration, loss, lsim_honest,
@@ -24,7 +24,7 @@ benchmarks/attack_quality.py. It writes, under the output folder:
 * ``client-<client>-<method>.png``: originals in the top row, matched reconstructions below
   (rows of up to 10 images);
 * ``client-<client>-<method>-evidence.png``: a few singled-out images, each beside its own original
-  and the nearest other candidate (``fl_attack.audit.verdict.Verdict.evidence``); none when no image is;
+  and the nearest other candidate (``fl_attack.evaluation.verdict.Verdict.evidence``); none when no image is;
 * ``settings.json``: the settings of the run.
 """
 
@@ -46,10 +46,10 @@ from fl_attack.attacker.attacks import AttackConfig, check_own_settings, parse_m
 from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome, run_job
-from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
-from fl_attack.audit.verdict import Verdict
-from fl_attack.audit.victims import Victim
-from fl_attack.audit.victims import train_victim as _train_victim
+from fl_attack.evaluation.evaluator import RESULT_COLUMNS, Evaluator, psnr_trace, results_row
+from fl_attack.evaluation.verdict import Verdict
+from fl_attack.evaluation.victims import Victim
+from fl_attack.evaluation.victims import train_victim as _train_victim
 from fl_attack.federation.config import PRESETS, TrainingProtocol
 from fl_attack.federation.data import (
     DataSettings,

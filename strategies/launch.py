@@ -119,7 +119,7 @@ def _check_run_config(pairs: dict, federation: str | None) -> None:
     counts). ValueError naming the key."""
     import tomllib
 
-    from fl_attack.audit.runs import check_resumable
+    from fl_attack.audit.run_folder import check_resumable
     from fl_attack.run_config import preflight
 
     defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_verdict(summary: dict) -> None:
-    """The launcher's last lines: each attack's verdict (summary.json "verdict", fl_attack.audit.verdict)."""
+    """The launcher's last lines: each attack's verdict (summary.json "verdict", fl_attack.evaluation.verdict)."""
     text = verdict_text(summary)
     if text:
         print(text, flush=True)

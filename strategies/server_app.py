@@ -29,13 +29,13 @@ from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
 )
 
-from fl_attack.audit.overlap import disjoint_record
 from fl_attack.audit.replay import ReplayError, prepare_replay, run_replay
-from fl_attack.audit.runs import RunFolder, check_resumable
+from fl_attack.audit.run_folder import RunFolder, check_resumable
 from fl_attack.audit.service import AuditService, new_run_folder
 from fl_attack.audit.settings import RunSettings
-from fl_attack.audit.verdict import DEFAULT_DISTRACTORS, DEFAULT_PUBLIC_SAMPLES, verdict_protocol
-from fl_attack.audit.victims import ground_truth
+from fl_attack.evaluation.overlap import disjoint_record
+from fl_attack.evaluation.verdict import DEFAULT_DISTRACTORS, DEFAULT_PUBLIC_SAMPLES, verdict_protocol
+from fl_attack.evaluation.victims import ground_truth
 from fl_attack.federation.participants import sample_size
 from fl_attack.privacy.accountant import PrivacyLedger
 from fl_attack.run_config import preflight
@@ -60,7 +60,7 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
     """A new run's config.json in ``folder`` (a RunFolder or a path): the flat run config, the seed,
     the AttackConfig, the defense and its DP accounting (what analysis/load.py and ``fl-attack
     replay`` read back), and the verdict's protocol with what its data shares with the run's clients
-    (``verdict["disjoint"]``, fl_attack.audit.overlap.disjoint_record)."""
+    (``verdict["disjoint"]``, fl_attack.evaluation.overlap.disjoint_record)."""
     folder = RunFolder(folder)
     privacy = privacy_ledger(settings, num_nodes)
     folder.write_config(
@@ -89,7 +89,7 @@ def write_run_config(folder, settings: RunSettings, run_config: dict, num_nodes:
 def prepare_resume(settings: RunSettings, run_config: dict) -> tuple[RunFolder, int, dict]:
     """(the run folder, its last completed round R, R's global model) for resume="RUN_DIR".
 
-    Checks what ``fl_attack.audit.runs.check_resumable`` checks, and the node count; then cuts
+    Checks what ``fl_attack.audit.run_folder.check_resumable`` checks, and the node count; then cuts
     rounds.csv, attacks.csv and updates/index.csv back to rounds <= R (``RunFolder.cut_back``), so
     the resumed rounds never duplicate a row. Raises ValueError naming what does not fit, before
     any round.

@@ -521,7 +521,7 @@ def test_report_shows_the_evidence_of_the_attacks_that_single_out_the_most(tmp_p
     before the evidence existed shows none, and alone gives a report without the section."""
     import base64
 
-    from fl_attack.audit.runs import evidence_path
+    from fl_attack.schema import evidence_path
 
     verdict = dict(k=32, recovered=4, guess_recovered=0, reid_chance=1 / 2032, recognized=0.3, psnr_margin=2.0)
     verdict |= dict(recognized_truth=0.9, recognized_guess=0.1, guess_psnr=18.0, guess_ssim=0.3, guess_lpips=0.6)

@@ -5,7 +5,7 @@ tests/golden/ holds attacks.csv and rounds.csv of the run below made by the last
 plugin (5bc84aa: the honest-but-curious FedAvg mixin, LeakageTracking), with 1 torch thread:
 ``serve(tmp, partitions=(0, 1, 2), num_rounds=2, attack_method="pisme,sme", attack_iterations=6,
 attack_memory="keep", attack_clients="0,2", fraction_train=0.67, seed=5)``. Its verdict columns
-(fl_attack.audit.verdict.VERDICT_COLUMNS, the evaluator's) are restated when the verdict's data changes:
+(fl_attack.evaluation.verdict.VERDICT_COLUMNS, the evaluator's) are restated when the verdict's data changes:
 last when FEMNIST's public pool and distractors left the run's writers out (#48, item 4), the attack's
 columns and rounds.csv unchanged.
 """
@@ -181,7 +181,7 @@ def test_audit_refuses_what_would_go_unnoticed_before_any_round(tmp_path):
 def test_oracle_labels_are_the_evaluators_truth_handed_to_the_job(tmp_path):
     """attack-labels=oracle (an explicit leak): each job gets its client's true labels from the
     service's truth, the attacker never reads the data itself."""
-    from fl_attack.audit.victims import ground_truth
+    from fl_attack.evaluation.victims import ground_truth
     from tests.inprocess import federate
 
     settings, _, _, jobs = federate(tmp_path, attack_labels="oracle", attack_iterations=1)

@@ -15,7 +15,7 @@ import torch
 import fl_attack.attacker.api as api
 from fl_attack import reconstruct, reconstruct_batch
 from fl_attack.attacker.attacks.gradients import path_gradient
-from fl_attack.audit.victims import train_victim
+from fl_attack.evaluation.victims import train_victim
 from fl_attack.federation.config import PAPER
 from fl_attack.federation.models import build_model
 from fl_attack.federation.update import ObservedUpdate, flatten, layout

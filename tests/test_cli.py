@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 import fl_attack.attacker.runtime.run as workers  # where the standalone engine calls reconstruct (run_job)
-from fl_attack.audit.verdict import VERDICT_COLUMNS
 from fl_attack.cli import main
+from fl_attack.evaluation.verdict import VERDICT_COLUMNS
 from tests.mounts import tmpfs
 
 COLUMNS = [

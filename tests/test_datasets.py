@@ -142,7 +142,7 @@ def test_a_short_digits_federation_runs_through_the_plugin_and_the_verdict(tmp_p
     """Two real femnist-digits writers, k=8, one round, through the real ClientApp, the ServerApp's
     audit plugin (strategies.audit.AuditedStrategy) and the evaluator: every attacked client has a row
     with the verdict's columns, its labels among the digits; a DGGI run is refused before any round."""
-    from fl_attack.audit.verdict import VERDICT_COLUMNS
+    from fl_attack.evaluation.verdict import VERDICT_COLUMNS
     from tests.inprocess import serve
 
     run = serve(

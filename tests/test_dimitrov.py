@@ -326,7 +326,7 @@ def test_on_a_real_femnist_client_it_beats_its_update_free_null():
     the attack on the client's update against the same attack on an update that says nothing (wT = w0:
     the same labels, priors and start). Measured on writers 0-2: +2.9 to +3.8 dB."""
     from fl_attack import ObservedUpdate, reconstruct
-    from fl_attack.audit.metrics import match_pairs, psnr
+    from fl_attack.evaluation.metrics import match_pairs, psnr
     from fl_attack.federation.data import client_partition, load_pool
     from fl_attack.federation.training import train_local
 

@@ -1,4 +1,4 @@
-"""The verdict's data kept apart from the run's clients (issue #48, item 4; fl_attack.audit.overlap).
+"""The verdict's data kept apart from the run's clients (issue #48, item 4; fl_attack.evaluation.overlap).
 
 On the real bundled pools, with fixed seeds: FEMNIST's public pool and distractors hold no sample of
 the run's writers; config.json records how many of them the attacker's public pool (the server's
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack.audit import reader
-from fl_attack.audit.metrics import get_lpips
-from fl_attack.audit.verdict import Verdict
+from fl_attack.evaluation import reader
+from fl_attack.evaluation.metrics import get_lpips
+from fl_attack.evaluation.verdict import Verdict
 from fl_attack.federation.data import (
     DataSettings,
     client_partition,
@@ -119,7 +119,7 @@ def test_too_few_other_writers_for_d_gives_fewer_distractors_with_a_warning(capl
     usable = sum(np.ascontiguousarray(x).tobytes() not in theirs for x in others)
     assert len(verdict.distractors) == usable <= len(others) < 3000  # every one the other writers hold
     truth = client_partition(pool, 0, K).train
-    with caplog.at_level(logging.WARNING, logger="fl_attack.audit.verdict"):
+    with caplog.at_level(logging.WARNING, logger="fl_attack.evaluation.verdict"):
         candidates = verdict.candidates(truth.images)
     assert len(candidates) - K == len(verdict.distractors)
     assert f"only {len(verdict.distractors)} distractors available (D=3000 asked)" in caplog.text
@@ -217,7 +217,7 @@ def _reader_images(dataset: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_no_bundled_client_image_is_the_readers_but_a_reader_writers_are():
     """cifar100: none of the 3,000 bundled images; femnist: none of partitions 0..59 at k = 32 (the
     reader's writers are partitions 61 and up), while partition 99, a reader writer, is all theirs."""
-    from fl_attack.audit.overlap import reader_overlap
+    from fl_attack.evaluation.overlap import reader_overlap
 
     pool = load_bundled("cifar100")
     x = torch.from_numpy(pool.images.transpose(0, 3, 1, 2).copy()).float().div(255)
@@ -239,7 +239,7 @@ def test_a_client_holding_reader_training_images_is_warned_about_once(dataset, c
     def score(images, labels, client_id):
         return verdict.score(images, labels, images, labels, psnr=0.0, lpips=lpips, client_id=client_id)
 
-    with caplog.at_level(logging.WARNING, logger="fl_attack.audit.verdict"):
+    with caplog.at_level(logging.WARNING, logger="fl_attack.evaluation.verdict"):
         client = client_partition(pool, 0, k, seed=0, held_out=held).train  # a bundled client: not the reader's
         score(client.images, client.labels, "client 0")
         assert "reader's training set" not in caplog.text

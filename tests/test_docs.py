@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from analysis import docs
-from fl_attack.audit import runs
+from fl_attack import schema as runs
+from fl_attack.audit.run_folder import RunFolder
 from fl_attack.audit.settings import RunSettings
 
 ROOT = docs.ROOT
@@ -120,10 +121,8 @@ def test_every_column_is_described():
 
 
 def test_every_file_of_run_folder_is_listed():
-    folder = runs.RunFolder("RUN")
-    paths = [
-        getattr(folder, name) for name in dir(runs.RunFolder) if isinstance(getattr(runs.RunFolder, name), property)
-    ]
+    folder = RunFolder("RUN")
+    paths = [getattr(folder, name) for name in dir(RunFolder) if isinstance(getattr(RunFolder, name), property)]
     names = {p.name for p in paths if hasattr(p, "name")}
     listed = {name.split("/")[0] for name in runs.FOLDER_FILES}  # "replays/NAME/": replays
     assert names - listed == set()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import beta
 
-from fl_attack.audit.verdict import DEFAULT_DISTRACTORS
+from fl_attack.evaluation.verdict import DEFAULT_DISTRACTORS
 from fl_attack.federation.participants import sample_participants
 from tests.gated import launch_gated
 
@@ -91,7 +91,7 @@ def test_tiny_federation_end_to_end(tmp_path):
         for metric in ("psnr", "ssim", "lpips", "lsim_honest"):
             assert math.isfinite(float(row[metric])), (metric, row)
         assert (run / row["image"]).is_file()
-        # the verdict (fl_attack.audit.verdict): k images, how many recovered, singled out against chance
+        # the verdict (fl_attack.evaluation.verdict): k images, how many recovered, singled out against chance
         assert row["k"] == "10" and 0 <= int(row["recovered"]) <= 10
         assert float(row["reid_chance_uniform"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
         assert float(row["reid_chance"]) >= 10 / (10 + DEFAULT_DISTRACTORS)  # the matched null, at least k/(k+D)

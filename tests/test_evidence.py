@@ -20,11 +20,11 @@ from PIL import Image
 
 from fl_attack.attacker.api import Reconstruction
 from fl_attack.attacker.runtime.workers import AttackOutcome
-from fl_attack.audit.evaluator import Evaluator
-from fl_attack.audit.runs import ATTACK_COLUMNS
-from fl_attack.audit.verdict import Verdict
+from fl_attack.evaluation.evaluator import Evaluator
+from fl_attack.evaluation.verdict import Verdict
 from fl_attack.federation.data import client_partition, load_bundled, server_test_set
 from fl_attack.federation.update import AttackTarget
+from fl_attack.schema import ATTACK_COLUMNS
 
 K = {"femnist": 32, "cifar100": 20}
 HELD_OUT = 1000  # the federation's server-test-samples default: the public pool
@@ -193,7 +193,7 @@ def test_no_evidence_picture_when_nothing_is_singled_out_and_a_failure_keeps_the
         raise RuntimeError("no evidence today")
 
     monkeypatch.setattr(femnist_verdict, "evidence", broken)
-    with caplog.at_level(logging.WARNING, logger="fl_attack.audit.evaluator"):
+    with caplog.at_level(logging.WARNING, logger="fl_attack.evaluation.evaluator"):
         row = evaluator.record(_outcome(truth.images, truth.labels), (truth.images, truth.labels))
     assert row["status"] == "ok" and row["recovered"] == len(truth.images) and row["error"] == ""
     assert "client-0-evidence.png could not be drawn" in caplog.text and "no evidence today" in caplog.text

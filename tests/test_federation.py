@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fl_attack.attacker.runtime.workers import AttackJob, InlineWorkers, RayWorkers
 from fl_attack.audit.service import AuditService
 from fl_attack.audit.settings import RunSettings, usable_cpus
-from fl_attack.audit.victims import ground_truth
+from fl_attack.evaluation.victims import ground_truth
 from fl_attack.federation.config import ClientOptimizer
 from fl_attack.federation.data import client_partition, load_pool
 from fl_attack.federation.models import build_model

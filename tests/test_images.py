@@ -1,4 +1,4 @@
-"""The comparison grid every run writes (fl_attack/audit/images.py): layout, pixels, bad input."""
+"""The comparison grid every run writes (fl_attack/evaluation/images.py): layout, pixels, bad input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fl_attack.audit.images import save_comparison_grid
+from fl_attack.evaluation.images import save_comparison_grid
 from fl_attack.federation.data import client_partition, load_pool
 
 

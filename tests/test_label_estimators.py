@@ -24,7 +24,7 @@ from fl_attack.attacker.labels import (
     round_counts_on_support,
     solve_counts,
 )
-from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.evaluation.metrics import label_count_accuracy
 from fl_attack.federation.data import client_partition, load_pool, partition_writers
 from fl_attack.federation.models import build_model
 from fl_attack.federation.training import train_local

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fl_attack.attacker.labels import estimate_class_counts, recover_labels, refine_labels, round_counts
-from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.evaluation.metrics import label_count_accuracy
 from fl_attack.federation.data import client_partition, load_pool
 from fl_attack.federation.models import build_model
 from fl_attack.federation.training import train_local

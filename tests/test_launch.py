@@ -207,7 +207,7 @@ def test_data_that_cannot_serve_the_federation_is_refused_before_anything_starts
 def test_a_resume_without_a_readable_checkpoint_is_refused_in_one_line_before_anything_starts(
     fake_flwr, capsys, tmp_path
 ):
-    from fl_attack.audit.runs import RunFolder
+    from fl_attack.audit.run_folder import RunFolder
 
     run = RunFolder(tmp_path / "run")
     run.write_config({"run_config": {}})
@@ -226,7 +226,7 @@ def test_a_resume_that_does_not_fit_its_run_is_refused_in_one_line_before_anythi
     started, with a traceback and exit 1."""
     import tomllib
 
-    from fl_attack.audit.runs import RunFolder
+    from fl_attack.audit.run_folder import RunFolder
     from fl_attack.audit.settings import RunSettings
     from strategies.server_app import write_run_config
 

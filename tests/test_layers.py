@@ -65,14 +65,14 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
 
 @pytest.mark.runtime
 def test_the_client_app_loads_no_attack_code():
-    # a simulated client (a Ray actor) imports clients.client_app: nothing of the attacker or audit comes with it
+    # a simulated client (a Ray actor) imports clients.client_app: no attacker, audit or evaluation module comes with it
     import subprocess
     import sys
 
     code = (
         "import sys, clients.client_app, clients.defenses, clients.mods; "
         "print(sorted(m for m in sys.modules if m.startswith(('fl_attack.attacker', 'fl_attack.audit', "
-        "'fl_attack.run_config'))))"
+        "'fl_attack.evaluation', 'fl_attack.run_config'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""Tests of fl_attack.audit.metrics on real CIFAR-100 and FEMNIST images.
+"""Tests of fl_attack.evaluation.metrics on real CIFAR-100 and FEMNIST images.
 
 References: scikit-image for PSNR and SSIM, piq.fsim called image by image and the paper's FSIM
 written out in numpy (tests/fsim_reference.py) for FSIM, a brute-force
@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_attack.audit import metrics as M
+from fl_attack.evaluation import metrics as M
 
 REPO = Path(__file__).resolve().parents[1]
 # The larger real data sets, where a checkout has them beside it (FL_ATTACK_SHARED_DATA overrides).

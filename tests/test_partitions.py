@@ -20,7 +20,7 @@ from PIL import Image
 from clients.client_app import _load_split, node_settings
 from fl_attack.audit.replay import open_run
 from fl_attack.audit.settings import RunSettings
-from fl_attack.audit.victims import private_samples
+from fl_attack.evaluation.victims import private_samples
 from fl_attack.federation import data as D
 from fl_attack.federation import partition
 from fl_attack.federation.data import (

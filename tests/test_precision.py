@@ -412,8 +412,8 @@ def test_the_command_lines_take_precision(tmp_path, capsys):
 
 
 def test_the_attack_row_has_the_precision_after_the_device():
-    from fl_attack.audit.evaluator import attack_row
-    from fl_attack.audit.runs import ATTACK_COLUMNS
+    from fl_attack.evaluation.evaluator import attack_row
+    from fl_attack.schema import ATTACK_COLUMNS
 
     assert ATTACK_COLUMNS[ATTACK_COLUMNS.index("device") + 1] == "precision"
     row = attack_row(

@@ -29,7 +29,7 @@ from fl_attack.attacker.diffusion import (
     public_pool,
     train_prior,
 )
-from fl_attack.audit.metrics import evaluate_reconstruction
+from fl_attack.evaluation.metrics import evaluate_reconstruction
 from fl_attack.federation.data import client_partition, get_spec, load_bundled, num_partitions
 from tests.inprocess import femnist_update
 

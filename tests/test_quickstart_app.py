@@ -68,7 +68,7 @@ def partition_images(partition_id: int) -> np.ndarray:
 
 def grid_pairs(path: Path, k: int, size: int = 32, columns: int = 16, pad: int = 2, scale: int = 2):
     """(originals, reconstructions), uint8 (k, size, size, 3) each, read back from the evaluator's grid PNG
-    (fl_attack.audit.images: bands of ``columns`` pairs, originals over their matched reconstructions,
+    (fl_attack.evaluation.images: bands of ``columns`` pairs, originals over their matched reconstructions,
     ``pad``-pixel gaps, every pixel enlarged ``scale`` times)."""
     grid = np.asarray(Image.open(path).convert("RGB"))[::scale, ::scale]
     per_band, cell = min(k, columns), size + pad

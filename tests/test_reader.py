@@ -1,4 +1,4 @@
-"""The shipped reader classifiers (fl_attack.audit.reader): they load, their weights are the ones their sidecar
+"""The shipped reader classifiers (fl_attack.evaluation.reader): they load, their weights are the ones their sidecar
 describes (SHA-256), they classify the bundled clients' images at the sidecar's recorded accuracy, and their
 training sets are disjoint from the clients and the server's pool."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_attack.audit import reader
+from fl_attack.evaluation import reader
 from fl_attack.federation.data import client_partition, get_spec, load_bundled, partition_writers
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -59,7 +59,7 @@ def test_the_shipped_weights_are_the_ones_the_sidecar_describes(dataset):
     weights = Path(reader.__file__).parents[1] / "assets" / f"reader_{dataset}.pt"
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == info["weights_sha256"]
     assert weights.stat().st_size == info["weights_bytes"]
-    assert info["command"].startswith(f"python -m fl_attack.audit.reader --dataset {dataset} ")
+    assert info["command"].startswith(f"python -m fl_attack.evaluation.reader --dataset {dataset} ")
 
 
 @pytest.mark.parametrize("dataset", ["femnist", "cifar100", "femnist-digits"])

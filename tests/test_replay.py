@@ -20,9 +20,9 @@ import fl_attack.attacker.runtime.run as workers_module  # where run_job calls r
 from analysis.aggregate import differing_keys
 from analysis.load import load_run
 from analysis.report import main as report_main
-from fl_attack.audit.runs import ATTACK_COLUMNS
 from fl_attack.cli import main
 from fl_attack.records import read_csv
+from fl_attack.schema import ATTACK_COLUMNS
 from strategies.server_app import write_run_config
 from tests.inprocess import federate, flower_run_config
 

@@ -17,7 +17,7 @@ from analysis import METRIC_RANGES, MixedRunsError, load_run, per_round, summary
 from analysis.aggregate import METRICS, mean_ci95
 from analysis.plots import plot_leakage, save_figure
 from analysis.report import main
-from fl_attack.audit.runs import ATTACK_COLUMNS, ROUND_COLUMNS
+from fl_attack.schema import ATTACK_COLUMNS, ROUND_COLUMNS
 
 # The columns of runs written before defense, attacks_in_flight, seconds and centralised evaluation.
 OLD_ROUND_COLUMNS = ["round", "clients", "train_loss", "eval_loss", "eval_accuracy"]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
+from fl_attack.audit.run_folder import RunFolder
 from fl_attack.audit.settings import RunSettings
+from fl_attack.schema import ATTACK_COLUMNS
 from strategies.server_app import prepare_resume, write_run_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from fl_attack.attacker.labels import (
     rlu_step_coefficient,
     round_counts,
 )
-from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.evaluation.metrics import label_count_accuracy
 from fl_attack.federation.config import ClientOptimizer
 from fl_attack.federation.data import client_partition, load_pool, partition_writers
 from fl_attack.federation.models import build_model

@@ -12,7 +12,7 @@ from fl_attack.attacker.attacks import LR_SCHEDULES, AttackConfig, schedule_name
 from fl_attack.attacker.rule import LONG_TRAJECTORY, audit_choice, for_update
 from fl_attack.attacker.runtime.outcome import AttackJob
 from fl_attack.audit.settings import AuditSettings
-from fl_attack.audit.victims import train_victim
+from fl_attack.evaluation.victims import train_victim
 from fl_attack.federation.update import AttackTarget
 
 ALL = ("nodes", "iterations", "schedule")

@@ -12,7 +12,7 @@ import torch
 from flwr.supercore.task_identity import TaskIdentity
 
 from fl_attack.attacker.runtime.workers import Pipeline
-from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.run_folder import RunFolder
 from fl_attack.audit.settings import RunSettings
 from fl_attack.federation.data import get_spec, load_pool, server_test_set
 from fl_attack.federation.models import build_model

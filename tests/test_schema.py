@@ -1,4 +1,4 @@
-"""One result vocabulary: attacks.csv's columns are defined once (``fl_attack.audit.runs.ATTACK_SCHEMA``),
+"""One result vocabulary: attacks.csv's columns are defined once (``fl_attack.schema.ATTACK_SCHEMA``),
 and the attacker's outcome, the evaluator's row, results.csv, the docs and analysis/ use its names.
 
 A real written attacks.csv (the evaluator through the run folder's writer; a short in-process
@@ -18,12 +18,20 @@ from pathlib import Path
 import pytest
 
 from analysis import aggregate, load
+from fl_attack import schema as runs
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome
-from fl_attack.audit import runs
-from fl_attack.audit.evaluator import RESULT_COLUMNS, RESULT_FROM, RESULT_RENAMES, Evaluator, attack_row, results_row
-from fl_attack.audit.runs import ATTACK_COLUMNS, ATTACK_SCHEMA, ROUND_SCHEMA, RunFolder
+from fl_attack.audit.run_folder import RunFolder
+from fl_attack.evaluation.evaluator import (
+    RESULT_COLUMNS,
+    RESULT_FROM,
+    RESULT_RENAMES,
+    Evaluator,
+    attack_row,
+    results_row,
+)
 from fl_attack.federation.update import AttackTarget
+from fl_attack.schema import ATTACK_COLUMNS, ATTACK_SCHEMA, ROUND_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (runs.TARGET, runs.OUTCOME, runs.SCORE, runs.VERDICT, runs.EVALUATOR)

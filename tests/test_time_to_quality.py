@@ -111,8 +111,8 @@ def test_a_batch_keeps_each_clients_snapshots_and_start(victim):
 @pytest.fixture(scope="module")
 def judged():
     """A verdict on the bundled FEMNIST pool and a client's 16 originals (partition 0)."""
-    from fl_attack.audit.metrics import get_lpips
-    from fl_attack.audit.verdict import Verdict
+    from fl_attack.evaluation.metrics import get_lpips
+    from fl_attack.evaluation.verdict import Verdict
     from fl_attack.federation.data import load_bundled
 
     truth = client_partition(load_bundled("femnist"), 0, 16, seed=0, held_out=0).train
@@ -134,7 +134,7 @@ def test_a_start_that_is_already_the_truth_is_in_the_floor(judged):
 
 
 def test_the_trend_says_still_rising_only_when_the_count_rose_after_the_last_snapshot(judged):
-    from fl_attack.audit.verdict import verdict_line
+    from fl_attack.evaluation.verdict import verdict_line
 
     verdict, truth, lpips = judged
     noise = torch.rand_like(truth.images, generator=torch.Generator().manual_seed(0))

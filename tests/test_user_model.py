@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from fl_attack import reconstruct
 from fl_attack.attacker.attacks import gradients
 from fl_attack.attacker.attacks.gradients import path_gradient
-from fl_attack.audit.evaluator import psnr_trace, score
 from fl_attack.audit.settings import RunSettings
-from fl_attack.audit.victims import train_victim
 from fl_attack.cli import main
+from fl_attack.evaluation.evaluator import psnr_trace, score
+from fl_attack.evaluation.victims import train_victim
 from fl_attack.federation.models import OUTPUT_BIAS, build_model, check_model, output_bias_key, resolve_model
 from fl_attack.federation.update import flatten, layout
 from tests.user_models import LeNet, TinyResNet, lenet

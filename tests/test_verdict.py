@@ -1,4 +1,4 @@
-"""The verdict (fl_attack.audit.verdict) on real bundled clients: the floor, singled out, recognized, recovered.
+"""The verdict (fl_attack.evaluation.verdict) on real bundled clients: the floor, singled out, recognized, recovered.
 
 Each property is checked on real data with fixed seeds, and the floor's PSNR against an independent
 computation (numpy means, scipy's assignment, PSNR written out) that imports nothing it checks.
@@ -14,8 +14,15 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from fl_attack.audit.metrics import get_lpips
-from fl_attack.audit.verdict import VERDICT_COLUMNS, Verdict, pixel_l2, ssim_distance, verdict_line, verdict_summary
+from fl_attack.evaluation.metrics import get_lpips
+from fl_attack.evaluation.verdict import (
+    VERDICT_COLUMNS,
+    Verdict,
+    pixel_l2,
+    ssim_distance,
+    verdict_line,
+    verdict_summary,
+)
 from fl_attack.federation.data import client_partition, load_bundled, server_test_set
 
 K = {"femnist": 32, "cifar100": 20}

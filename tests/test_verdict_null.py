@@ -1,4 +1,4 @@
-"""The verdict's null and its controls (fl_attack.audit.verdict, docs/verdict.md), on real bundled
+"""The verdict's null and its controls (fl_attack.evaluation.verdict, docs/verdict.md), on real bundled
 clients with fixed seeds: update-free outputs scored exactly like an attack stay within the chance
 the verdict prints; another client's images re-matched to this client's originals stay at chance,
 and a planted leak is caught. The interval and the label-aware chance are checked against
@@ -12,8 +12,8 @@ import pytest
 import torch
 from scipy.stats import beta
 
-from fl_attack.audit.metrics import match_pairs
-from fl_attack.audit.verdict import Verdict, exceeds_chance, interval
+from fl_attack.evaluation.metrics import match_pairs
+from fl_attack.evaluation.verdict import Verdict, exceeds_chance, interval
 from fl_attack.federation.data import client_partition, load_bundled, server_test_set
 
 K = 32

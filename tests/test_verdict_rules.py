@@ -1,4 +1,4 @@
-"""The recovered rule alone (fl_attack.audit.verdict, ``Verdict.judge``): an image is recovered when it is
+"""The recovered rule alone (fl_attack.evaluation.verdict, ``Verdict.judge``): an image is recovered when it is
 singled out AND the reader reads it as it reads its original, and neither condition is enough.
 
 Real bundled clients, the real reader and real distractors (D = 500 of the default 2,000, to keep it
@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_attack.audit.verdict import Verdict, ssim_distance
+from fl_attack.evaluation.verdict import Verdict, ssim_distance
 from fl_attack.federation.data import client_partition, load_bundled
 
 K = 8

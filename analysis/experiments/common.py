@@ -29,10 +29,10 @@ from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.attacker.runtime.workers import Pipeline, make_workers, resolve_batch, run_job
-from fl_attack.audit import victims as victims_module
-from fl_attack.audit.evaluator import RESULT_COLUMNS, Evaluator, results_row
 from fl_attack.audit.settings import usable_cpus
-from fl_attack.audit.victims import Victim
+from fl_attack.evaluation import victims as victims_module
+from fl_attack.evaluation.evaluator import RESULT_COLUMNS, Evaluator, results_row
+from fl_attack.evaluation.victims import Victim
 from fl_attack.federation.config import PRESETS, ClientOptimizer, Preset
 from fl_attack.federation.data import load_pool, num_partitions
 from fl_attack.records import CsvTable, write_text_atomic
@@ -294,7 +294,7 @@ def attack_job(ctx: Context, victim: Victim, method: str, labels: str = "recover
 def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
     """The evaluator's side: score ``outcome`` (an ok ``AttackOutcome`` of ``job``) against the
     victim's private images on matched pairs. Returns one flat result row: the results.csv
-    columns (``fl_attack.audit.evaluator.results_row``) with seed, classes, the costs, where it ran and the
+    columns (``fl_attack.evaluation.evaluator.results_row``) with seed, classes, the costs, where it ran and the
     precision it ran with."""
     config, method = job.config, job.method
     scored = Evaluator(victim.dataset).record(outcome, victim.truth)

@@ -4,7 +4,7 @@ A plain-Python FedAvg federation (no Flower): FEMNIST writers = partitions 0..N-
 sample, k=16, B=8, E=5, lr 0.05 (T=10 steps), all clients every round, w0 = build_model(seed 0),
 the new global = the mean of the clients' wT (equal k). Each round it records the global model's
 accuracy on the clients' held-out samples and, for every tracked client's update, the label-count
-accuracy (fl_attack.audit.metrics.label_count_accuracy) of each estimator:
+accuracy (fl_attack.evaluation.metrics.label_count_accuracy) of each estimator:
 
 - paper, support, aux: fl_attack.attacker.labels.recover_counts (the attacker's view: w0, wT, metadata and,
   for aux, a public pool);
@@ -43,7 +43,7 @@ from fl_attack.attacker.labels import (
     recover_counts,
     round_counts,
 )
-from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.evaluation.metrics import label_count_accuracy
 from fl_attack.federation.data import (
     client_partition,
     get_spec,

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fl_attack.attacker.labels import AuxiliaryData, recover_counts, round_counts
-from fl_attack.audit.metrics import label_count_accuracy
+from fl_attack.evaluation.metrics import label_count_accuracy
 from fl_attack.federation.config import ClientOptimizer
 from fl_attack.federation.data import client_partition, load_pool, server_test_set
 from fl_attack.federation.models import build_model

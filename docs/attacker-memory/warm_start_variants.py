@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.memory_cost import client_updates
 from fl_attack import reconstruct
-from fl_attack.audit.evaluator import score
+from fl_attack.evaluation.evaluator import score
 
 torch.set_num_threads(1)
 p = int(sys.argv[1])

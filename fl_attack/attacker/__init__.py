@@ -3,6 +3,7 @@
 Holds the attacks (attacks/: PI-SME, NL-SME, SME, IG, GI-NAS, DGGI), their entry points
 (api: reconstruct, reconstruct_batch), the quadrature, label recovery, the server's memory, the
 diffusion prior, the arithmetic precision and the workers that run attack jobs. Imports
-fl_attack.federation, fl_attack.paths and fl_attack.records only: never the audit's ground truth
-or scoring (the layers contract in pyproject.toml checks it). fl_attack.audit and the entry points import it.
+fl_attack.federation, fl_attack.paths and fl_attack.records only: never the ground truth or its
+scoring (fl_attack.evaluation; the layers contract in pyproject.toml checks it). fl_attack.audit,
+fl_attack.evaluation and the entry points import it.
 """

@@ -3,7 +3,7 @@
 The "public" start is a lever for short budgets (docs/time-to-quality.md): it costs no iteration and
 starts each slot from a real image of the class the attack assigns it, drawn from the server's own
 public pool (never the client's data). The verdict scores the same images as an update-free guess
-(``fl_attack.audit.verdict``, "public sample"), so what the start alone would recover is the floor.
+(``fl_attack.evaluation.verdict``, "public sample"), so what the start alone would recover is the floor.
 """
 
 from __future__ import annotations

@@ -44,15 +44,16 @@ from fl_attack.attacker.labels import check_label_mode
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory, check_memory_labels, memory_methods
 from fl_attack.attacker.precision import resolve_precision
 from fl_attack.attacker.runtime.workers import RayWorkers, make_workers, resolve_batch
-from fl_attack.audit.runs import ATTACK_COLUMNS, RunFolder
+from fl_attack.audit.run_folder import RunFolder
 from fl_attack.audit.service import AuditService
 from fl_attack.audit.settings import OWN_KEYS, RunSettings
-from fl_attack.audit.verdict import verdict_line, verdict_summary
-from fl_attack.audit.victims import ground_truth
+from fl_attack.evaluation.verdict import verdict_line, verdict_summary
+from fl_attack.evaluation.victims import ground_truth
 from fl_attack.federation.config import parse_key_values
 from fl_attack.federation.update import AttackTarget, load_update, read_update_index, verify_update
 from fl_attack.privacy.accountant import PrivacyLedger
 from fl_attack.records import header_mismatch, read_csv, write_bytes_atomic
+from fl_attack.schema import ATTACK_COLUMNS
 
 __all__ = ["REPLAYS", "ReplayError", "RecordedRun", "open_run", "Replay", "prepare_replay", "run_replay"]
 

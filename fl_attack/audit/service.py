@@ -33,11 +33,11 @@ from fl_attack.attacker.labels import AuxiliaryData
 from fl_attack.attacker.memory import MEMORY_SUFFIX, AttackMemory
 from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome, Pipeline, Workers, memory_key, remember
 from fl_attack.attacker.runtime.workers import outcomes as outcomes_of
-from fl_attack.audit.evaluator import Evaluator
-from fl_attack.audit.runs import RunFolder
+from fl_attack.audit.run_folder import RunFolder
 from fl_attack.audit.settings import RunSettings
 from fl_attack.audit.timings import Timings
-from fl_attack.audit.verdict import Verdict, verdict_line, verdict_summary
+from fl_attack.evaluation.evaluator import Evaluator
+from fl_attack.evaluation.verdict import Verdict, verdict_line, verdict_summary
 from fl_attack.federation.data import run_writers
 from fl_attack.federation.update import AttackTarget, ObservedUpdate, save_torch_atomic, save_update
 from fl_attack.privacy.accountant import PrivacyLedger, format_epsilons
@@ -72,7 +72,7 @@ class AuditService:
     """The honest-but-curious server's attacker, evaluator and records for one run (module docstring).
 
     settings: the run's (what to attack and how; the data settings only reach ``truth``'s default).
-    run_dir: the run folder (fl_attack.audit.runs.RunFolder or a path). workers: a Workers object, or a
+    run_dir: the run folder (fl_attack.audit.run_folder.RunFolder or a path). workers: a Workers object, or a
     function that makes one at the first attack (default: ``federation_workers``). clients_per_round:
     the participants of a round, for the attack threads' rule (RunSettings.attack_thread_count).
     round_offset: rounds done before this service started (a resumed run). test_set: the server's
@@ -543,7 +543,7 @@ class AuditService:
             "attacks_failed": len(self.rows) - ok,
             "attacks_unwritten": len(self.unwritten),
             "writes_refused": {k: v for k, v in self.refused.items() if v},  # rounds whose file the disk refused
-            "verdict": verdict_summary(self.rows),  # images recovered per attack (fl_attack.audit.verdict)
+            "verdict": verdict_summary(self.rows),  # images recovered per attack (fl_attack.evaluation.verdict)
         }
 
     def close(

@@ -243,7 +243,7 @@ class TrainingProtocol:
     samples: k, private samples per client, integer >= 1. batch_size: B, 1 <= B <= k.
     local_epochs: E, integer >= 1. lr: eta, the SGD learning rate, a finite number > 0.
     Raises ValueError (TypeError for a non-integer k, B or E) on construction. The field names are
-    ``fl_attack.audit.victims.train_victim``'s and AttackSettings', so ``asdict(protocol)`` passes on.
+    ``fl_attack.evaluation.victims.train_victim``'s and AttackSettings', so ``asdict(protocol)`` passes on.
     """
 
     samples: int

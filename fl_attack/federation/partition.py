@@ -386,7 +386,7 @@ def flower_client_partition(data: DataSettings, partition_id: int, pool: Pool | 
 
 def load_client_split(data: DataSettings, partition_id: int, pool: Pool | None = None) -> ClientSplit:
     """Client ``partition_id``'s private training set and held-out samples under ``data``: the one
-    way the ClientApp (clients/client_app.py) and the evaluator (fl_attack.audit.victims.private_samples,
+    way the ClientApp (clients/client_app.py) and the evaluator (fl_attack.evaluation.victims.private_samples,
     replay) get a client's data, so both always see the same samples.
 
     partitioner "paper": :func:`client_partition` (k samples, classes, seed, held_out), unchanged;
@@ -406,7 +406,7 @@ def run_writers(data: DataSettings, pool: Pool | None = None) -> tuple[str, ...]
     """The LEAF writer names (sorted) whose samples a federation's clients hold: every writer with a
     sample in partitions 0..N-1 (N = ``data.num_partitions``) as :func:`load_client_split` cuts them,
     train and held-out samples alike. For keeping the evaluator's public data apart from the run's
-    writers (fl_attack.audit.verdict).
+    writers (fl_attack.evaluation.verdict).
 
     * partitioner "paper": the writers of partitions 0..N-1 (:func:`partition_writers`).
     * "natural": the first N writers by name with LEAF-train samples (one partition each).

@@ -38,7 +38,7 @@ class DatasetSpec:
       (0.2673, 0.2564, 0.2762); FEMNIST in LEAF format (white background, x/255) 0.9642 / 0.1577.
     * ``psnr_recovered_db``: the matched PSNR (dB) above which Dimitrov et al. (TMLR 2022) count an image
       recovered on this dataset, 20 on FEMNIST and 19 on CIFAR-100 (the authors' scripts;
-      fl_attack.audit.metrics.psnr_recovered).
+      fl_attack.evaluation.metrics.psnr_recovered).
     * ``writers``: True when a client is one writer (LEAF FEMNIST): the pool carries ``writers``,
       ``writer_names`` and ``split`` (0 = train, 1 = test), the paper's partition gives one client per
       writer, the server's test set is the test split, the natural partitioner applies and the verdict
@@ -55,7 +55,7 @@ class DatasetSpec:
       nor a ``save_to_disk`` directory.
     * ``model``: the paper's victim CNN, a callable ``model(**kwargs)`` -> nn.Module (``width`` among
       kwargs; fl_attack.federation.models.build_model).
-    * ``reader_epochs``: the reader's training epochs (fl_attack.audit.reader); ``reader_crop_pad``: the
+    * ``reader_epochs``: the reader's training epochs (fl_attack.evaluation.reader); ``reader_crop_pad``: the
       padding of its random-crop augmentation (2 on FEMNIST, 4 on CIFAR-100); ``reader_source``: the
       file (in the shared offline data) the reader trains on, minus every bundled image, or None: the
       bundled pool's last writers (``writers`` datasets).

@@ -17,7 +17,7 @@ from fl_attack.attacker.labels import (
     round_counts_on_support,
 )
 from fl_attack.audit.settings import RunSettings  # its owner; fl_attack.run_config no longer re-exports it
-from fl_attack.audit.victims import ground_truth
+from fl_attack.evaluation.victims import ground_truth
 from fl_attack.federation.update import load_update, read_update_index
 
 

@@ -124,7 +124,7 @@ class AttackOutcome:
     worker_node / worker_id: where it ran.
 
     A field or property that fills an attacks.csv column carries that column's name (the audit's
-    ``fl_attack.audit.runs.ATTACK_SCHEMA`` names the attribute of each; tests/test_schema.py holds them
+    ``fl_attack.schema.ATTACK_SCHEMA`` names the attribute of each; tests/test_schema.py holds them
     together), but for ``label_source``, the ``labels`` column: ``labels`` here is the label tensor.
     label_source, attack_seconds, precision, compile describe the job's run, failed or not: the labels it
     used ("recovered" or "oracle"), its wall time (NaN when it never ran to the end), its arithmetic and how

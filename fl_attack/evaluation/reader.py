@@ -22,7 +22,7 @@ Training sets (:func:`training_set`, deterministic):
   (``cifar100_train29513.npz``) minus every image byte-equal to one of the bundled pool's 3,000
   (``load_bundled("cifar100")``, from which every client and the server's pool are cut): 26,513.
 
-Train it with ``python -m fl_attack.audit.reader --dataset femnist|cifar100 --shared-data DIR`` (see
+Train it with ``python -m fl_attack.evaluation.reader --dataset femnist|cifar100 --shared-data DIR`` (see
 ``--help``): 10% of the training set (seeded) is held out for validation; the sidecar records that
 accuracy and the accuracy on the bundled pool's client images. The same command writes
 ``reader_{dataset}_train.npy``, a fingerprint of every training-set image (:func:`image_digests`,
@@ -84,7 +84,7 @@ DIGEST_BYTES = 8  # blake2b digest of one image's 8-bit pixels: 2^-64 per pair t
 
 
 def _command(dataset: str) -> str:
-    return f"python -m fl_attack.audit.reader --dataset {dataset} --shared-data DIR"
+    return f"python -m fl_attack.evaluation.reader --dataset {dataset} --shared-data DIR"
 
 
 def _crop(spec: DatasetSpec) -> tuple[int, float, bool]:
@@ -639,7 +639,7 @@ def train_reader(
         "client_accuracy_degraded": round(degraded_acc, 4),
         "client_set": {"description": c_text, "size": int(len(c_labels))},
         "history": history,
-        "command": f"python -m fl_attack.audit.reader --dataset {name} --shared-data DIR "
+        "command": f"python -m fl_attack.evaluation.reader --dataset {name} --shared-data DIR "
         f"--epochs {epochs} --seed {seed}",
     }
     info["training_digests"] = write_training_digests(name, shared_data, out)
@@ -662,12 +662,12 @@ def refresh_training_digests(dataset: str, shared_data=None, out=ASSETS) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fl_attack.audit.reader --dataset femnist|cifar100 --shared-data DIR [--epochs N] [--seed 0]
+    """``python -m fl_attack.evaluation.reader --dataset femnist|cifar100 --shared-data DIR [--epochs N] [--seed 0]
     [--out fl_attack/assets] [--digests-only]``: train and write the reader (:func:`train_reader`), or
     with ``--digests-only`` its training set's fingerprint alone (:func:`refresh_training_digests`).
     Returns 0."""
     ap = argparse.ArgumentParser(
-        prog="python -m fl_attack.audit.reader", description=train_reader.__doc__.split("\n")[0]
+        prog="python -m fl_attack.evaluation.reader", description=train_reader.__doc__.split("\n")[0]
     )
     ap.add_argument("--dataset", required=True, choices=sorted(DATASETS))
     ap.add_argument(

@@ -9,7 +9,7 @@ The evaluator's.
   CIFAR-100 has no writers: nothing to leave out beyond the verdict's rule that no distractor or
   public image equals one of the client's originals.
 * **The reader's training set**, both datasets: a client image the reader trained on
-  (``fl_attack.audit.reader.in_training_set``, by fingerprint) makes its ``recognized`` optimistic;
+  (``fl_attack.evaluation.reader.in_training_set``, by fingerprint) makes its ``recognized`` optimistic;
   ``reader_overlap`` counts them, the verdict warns once per run, and ``disjoint_record`` counts
   them over the run's clients.
 """
@@ -115,8 +115,8 @@ def leave_out_writers(pool: Pool, public: tuple[torch.Tensor, torch.Tensor], wri
 
 def reader_overlap(truth: torch.Tensor, dataset: str) -> int:
     """How many of ``truth`` (float (k,C,H,W) in [0,1]) are, at 8 bits, images the reader of ``dataset``
-    trained on (``fl_attack.audit.reader.in_training_set``). Raises as that does."""
-    from fl_attack.audit.reader import in_training_set
+    trained on (``fl_attack.evaluation.reader.in_training_set``). Raises as that does."""
+    from fl_attack.evaluation.reader import in_training_set
 
     return int(in_training_set(truth, dataset).sum())
 
@@ -137,7 +137,7 @@ def disjoint_record(data: DataSettings, public_samples: int, *, num_distractors:
     * ``text``: the line the report shows (``disjoint_line``).
 
     Raises ValueError / FileNotFoundError for bad data settings (N None for femnist included)."""
-    from fl_attack.audit.victims import private_samples
+    from fl_attack.evaluation.victims import private_samples
 
     clients = range(int(data.num_partitions or 0))
     record: dict = {

@@ -3,13 +3,13 @@
 The federation (strategies/), ``fl-attack replay``, ``fl-attack attack`` and the paper experiments
 all hand an ``AttackOutcome`` (fl_attack.attacker.runtime.workers) and the victim's truth to ``Evaluator.record``,
 which scores it and returns THE row (``attack_row``: the columns of attacks.csv, defined once in
-``fl_attack.audit.runs.ATTACK_SCHEMA`` with where each value comes from; ``results_row`` renames it
+``fl_attack.schema.ATTACK_SCHEMA`` with where each value comes from; ``results_row`` renames it
 for results.csv and the experiments' CSVs).
 
 * ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
   label-count accuracy;
   ``psnr_trace``: the evaluator's PSNR in an in-process attack's trace.
-* the verdict (``fl_attack.audit.verdict``, when the evaluator is given one): how many of the client's
+* the verdict (``fl_attack.evaluation.verdict``, when the evaluator is given one): how many of the client's
   images were recovered, singled out and recognized, against the best guess without the update; and,
   beside each grid, the evidence picture of a few singled-out images (``Verdict.evidence``).
 
@@ -26,9 +26,11 @@ from pathlib import Path
 
 import torch
 
-from fl_attack.audit.images import save_comparison_grid, save_evidence
-from fl_attack.audit.metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
-from fl_attack.audit.runs import (
+from fl_attack.evaluation.images import save_comparison_grid, save_evidence
+from fl_attack.evaluation.metrics import evaluate_reconstruction, get_lpips, match_pairs, psnr
+from fl_attack.evaluation.verdict import Verdict
+from fl_attack.federation.data import get_spec
+from fl_attack.schema import (
     ATTACK_COLUMNS,
     ATTACK_SCHEMA,
     OUTCOME,
@@ -38,15 +40,13 @@ from fl_attack.audit.runs import (
     attack_columns,
     evidence_path,
 )
-from fl_attack.audit.verdict import Verdict
-from fl_attack.federation.data import get_spec
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Evaluator", "score", "psnr_trace", "attack_row", "RESULT_COLUMNS", "results_row"]
 
 _SCORES = attack_columns(SCORE)  # psnr, ssim, fsim, lpips, label_accuracy: ``score``'s
-_VERDICT = attack_columns(VERDICT)  # the verdict's (fl_attack.audit.verdict.VERDICT_COLUMNS)
+_VERDICT = attack_columns(VERDICT)  # the verdict's (fl_attack.evaluation.verdict.VERDICT_COLUMNS)
 # results.csv (fl-attack attack; the experiments' CSVs take nodes..seconds): a view of attacks.csv, these of its
 # columns in this order, two of them renamed (older results.csv files and the experiments' CSVs carry these names).
 RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
@@ -63,7 +63,7 @@ def score(images: torch.Tensor, labels, truth_images: torch.Tensor, truth_labels
     """Score a reconstruction against the ground truth, on Hungarian-matched pairs.
 
     images, truth_images: (N,C,H,W) in [0,1]; labels, truth_labels: (N,) class ids (order irrelevant).
-    Returns ``fl_attack.audit.metrics.evaluate_reconstruction``'s dict: psnr (dB), ssim, fsim, lpips (the
+    Returns ``fl_attack.evaluation.metrics.evaluate_reconstruction``'s dict: psnr (dB), ssim, fsim, lpips (the
     shared CPU LPIPS-alex network, loaded once per process), label_accuracy in [0,1], psnr_recovered in
     [0,1] (Dimitrov et al.'s share above the dataset's ``psnr_recovered_db``), per_image,
     matching, matched_recon. Raises TypeError / ValueError for malformed inputs.
@@ -103,14 +103,14 @@ _CARRIED = tuple((c.name, c.source, c.attribute or c.name) for c in ATTACK_SCHEM
 
 def attack_row(*, scores: dict | None = None, **columns) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv; each column's
-    meaning and type in ``fl_attack.audit.runs.ATTACKS``), in their order.
+    meaning and type in ``fl_attack.schema.ATTACKS``), in their order.
 
     columns: values by column name; method, dataset, local_steps, nodes (``Attack.nodes_per_iteration``),
     iterations, labels ("recovered" or "oracle"), partition_id and label_estimator are required, the
     others default to "" / "none" (defense) / "ok" (status) / NaN (lsim_*, attack_seconds) / None (an
     empty cell: round, node_id, lag_rounds, threads, epsilon without DP, parameters, unknowns).
     scores: ``score``'s dict (psnr in dB, ssim, fsim, lpips, label_accuracy) and the verdict's columns
-    (``fl_attack.audit.verdict.VERDICT_COLUMNS``) where judged; None leaves the metrics NaN and the verdict
+    (``fl_attack.evaluation.verdict.VERDICT_COLUMNS``) where judged; None leaves the metrics NaN and the verdict
     empty (a failed attack). Raises TypeError for a name that is not a column or a missing required one.
     """
     unknown = sorted(columns.keys() - set(ATTACK_COLUMNS) | columns.keys() & set(_SCORES + _VERDICT))
@@ -141,7 +141,7 @@ class Evaluator:
     appends it to attacks.csv), called after scoring; an OSError from it propagates (the caller keeps
     the outcome and tries again) and nothing else escapes ``record``. timings: an object with
     ``measure(phase)`` (fl_attack.audit.timings.Timings) for the scoring, images and writing phases.
-    verdict: the run's ``fl_attack.audit.verdict.Verdict`` (its public pool, distractors and reader), which
+    verdict: the run's ``fl_attack.evaluation.verdict.Verdict`` (its public pool, distractors and reader), which
     adds the verdict's columns to every scored row; None leaves them empty.
     """
 

@@ -29,7 +29,7 @@ For one scored attack (k reconstructions, Hungarian-matched to the client's k or
   ``recognized_guess``, ``guess_recovered``) is the best guess's for that column. ``psnr_margin`` =
   the attack's PSNR - ``guess_psnr``.
 * **Recognized** (``recognized``): the fraction of reconstructions an independent classifier (the
-  reader, fl_attack.audit.reader: trained on data disjoint from the clients and from the public pool)
+  reader, fl_attack.evaluation.reader: trained on data disjoint from the clients and from the public pool)
   assigns their original's true class; ``recognized_truth`` is its accuracy on the originals (the
   ceiling).
 * **Recovered** (``recovered`` of ``k``): an image is recovered when its reconstruction is singled
@@ -43,7 +43,7 @@ The public pool is the server's own held-out set (``fl_attack.federation.data.se
 its centralised evaluation and of the ``aux`` label estimator), never a client's. The distractors are
 drawn from the dataset's pool with the run's seed; any that equals one of the client's originals is
 left out. On FEMNIST both leave out the run's writers where the driver knows them (``exclude_writers``,
-fl_attack.audit.overlap): the server's held-out set is LEAF-test samples of every writer, the victims
+fl_attack.evaluation.overlap): the server's held-out set is LEAF-test samples of every writer, the victims
 included, and config.json says how many of them it shares. A client image the reader trained on is
 found by fingerprint and warned about (``warn_reader_overlap``).
 """
@@ -61,13 +61,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_attack.audit.metrics import _psnr, _ssim, match_pairs, psnr_recovered
-from fl_attack.audit.overlap import leave_out_writers, reader_overlap
-from fl_attack.audit.runs import VERDICT, attack_columns, percent, whose
-from fl_attack.audit.stats import CONFIDENCE, exceeds_chance, interval
+from fl_attack.evaluation.metrics import _psnr, _ssim, match_pairs, psnr_recovered
+from fl_attack.evaluation.overlap import leave_out_writers, reader_overlap
+from fl_attack.evaluation.stats import CONFIDENCE, exceeds_chance, interval
 from fl_attack.federation.loading import load_pool
 from fl_attack.federation.partition import server_test_set
 from fl_attack.federation.pools import get_spec
+from fl_attack.schema import VERDICT, attack_columns, percent, whose
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ NOISE_SEED = 7919  # their draws: fixed, so that the same update gets the same n
 _BLOCK = 256  # candidates ranked at a time (singled_out stops an image at the first nearer one)
 GUESSES = ("pool mean", "class mean", "class medoid", "reader's pick")  # the update-free guesses
 # Every column the verdict adds to a row, NaN where there is no score: declared once, with its meaning and type,
-# as the VERDICT columns of attacks.csv's schema (fl_attack.audit.runs.ATTACK_SCHEMA).
+# as the VERDICT columns of attacks.csv's schema (fl_attack.schema.ATTACK_SCHEMA).
 VERDICT_COLUMNS = attack_columns(VERDICT)
 START_GUESS = "public start"  # the attack's own start when it started from public images (AttackConfig.start)
 
@@ -161,7 +161,7 @@ class Verdict:
     public_images (P,C,H,W) in [0,1] and public_labels (P,) int64: the server's public pool.
     distractors (D + slack, C,H,W) in [0,1]: candidates the client never held, in the seed's order.
     num_distractors: D. reader: a classifier, images (N,C,H,W) in [0,1] -> logits (N, classes)
-    (fl_attack.audit.reader.load_reader; loaded on first use when None). reader_writers: client ids the
+    (fl_attack.evaluation.reader.load_reader; loaded on first use when None). reader_writers: client ids the
     reader was trained on (a warning names an attacked one: its ``recognized`` is optimistic).
     distractor_labels (D + slack,) int64: the distractors' classes (the label-aware chance; None: NaN).
     """
@@ -224,7 +224,7 @@ class Verdict:
         data_dir)``) with ``default_rng([seed, 38])``, with their labels (for the label-aware chance).
         exclude_writers: femnist writer names, the run's (``fl_attack.federation.data.run_writers``): the
         public pool and the distractors then hold no sample of theirs, nor an image equal to one
-        (``fl_attack.audit.overlap.leave_out_writers``); fewer than D distractors when the other writers'
+        (``fl_attack.evaluation.overlap.leave_out_writers``); fewer than D distractors when the other writers'
         samples do not hold them. ValueError for bad data settings, D < 1, or writers that cifar100 or
         the pool lacks."""
         if num_distractors < 1:
@@ -242,7 +242,7 @@ class Verdict:
         if kept.writer_prints:  # an image of another writer equal to one of the run's: out too
             keep = torch.tensor([p not in kept.writer_prints for p in _fingerprints(images)])
             images, labels = images[keep], labels[keep]
-        from fl_attack.audit.reader import reader_writers
+        from fl_attack.evaluation.reader import reader_writers
 
         writers = frozenset(reader_writers(dataset))
         return cls(
@@ -257,7 +257,7 @@ class Verdict:
 
     def warn_reader_overlap(self, truth: torch.Tensor, client_id: str = "") -> int:
         """How many of a client's originals ``truth`` (k,C,H,W) in [0,1] the reader trained on, by
-        fingerprint (``fl_attack.audit.overlap.reader_overlap``); the first time in a run that any is,
+        fingerprint (``fl_attack.evaluation.overlap.reader_overlap``); the first time in a run that any is,
         one warning names the count (its ``recognized`` is then optimistic); 0 without a reader (or with a
         reader the app gave, whose training set the verdict cannot see). ValueError for bad images."""
         if not self.has_reader or get_spec(self.dataset).reader_epochs == 0:
@@ -278,7 +278,7 @@ class Verdict:
 
     def _logits(self, images: torch.Tensor) -> torch.Tensor:
         if self.reader is None:
-            from fl_attack.audit.reader import load_reader
+            from fl_attack.evaluation.reader import load_reader
 
             self.reader = load_reader(self.dataset)
         with torch.no_grad():
@@ -484,10 +484,10 @@ class Verdict:
         """The verdict's columns (``VERDICT_COLUMNS``) for one attack.
 
         matched: its reconstructions (k,C,H,W) in [0,1], Hungarian-matched so matched[j] pairs truth[j]
-        (``fl_attack.audit.metrics.evaluate_reconstruction``'s matched_recon); recon_labels: the labels the
+        (``fl_attack.evaluation.metrics.evaluate_reconstruction``'s matched_recon); recon_labels: the labels the
         attack recovered (k,), used by the label guesses and the label-aware chance; truth, truth_labels:
         the originals; psnr: the attack's matched PSNR (dB); lpips: an LPIPS callable
-        (fl_attack.audit.metrics.LPIPS) for the guesses. client_id: the attacked client's, to warn when
+        (fl_attack.evaluation.metrics.LPIPS) for the guesses. client_id: the attacked client's, to warn when
         the reader was trained on it. Every update-free output (the guesses, ``NOISE_OUTPUTS`` noise
         starts) is matched to ``truth`` with ``match_pairs`` as the attack was. Returns floats (counts as
         ints; ``guesses`` a JSON object of each guess's columns); ValueError for mismatched shapes.
@@ -605,7 +605,7 @@ class Verdict:
         self, matched: torch.Tensor, truth: torch.Tensor, candidates: torch.Tensor | None = None, n: int = 4
     ) -> list[dict]:
         """Up to ``n`` singled-out images with what singled them out, for a reader to look at
-        (fl_attack.audit.images.save_evidence draws them; docs/verdict.md, "The evidence").
+        (fl_attack.evaluation.images.save_evidence draws them; docs/verdict.md, "The evidence").
 
         matched: the reconstructions (k,C,H,W) in [0,1] lined up with the originals ``truth`` (k,C,H,W)
         in [0,1] (matched[j] pairs truth[j], as ``score`` takes them); candidates: ``candidates(truth)``
