@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from .core import ROOT, _head, _read, _table
 
 PAGE = Path("docs/attacker-memory.md")
@@ -139,3 +141,46 @@ BLOCKS[PAGE].update(
         "memory-cifar100": _federation("cifar100-keep-aux", lpips=True, who="client"),
     }
 )
+
+
+# --- the issue's acceptance over every 15-round federation measured ------------------------------------------
+
+ACCEPTANCE = [  # (records: the run's attacks.csv, then replays of rounds it did not record ok; page's words)
+    ([FEDERATION, *REPLAYS.values()], "FEMNIST seed 0 (the study above)", "`joint`, `support`"),
+    ([RECORDS / "seed1" / "attacks.csv"], "FEMNIST seed 1", "`keep`, `support`"),
+    ([RECORDS / "seed1" / "keep-aux" / "attacks.csv"], "FEMNIST seed 1, replayed", "`keep`, `aux`"),
+    ([RECORDS / "seed0-keep-aux" / "attacks.csv"], "FEMNIST seed 0, run again", "`keep`, `aux`"),
+    ([RECORDS / "cifar100-keep-aux" / "attacks.csv"], "CIFAR-100 seed 0", "`keep`, `aux`"),
+]
+
+
+def acceptance() -> str:
+    """Per federation: how far the remembering server's PSNR ever fell below its round 1 (the worst tracked
+    client), each client's gap over the memoryless attack at the last round, and each client's mean label
+    accuracy of the ``+memory`` rows; a round the run did not record ok comes from its replay."""
+    rows = []
+    for records, words, mode in ACCEPTANCE:
+        frames = [_read(r) for r in records]
+        frame = pd.concat([f[f["status"] == "ok"] for f in frames], ignore_index=True)
+        frame = frame.drop_duplicates(["partition_id", "round", "method"], keep="first")
+        last = int(frame["round"].max())
+        below, gaps, labels = [], [], []
+        for _, mine in frame.groupby("partition_id"):
+            alone = mine[mine["method"] == "pisme"].set_index("round")
+            kept = mine[mine["method"] == "pisme+memory"].set_index("round")
+            below.append(kept.loc[1, "psnr"] - kept["psnr"].min())
+            gaps.append(f"{kept.loc[last, 'psnr'] - alone.loc[last, 'psnr']:+.1f}")
+            labels.append(f"{kept['label_accuracy'].mean():.2f}")
+        rows.append([words, mode, f"{max(below):.1f}", ", ".join(gaps), ", ".join(labels)])
+    header = [
+        "federation",
+        "mode, labels",
+        "`+memory` below round 1 (worst)",
+        "gap at round 15 over the memoryless attack",
+        "label acc. of `+memory`, mean 1–15",
+    ]
+    records = list(dict.fromkeys(r for run, _, _ in ACCEPTANCE for r in run))
+    return _head(*records, page=PAGE) + "\n" + _table(header, rows)
+
+
+BLOCKS[PAGE]["memory-acceptance"] = acceptance
