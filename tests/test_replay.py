@@ -70,7 +70,7 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
             "dataset",
             "defense",
             "local_steps",
-            "nodes",
+            "gradients_per_iteration",
             "iterations",
             "labels",
             "label_estimator",
@@ -144,7 +144,7 @@ def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path
     )
     out = run_dir / "replays" / "ig-oracle-K5-tv_weight0.02-rounds2"
     _, rows = read_csv(out / "attacks.csv")
-    assert [(r["round"], r["method"], r["labels"], r["nodes"], r["iterations"]) for r in rows] == [
+    assert [(r["round"], r["method"], r["labels"], r["gradients_per_iteration"], r["iterations"]) for r in rows] == [
         ("2", "ig", "oracle", "1", "5")
     ]
     assert float(rows[0]["label_accuracy"]) == 1.0
