@@ -318,7 +318,7 @@ def _attack(args) -> int:
     rows = run_attack_experiment(settings, out, progress=not args.no_progress, pool=pool)
     failed = sum(1 for r in rows if r["psnr"] != r["psnr"])
     for row in rows:
-        print(f"{PROG}: client {row['client']} {row['method']}: {verdict_line(row)}", file=sys.stderr)
+        print(f"{PROG}: client {row['partition_id']} {row['method']}: {verdict_line(row)}", file=sys.stderr)
     print(f"{PROG}: {len(rows)} attack(s), {failed} failed; results in {out / 'results.csv'}", file=sys.stderr)
     if rows and failed == len(rows):
         print(f"{PROG}: error: every attack failed; see the messages above", file=sys.stderr)
