@@ -220,6 +220,20 @@ def test_missing_refuses_a_record_with_other_columns_before_any_attack(copy_of, 
     assert (copy_of / "attacks.csv").read_bytes() == before
 
 
+def test_missing_refuses_a_record_under_a_former_column_name(copy_of, capsys):
+    """A run recorded when gradients_per_iteration was named nodes: read under today's name, but never
+    appended to under the old header (a resume rewrites it; fl_attack.audit.runs.RunFolder.cut_back)."""
+    columns, rows = read_csv(copy_of / "attacks.csv")
+    with open(copy_of / "attacks.csv", "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["nodes" if c == "gradients_per_iteration" else c for c in columns])
+        writer.writerows([[r[c] for c in columns] for r in rows[:1]])
+    before = (copy_of / "attacks.csv").read_bytes()
+    assert main(["replay", str(copy_of), "--missing"]) == 2
+    assert "(missing: ['gradients_per_iteration'], unknown: ['nodes'])" in _one_error_line(capsys)
+    assert (copy_of / "attacks.csv").read_bytes() == before
+
+
 def _one_error_line(capsys) -> str:
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

@@ -142,6 +142,19 @@ def test_committed_older_records_are_read_under_todays_names():
     assert "seconds" in header and "attack_seconds" not in header and float(rows[0]["seconds"]) > 0
 
 
+def test_a_resume_rewrites_an_older_attacks_csv_under_todays_names(tmp_path):
+    """RunFolder.cut_back (a resume) on copies of the demo record's files: attacks.csv's nodes becomes
+    gradients_per_iteration with its values; rounds.csv keeps its own seconds."""
+    for name in ("attacks.csv", "rounds.csv"):
+        shutil.copy(ROOT / "docs" / "demo-record" / name, tmp_path / name)
+    _, old = read_csv(tmp_path / "attacks.csv")
+    RunFolder(tmp_path).cut_back(1)
+    header, rows = read_csv(tmp_path / "attacks.csv")
+    assert header == ATTACK_COLUMNS and rows
+    assert [r["gradients_per_iteration"] for r in rows] == [r["nodes"] for r in old if r["round"] == "1"]
+    assert _header(tmp_path / "rounds.csv") == ROUND_COLUMNS
+
+
 def test_analysis_reads_the_schemas_columns():
     readable = set(ATTACK_COLUMNS) | set(load.DERIVED)
     used = [*aggregate.GROUP_KEYS, *aggregate.METRICS, *load.ATTACK_KEY, *load.ATTACK_REQUIRED]
