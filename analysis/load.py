@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_attack.schema import ATTACK_COLUMNS, ATTACKS, ROUND_COLUMNS, ROUNDS, numeric
+from fl_attack.records import current_names
+from fl_attack.schema import ATTACK_COLUMNS, ATTACKS, FORMER_NAMES, ROUND_COLUMNS, ROUNDS, numeric
 
 # The run folder's typed schema (fl_attack.schema): the writers' and this reader's one column list.
 ROUND_NUMERIC, ATTACK_NUMERIC = numeric(ROUNDS), numeric(ATTACKS)
@@ -90,7 +91,12 @@ def load_run(path: str | Path) -> Run:
     name = config.get("run_name") or path.resolve().name
     rounds = read_table(path / "rounds.csv", ROUND_COLUMNS, ROUND_NUMERIC, required=ROUND_REQUIRED)
     attacks = read_table(
-        path / "attacks.csv", ATTACK_COLUMNS, ATTACK_NUMERIC, required=ATTACK_REQUIRED, statuses=ATTACK_STATUSES
+        path / "attacks.csv",
+        ATTACK_COLUMNS,
+        ATTACK_NUMERIC,
+        required=ATTACK_REQUIRED,
+        statuses=ATTACK_STATUSES,
+        former=FORMER_NAMES,
     )
     check_single_run(path, rounds, attacks)
     if attacks["defense"].isna().any():
@@ -168,6 +174,7 @@ def read_table(
     numeric: list[str],
     required: tuple[str, ...] = (),
     statuses: tuple[str, ...] | None = None,
+    former: dict | None = None,
 ) -> pd.DataFrame:
     """Read one appended-to CSV of a run folder into a DataFrame.
 
@@ -176,7 +183,8 @@ def read_table(
     from the header, a numeric field does not parse, a `required` field is empty, or (with
     `statuses`) its status is not one of them. The
     last line, when it has no line end (a write cut short), must also pass `_looks_complete`.
-    A missing or empty file gives an empty table.
+    A missing or empty file gives an empty table. former: {former name: today's} (FORMER_NAMES), an
+    older record's columns read under today's names (fl_attack.records.current_names).
     """
     if not path.is_file():
         return _empty_frame(columns, numeric)
@@ -191,7 +199,7 @@ def read_table(
 
     unterminated = not text.endswith(("\n", "\r"))
     rows = list(csv.reader(io.StringIO(text)))
-    header = [name.strip() for name in rows[0]]
+    header = current_names([name.strip() for name in rows[0]], former or {}, columns)
     body = rows[1:]
     numeric_here = [i for i, name in enumerate(header) if name in numeric]
     status_at = header.index("status") if statuses is not None and "status" in header else None

@@ -66,7 +66,7 @@ CONTROL_POINT_VARIANTS = [
 def summarise(rows: list[dict]) -> dict:
     """Per-method means and the acceptance checks of the quality benchmark."""
     table = pd.DataFrame(rows)
-    metrics = ["psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "seconds"]
+    metrics = ["psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds"]
     means = {
         m: {k: float(v) for k, v in g[metrics].mean().items()} | {"clients": int(g["psnr"].notna().sum())}
         for m, g in table.groupby("method", sort=False)
@@ -103,9 +103,9 @@ def markdown(summary: dict, rows: list[dict]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['client']} | {r['method']} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['lpips']:.3f} | "
+            f"| {r['partition_id']} | {r['method']} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['lpips']:.3f} | "
             f"{r['lsim_honest']:.4f} | {r['lsim_calibrated']:.4f} | {r['label_accuracy']:.2f} | "
-            f"{r['seconds']:.0f} |"
+            f"{r['attack_seconds']:.0f} |"
         )
     lines += [
         "",
@@ -115,7 +115,7 @@ def markdown(summary: dict, rows: list[dict]) -> str:
     for m, v in summary["means"].items():
         lines.append(
             f"| {m} | {v['clients']} | {v['psnr']:.2f} | {v['ssim']:.3f} | {v['lpips']:.3f} | "
-            f"{v['lsim_honest']:.4f} | {v['label_accuracy']:.2f} | {v['seconds']:.0f} |"
+            f"{v['lsim_honest']:.4f} | {v['label_accuracy']:.2f} | {v['attack_seconds']:.0f} |"
         )
     lines.append("")
     for name, check in summary["checks"].items():
@@ -184,7 +184,7 @@ def run_control_point_lr(args) -> int:
             "variant": name,
             "optimizer": optimizer,
             "lr_control_point": lr,
-            **{k: scored[k] for k in ("psnr", "ssim", "lpips", "lsim_honest", "lsim_calibrated", "seconds")},
+            **{k: scored[k] for k in ("psnr", "ssim", "lpips", "lsim_honest", "lsim_calibrated", "attack_seconds")},
             "control_point_shift": last.get("control_point_shift", math.nan),
         }
         rows.append(row)

@@ -712,7 +712,8 @@ def stage_federation(check: Check, stage: Stage, timeout: float) -> None:
             except ValueError:
                 pass
             body.append(
-                f"| {r['round']} | {r['partition_id']} | {r['method']} | {r['nodes']} | {r['iterations']} | "
+                f"| {r['round']} | {r['partition_id']} | {r['method']} | {r['gradients_per_iteration']} | "
+                f"{r['iterations']} | "
                 f"{r.get('device', '')} | {r.get('worker_id', '')[:12]} | {r['attack_seconds']} | {psnr} | "
                 f"{r['status']} |"
             )

@@ -56,8 +56,9 @@ outputs (under --out):
                                {", ".join(RESULT_COLUMNS[15:21])},
                                {", ".join(RESULT_COLUMNS[21:])}
                                (psnr in dB, ssim in [-1,1], fsim in [0,1], lpips >= 0, lsim in [0,2],
-                               label_accuracy in [0,1], seconds of attack wall time; nodes is m
-                               for pisme and 1 for the single-gradient attacks). Rewritten
+                               label_accuracy in [0,1], attack_seconds of attack wall time;
+                               gradients_per_iteration is m for pisme, 1 for the single-gradient
+                               attacks; the columns are attacks.csv's, docs/run-folder.md). Rewritten
                                atomically after every attack; a failed attack is a row of NaNs.
   trace-<client>-<method>.csv  loss, honest/calibrated Lsim, TV, the attack's variables and the
                                evaluator's PSNR every --trace-every iterations
@@ -317,7 +318,7 @@ def _attack(args) -> int:
     rows = run_attack_experiment(settings, out, progress=not args.no_progress, pool=pool)
     failed = sum(1 for r in rows if r["psnr"] != r["psnr"])
     for row in rows:
-        print(f"{PROG}: client {row['client']} {row['method']}: {verdict_line(row)}", file=sys.stderr)
+        print(f"{PROG}: client {row['partition_id']} {row['method']}: {verdict_line(row)}", file=sys.stderr)
     print(f"{PROG}: {len(rows)} attack(s), {failed} failed; results in {out / 'results.csv'}", file=sys.stderr)
     if rows and failed == len(rows):
         print(f"{PROG}: error: every attack failed; see the messages above", file=sys.stderr)

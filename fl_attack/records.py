@@ -191,14 +191,25 @@ def _header(fd: int) -> list[str]:
     return next(csv.reader([head.split(b"\n", 1)[0].decode()]), [])
 
 
-def read_csv(path: str | os.PathLike) -> tuple[list[str], list[dict]]:
-    """(header, rows as dicts of text) of the CSV at ``path``; ([], []) when it does not exist."""
+def read_csv(path: str | os.PathLike, former: dict | None = None, own=()) -> tuple[list[str], list[dict]]:
+    """(header, rows as dicts of text) of the CSV at ``path``; ([], []) when it does not exist.
+
+    former: {a column's former name: today's name} (fl_attack.schema.FORMER_NAMES): an older record's
+    column is read under today's name, unless the header has today's name too or the former name is one
+    of ``own`` (the columns the reader's table still has under that name). The file is never changed."""
     path = Path(path)
     if not path.is_file():
         return [], []
     with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        return list(reader.fieldnames or []), list(reader)
+        header = next(csv.reader(f), [])
+        names = current_names(header, former or {}, own)
+        reader = csv.DictReader(f, fieldnames=names)
+        return names, list(reader)
+
+
+def current_names(header: list[str], former: dict, own=()) -> list[str]:
+    """``header`` with each former name in ``former`` replaced by today's (``read_csv``'s rule)."""
+    return [former[c] if c in former and c not in own and former[c] not in header else c for c in header]
 
 
 def append_csv_row(path: str | os.PathLike, row: dict, columns: list[str]) -> None:
@@ -279,10 +290,15 @@ class CsvTable:
     resumes where it stopped. NAME.json beside it records ``identity`` (the scale); a CSV
     written with another identity raises ValueError (use another --out) before any work.
     Without a key, the file starts empty (a header only), replacing one of the same name.
+    former: {former name: today's name} for the rows read back (``read_csv``; none of ``columns`` is
+    renamed), so a table an older version began resumes under today's names.
     """
 
-    def __init__(self, path: Path, columns: list[str], key: tuple = (), identity: dict | None = None):
+    def __init__(
+        self, path: Path, columns: list[str], key: tuple = (), identity: dict | None = None, former: dict | None = None
+    ):
         self.path, self.columns, self.key, self.rows = Path(path), list(columns), tuple(key), []
+        self.former = former
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.key:
             self._resume(identity or {})
@@ -290,7 +306,7 @@ class CsvTable:
 
     def _resume(self, identity: dict) -> None:
         meta = self.path.with_suffix(".json")
-        header, rows = read_csv(self.path)
+        header, rows = read_csv(self.path, self.former, self.columns)
         if rows:
             if not meta.is_file():
                 raise ValueError(f"{self.path} has rows but no {meta.name}: its scale is unknown; use another --out")

@@ -110,9 +110,10 @@ ATTACK_SCHEMA: tuple[Column, ...] = (
         required=True,
     ),
     Column(
-        "nodes",
+        "gradients_per_iteration",
         float,
-        "gradient evaluations per iteration (Attack.nodes_per_iteration): m for PI-SME",
+        "gradient evaluations per iteration (Attack.gradients_per_iteration): PI-SME's m (attack-nodes), "
+        "pisme-adaptive's mean m, dimitrov's unrolled steps, 1 for the others; \"nodes\" in older records",
         OUTCOME,
         required=True,
     ),
@@ -271,6 +272,23 @@ ATTACKS: dict[str, type] = {c.name: c.kind for c in ATTACK_SCHEMA}
 ROUND_DESCRIPTIONS: dict[str, str] = {c.name: c.doc for c in ROUND_SCHEMA}
 ATTACK_DESCRIPTIONS: dict[str, str] = {c.name: c.doc for c in ATTACK_SCHEMA}
 ROUND_COLUMNS, ATTACK_COLUMNS = list(ROUNDS), list(ATTACKS)
+# results.csv (fl-attack attack) and the experiments' attack rows (fl_attack.evaluation.evaluator.results_row): these
+# attacks.csv columns, under their own names, in this order.
+RESULT_COLUMNS: tuple[str, ...] = (
+    *("dataset", "partition_id", "method", "local_steps", "gradients_per_iteration", "iterations", "labels"),
+    *("psnr", "ssim", "fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds"),
+    *(c.name for c in ATTACK_SCHEMA if c.source == VERDICT),
+    *("psnr_recovered", "lr_schedule"),
+)
+# Former names of today's columns in committed records, read as today's at read time (``fl_attack.records.read_csv``
+# with ``former``; never rewritten in the records): results.csv and the experiments' CSVs named partition_id
+# "client" and attack_seconds "seconds"; attacks.csv, results.csv and the experiments' CSVs named
+# gradients_per_iteration "nodes" (which the run config's attack-nodes, m, still is).
+FORMER_NAMES: dict[str, str] = {
+    "client": "partition_id",
+    "seconds": "attack_seconds",
+    "nodes": "gradients_per_iteration",
+}
 
 
 def attack_columns(source: str) -> tuple[str, ...]:

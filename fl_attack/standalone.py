@@ -16,9 +16,9 @@ benchmarks/attack_quality.py. It writes, under the output folder:
 * ``results.csv``: one row per (client, method), columns ``RESULT_COLUMNS``, rewritten atomically
   (temporary file + os.replace) after every attack, so a crash loses nothing already computed.
   Each row is the federation's attacks.csv row (``fl_attack.evaluation.evaluator.attack_row``, its columns
-  those of ``fl_attack.schema.ATTACK_SCHEMA``) with partition_id named ``client`` and
-  attack_seconds ``seconds`` (``results_row``, ``RESULT_RENAMES``), without the federation's other
-  columns (round, node_id, client_id, defense, status, error, image, ...);
+  those of ``fl_attack.schema.ATTACK_SCHEMA``), its ``RESULT_COLUMNS`` under the same names
+  (``results_row``), without the federation's other columns (round, node_id, client_id, defense,
+  status, error, image, ...);
 * ``trace-<client>-<method>.csv``: the attack's trace (iteration, loss, lsim_honest,
   lsim_calibrated, tv, the attack's own variables, and the evaluator's psnr);
 * ``client-<client>-<method>.png``: originals in the top row, matched reconstructions below

@@ -434,12 +434,12 @@ def test_the_one_method_list_check(text, message):
     assert str(info.value) == message
 
 
-def test_nodes_per_iteration_is_the_attacks_own():
+def test_gradients_per_iteration_is_the_attacks_own():
     config = AttackConfig(nodes=5)
-    assert [get_attack(m).nodes_per_iteration(config) for m in ("ig", "sme", "nlsme", "pisme")] == [1, 1, 1, 5]
+    assert [get_attack(m).gradients_per_iteration(config) for m in ("ig", "sme", "nlsme", "pisme")] == [1, 1, 1, 5]
     trace = [{"iteration": 0, "nodes": 2}, {"iteration": 10, "nodes": 5}, {"iteration": 20}]
-    assert get_attack("pisme-adaptive").nodes_per_iteration(config, trace) == 3.5
-    assert get_attack("pisme-adaptive").nodes_per_iteration({"nodes": 4}) == 4  # no trace: its largest m
+    assert get_attack("pisme-adaptive").gradients_per_iteration(config, trace) == 3.5
+    assert get_attack("pisme-adaptive").gradients_per_iteration({"nodes": 4}) == 4  # no trace: its largest m
 
 
 def test_unknown_override_is_rejected(femnist_small):

@@ -12,13 +12,14 @@ columns and rounds.csv unchanged.
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from fl_attack.records import read_csv
+from fl_attack.schema import FORMER_NAMES
 from tests.inprocess import serve
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -30,8 +31,7 @@ REDEFINED |= {"psnr_margin"}
 
 
 def _rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(path, FORMER_NAMES if path.name == "attacks.csv" else None)[1]  # the golden record's nodes
     return sorted(rows, key=lambda r: (int(r["round"]), r.get("partition_id", ""), r.get("method", "")))
 
 

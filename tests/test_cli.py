@@ -16,10 +16,10 @@ from tests.mounts import tmpfs
 
 COLUMNS = [
     "dataset",
-    "client",
+    "partition_id",
     "method",
     "local_steps",
-    "nodes",
+    "gradients_per_iteration",
     "iterations",
     "labels",
     "psnr",
@@ -29,7 +29,7 @@ COLUMNS = [
     "lsim_honest",
     "lsim_calibrated",
     "label_accuracy",
-    "seconds",
+    "attack_seconds",
     *VERDICT_COLUMNS,
     "psnr_recovered",  # Dimitrov et al.'s metric beside the verdict
     "lr_schedule",
@@ -73,7 +73,7 @@ def test_tiny_run_writes_results(tiny_run):
     assert rc == 0
     columns, rows = _read(out / "results.csv")
     assert columns == COLUMNS
-    assert [(r["client"], r["method"]) for r in rows] == [("0", "pisme"), ("0", "ig")]
+    assert [(r["partition_id"], r["method"]) for r in rows] == [("0", "pisme"), ("0", "ig")]
     for r in rows:
         assert r["dataset"] == "femnist" and r["labels"] == "recovered"
         assert int(r["local_steps"]) == 2 and int(r["iterations"]) == 3
@@ -83,8 +83,8 @@ def test_tiny_run_writes_results(tiny_run):
         assert math.isfinite(lpips) and lpips >= 0
         assert 0 <= float(r["label_accuracy"]) <= 1
         assert 0 <= float(r["lsim_honest"]) <= 2 and 0 <= float(r["lsim_calibrated"]) <= 2
-        assert float(r["seconds"]) > 0
-    assert {r["method"]: int(r["nodes"]) for r in rows} == {"pisme": 2, "ig": 1}
+        assert float(r["attack_seconds"]) > 0
+    assert {r["method"]: int(r["gradients_per_iteration"]) for r in rows} == {"pisme": 2, "ig": 1}
 
 
 def test_tiny_run_writes_traces_grids_and_no_temporaries(tiny_run):

@@ -32,15 +32,16 @@ SCORE_COLUMNS = [
     "lsim_honest",
     "lsim_calibrated",
     "label_accuracy",
-    "seconds",
+    "attack_seconds",
     "seconds_per_iteration",
     "gradient_evaluations",
 ]
 EXPECTED = {
-    "table1": ["dataset", "paper_T", "local_steps", "client", "seed", "method", "iterations", "paper_psnr"]
+    "table1": ["dataset", "paper_T", "local_steps", "partition_id", "seed", "method", "iterations", "paper_psnr"]
     + SCORE_COLUMNS,
-    "node-sweep": ["dataset", "local_steps", "client", "seed", "method", "nodes", "iterations"] + SCORE_COLUMNS,
-    "class-deficiency": ["paper_classes", "classes", "distinct_labels", "method", "client"] + SCORE_COLUMNS,
+    "node-sweep": ["dataset", "local_steps", "partition_id", "seed", "method", "nodes", "gradients_per_iteration"]
+    + ["iterations", *SCORE_COLUMNS],
+    "class-deficiency": ["paper_classes", "classes", "distinct_labels", "method", "partition_id"] + SCORE_COLUMNS,
     "path-consistency": [
         "paper_T",
         "local_steps",
@@ -55,11 +56,12 @@ EXPECTED = {
         "paper_lsim",
     ],
     "matched-compute": ["method", "iterations", "multiple"] + SCORE_COLUMNS,
-    "adaptive-nodes": ["variant", "method", "node_tolerance", "nodes", "nodes_schedule", "node_error"] + SCORE_COLUMNS,
+    "adaptive-nodes": ["variant", "method", "node_tolerance", "gradients_per_iteration", "nodes_schedule", "node_error"]
+    + SCORE_COLUMNS,
     "label-recovery": ["round", "client", "estimator", "label_accuracy", "test_accuracy", "pbar_tv_dummy", "seconds"],
     "client-optimizers": ["regime", "optimizer", "client_lr", "optimizer_aware", "local_steps", "method"]
     + SCORE_COLUMNS,
-    "precision": ["dataset", "paper_T", "precision", "local_steps", "client", "seed", "method"] + SCORE_COLUMNS,
+    "precision": ["dataset", "paper_T", "precision", "local_steps", "partition_id", "seed", "method"] + SCORE_COLUMNS,
 }
 
 
@@ -120,7 +122,7 @@ def test_attack_scores_are_in_range(outputs, name):
         assert num(row["lpips"]) >= 0 or math.isnan(num(row["lpips"]))
         assert 0 <= num(row["lsim_honest"]) <= 2 and 0 <= num(row["lsim_calibrated"]) <= 2
         assert 0 <= num(row["label_accuracy"]) <= 1
-        assert num(row["seconds"]) > 0 and num(row["seconds_per_iteration"]) > 0
+        assert num(row["attack_seconds"]) > 0 and num(row["seconds_per_iteration"]) > 0
         assert num(row["gradient_evaluations"]) >= num(row["iterations"])
 
 
@@ -219,7 +221,8 @@ def test_adaptive_nodes_compares_with_fixed_m(outputs):
     assert {"fixed m=7", "fixed m=2"} <= variants and any(v.startswith("adaptive") for v in variants)
     for r in rows:
         if r["method"] == "pisme-adaptive":
-            assert 1 <= num(r["nodes"]) <= 7 and num(r["node_tolerance"]) > 0 and r["nodes_schedule"].startswith("0:")
+            assert 1 <= num(r["gradients_per_iteration"]) <= 7 and num(r["node_tolerance"]) > 0
+            assert r["nodes_schedule"].startswith("0:")
             assert 0 <= num(r["node_error"]) <= 2
     md = (outputs / "adaptive-nodes.md").read_text()
     assert "m=1" in md and "m=7" in md  # the error-estimate table
@@ -305,6 +308,27 @@ def test_a_rerun_skips_recorded_rows_and_adds_the_new_grid_values(tmp_path):
     assert f"Wall time: {seconds:.0f} s" in md
 
 
+def test_a_table_an_older_version_began_resumes_under_todays_names(tmp_path, capsys):
+    """The committed fair-scale node sweep (client, seconds: the names results_row gave before it took
+    attacks.csv's) resumes: its femnist rows are recognised as done under partition_id, none is rerun,
+    and the table is rewritten under today's names, the sweep's own nodes (m) kept."""
+    record = REPO / "docs" / "fair-scale"
+    for name in ("node-sweep.csv", "node-sweep.json"):
+        (tmp_path / name).write_bytes((record / name).read_bytes())
+    old_header, old = read(record, "node-sweep")
+    assert {"client", "nodes", "seconds"} <= set(old_header)
+    grid = ["--grid", "dataset=femnist", "--grid", "paper_T=250", "--grid", "nodes=1,2,3,7", "--clients", "3"]
+    argv = ["node-sweep", "--scale", "paper", "--seeds", "1", "--iterations", "300", "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path), *grid]) == 0
+    assert "12 of 12 attacks already recorded" in capsys.readouterr().err
+    header, rows = read(tmp_path, "node-sweep")
+    assert not {"client", "seconds"} & set(header) and {"partition_id", "attack_seconds", "nodes"} <= set(header)
+    renamed = {"client": "partition_id", "seconds": "attack_seconds"}
+    today = [renamed.get(c, c) for c in old_header]
+    assert [[r[c] for c in today] for r in rows] == [[r[c] for c in old_header] for r in old]  # none recomputed
+    assert "Attack time over all 24 rows" in (tmp_path / "node-sweep.md").read_text()
+
+
 def test_wall_time_counts_each_invocation_to_its_last_row_and_the_unstamped_rows():
     rows = [
         {"invocation": "a", "elapsed": 10.0},
@@ -356,11 +380,11 @@ def test_class_deficiency_with_oracle_labels(tmp_path):
 
 def test_paired_differences_pair_the_same_victim():
     rows = [
-        {"client": 0, "seed": 0, "method": "pisme", "psnr": 20.0},
-        {"client": 0, "seed": 0, "method": "nlsme", "psnr": 18.5},
-        {"client": 1, "seed": 0, "method": "pisme", "psnr": 15.0},
-        {"client": 1, "seed": 0, "method": "nlsme", "psnr": 16.0},
-        {"client": 2, "seed": 0, "method": "pisme", "psnr": 30.0},  # no NL-SME: not a pair
+        {"partition_id": 0, "seed": 0, "method": "pisme", "psnr": 20.0},
+        {"partition_id": 0, "seed": 0, "method": "nlsme", "psnr": 18.5},
+        {"partition_id": 1, "seed": 0, "method": "pisme", "psnr": 15.0},
+        {"partition_id": 1, "seed": 0, "method": "nlsme", "psnr": 16.0},
+        {"partition_id": 2, "seed": 0, "method": "pisme", "psnr": 30.0},  # no NL-SME: not a pair
     ]
     assert paired_differences(rows, "pisme", "nlsme", "psnr") == [1.5, -1.0]
     assert spread([1.5, -1.0]) == "-1.00 .. 1.50"
@@ -376,7 +400,7 @@ def test_two_workers_share_a_grid_and_write_the_same_rows(tmp_path):
     for workers in (1, 2):
         assert main(_tiny("node-sweep", tmp_path / str(workers), "--workers", str(workers), *grid)) == 0
         rows[workers] = sorted(read(tmp_path / str(workers), "node-sweep")[1], key=lambda r: int(r["nodes"]))
-    timing = {"seconds", "seconds_per_iteration", "worker", "invocation", "elapsed"}
+    timing = {"attack_seconds", "seconds_per_iteration", "worker", "invocation", "elapsed"}
     assert [{k: v for k, v in r.items() if k not in timing} for r in rows[1]] == [
         {k: v for k, v in r.items() if k not in timing} for r in rows[2]
     ]

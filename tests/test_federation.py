@@ -206,7 +206,7 @@ def test_the_prior_based_baselines_run_in_a_federation(tmp_path):
     assert sorted(r["method"] for r in rows) == ["dggi", "ginas"]
     for r in rows:
         assert r["status"] == "ok", r["error"]
-        assert math.isfinite(float(r["psnr"])) and r["labels"] == "recovered" and r["nodes"] == "1"
+        assert math.isfinite(float(r["psnr"])) and r["labels"] == "recovered" and r["gradients_per_iteration"] == "1"
         assert (tmp_path / r["image"]).is_file()
 
 

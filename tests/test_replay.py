@@ -70,7 +70,7 @@ def test_the_same_method_and_settings_reproduce_the_runs_rows_exactly(run_dir, c
             "dataset",
             "defense",
             "local_steps",
-            "nodes",
+            "gradients_per_iteration",
             "iterations",
             "labels",
             "label_estimator",
@@ -145,7 +145,7 @@ def test_oracle_labels_and_another_method_are_recorded_as_such(run_dir, tmp_path
     )
     out = run_dir / "replays" / "ig-oracle-K5-tv_weight0.02-rounds2"
     _, rows = read_csv(out / "attacks.csv")
-    assert [(r["round"], r["method"], r["labels"], r["nodes"], r["iterations"]) for r in rows] == [
+    assert [(r["round"], r["method"], r["labels"], r["gradients_per_iteration"], r["iterations"]) for r in rows] == [
         ("2", "ig", "oracle", "1", "5")
     ]
     assert float(rows[0]["label_accuracy"]) == 1.0
@@ -218,6 +218,20 @@ def test_missing_refuses_a_record_with_other_columns_before_any_attack(copy_of, 
     before = (copy_of / "attacks.csv").read_bytes()
     assert main(["replay", str(copy_of), "--missing"]) == 2
     assert "has other columns than this version writes (missing: ['device']" in _one_error_line(capsys)
+    assert (copy_of / "attacks.csv").read_bytes() == before
+
+
+def test_missing_refuses_a_record_under_a_former_column_name(copy_of, capsys):
+    """A run recorded when gradients_per_iteration was named nodes: read under today's name, but never
+    appended to under the old header (a resume rewrites it; fl_attack.audit.run_folder.RunFolder.cut_back)."""
+    columns, rows = read_csv(copy_of / "attacks.csv")
+    with open(copy_of / "attacks.csv", "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["nodes" if c == "gradients_per_iteration" else c for c in columns])
+        writer.writerows([[r[c] for c in columns] for r in rows[:1]])
+    before = (copy_of / "attacks.csv").read_bytes()
+    assert main(["replay", str(copy_of), "--missing"]) == 2
+    assert "(missing: ['gradients_per_iteration'], unknown: ['nodes'])" in _one_error_line(capsys)
     assert (copy_of / "attacks.csv").read_bytes() == before
 
 

@@ -22,16 +22,17 @@ from fl_attack import schema as runs
 from fl_attack.attacker.attacks import AttackConfig
 from fl_attack.attacker.runtime.workers import AttackJob, AttackOutcome
 from fl_attack.audit.run_folder import RunFolder
-from fl_attack.evaluation.evaluator import (
-    RESULT_COLUMNS,
-    RESULT_FROM,
-    RESULT_RENAMES,
-    Evaluator,
-    attack_row,
-    results_row,
-)
+from fl_attack.evaluation.evaluator import Evaluator, attack_row, results_row
 from fl_attack.federation.update import AttackTarget
-from fl_attack.schema import ATTACK_COLUMNS, ATTACK_SCHEMA, ROUND_SCHEMA
+from fl_attack.records import read_csv
+from fl_attack.schema import (
+    ATTACK_COLUMNS,
+    ATTACK_SCHEMA,
+    FORMER_NAMES,
+    RESULT_COLUMNS,
+    ROUND_COLUMNS,
+    ROUND_SCHEMA,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (runs.TARGET, runs.OUTCOME, runs.SCORE, runs.VERDICT, runs.EVALUATOR)
@@ -102,15 +103,13 @@ def test_an_attack_row_written_to_a_run_folder_has_the_schemas_header(tmp_path):
     assert math.isnan(float(written["psnr"])) and written["k"] == ""
 
 
-def test_results_csv_is_a_view_of_attacks_csv():
-    assert set(RESULT_FROM) <= set(ATTACK_COLUMNS)
-    assert set(RESULT_RENAMES) <= set(RESULT_FROM)
-    assert RESULT_COLUMNS == tuple(RESULT_RENAMES.get(c, c) for c in RESULT_FROM)
+def test_results_csv_is_a_view_of_attacks_csv_under_its_names():
+    assert [c for c in RESULT_COLUMNS if c not in ATTACK_COLUMNS] == []
     row = attack_row(
         method="ig",
         dataset="femnist",
         local_steps=2,
-        nodes=1,
+        gradients_per_iteration=1,
         iterations=1,
         labels="recovered",
         partition_id=0,
@@ -118,7 +117,42 @@ def test_results_csv_is_a_view_of_attacks_csv():
         attack_seconds=2.5,
     )
     result = results_row(row)
-    assert tuple(result) == RESULT_COLUMNS and result["client"] == 0 and result["seconds"] == 2.5
+    assert tuple(result) == RESULT_COLUMNS and result["partition_id"] == 0 and result["attack_seconds"] == 2.5
+
+
+def test_committed_older_records_are_read_under_todays_names():
+    """Unit test of the read-time mapping (``FORMER_NAMES``) on committed records, which stay as written."""
+    assert set(FORMER_NAMES.values()) <= set(RESULT_COLUMNS) and not set(FORMER_NAMES) & set(ATTACK_COLUMNS)
+    # a results.csv of fl-attack attack from before the renames went: client, nodes, seconds
+    old = ROOT / "docs/experiments/prior-option/femnist-E50-check/results.csv"
+    assert {"client", "nodes", "seconds"} <= set(_header(old))
+    header, rows = read_csv(old, FORMER_NAMES)
+    assert not {"client", "nodes", "seconds"} & set(header)
+    assert [c for c in header if c not in RESULT_COLUMNS] == []  # an older view: some columns came later
+    assert [r["partition_id"] for r in rows] == ["0", "1", "2"]
+    assert (rows[0]["method"], rows[0]["gradients_per_iteration"], rows[0]["attack_seconds"]) == ("ig", "1", "1.284")
+    # a run folder's attacks.csv from when gradients_per_iteration was nodes, through analysis.load
+    folder = ROOT / "docs/demo-record"
+    with open(folder / "attacks.csv", newline="") as f:
+        written = [float(r["nodes"]) for r in csv.DictReader(f)]
+    attacks = load.load_run(folder).attacks
+    assert "nodes" not in attacks and attacks["gradients_per_iteration"].tolist() == written == [1.0] * 6
+    # a former name that is the file's own column stays: rounds.csv's seconds (the round's wall time)
+    header, rows = read_csv(folder / "rounds.csv", FORMER_NAMES, ROUND_COLUMNS)
+    assert "seconds" in header and "attack_seconds" not in header and float(rows[0]["seconds"]) > 0
+
+
+def test_a_resume_rewrites_an_older_attacks_csv_under_todays_names(tmp_path):
+    """RunFolder.cut_back (a resume) on copies of the demo record's files: attacks.csv's nodes becomes
+    gradients_per_iteration with its values; rounds.csv keeps its own seconds."""
+    for name in ("attacks.csv", "rounds.csv"):
+        shutil.copy(ROOT / "docs" / "demo-record" / name, tmp_path / name)
+    _, old = read_csv(tmp_path / "attacks.csv")
+    RunFolder(tmp_path).cut_back(1)
+    header, rows = read_csv(tmp_path / "attacks.csv")
+    assert header == ATTACK_COLUMNS and rows
+    assert [r["gradients_per_iteration"] for r in rows] == [r["nodes"] for r in old if r["round"] == "1"]
+    assert _header(tmp_path / "rounds.csv") == ROUND_COLUMNS
 
 
 def test_analysis_reads_the_schemas_columns():
@@ -134,9 +168,9 @@ def test_an_older_attacks_csv_still_loads_with_every_column(tmp_path):
         shutil.copy(golden / name, tmp_path / name)
     older = _header(tmp_path / "attacks.csv")
     missing = [c for c in ATTACK_COLUMNS if c not in older]
-    assert "compile" in missing and "batch" in missing and set(older) <= set(ATTACK_COLUMNS)
+    assert "compile" in missing and "batch" in missing and set(older) - set(ATTACK_COLUMNS) == {"nodes"}
     run = load.load_run(tmp_path)
-    assert len(run.attacks) == 8
+    assert len(run.attacks) == 8 and run.attacks["gradients_per_iteration"].notna().all()  # its nodes
     assert list(run.attacks.columns[: len(ATTACK_COLUMNS)]) == ATTACK_COLUMNS
     assert run.attacks["batch"].isna().all() and (run.attacks["labels"] == "recovered").all()
 

@@ -157,10 +157,11 @@ def test_the_trend_says_still_rising_only_when_the_count_rose_after_the_last_sna
 
 def test_the_lever_page_shows_the_table_its_records_make():
     """docs/time-to-quality.md's table is levers.md, which the script writes from levers.csv: none by hand."""
-    import csv
     from pathlib import Path
 
     from analysis.experiments.time_to_quality import seed_table, table
+    from fl_attack.records import read_csv
+    from fl_attack.schema import FORMER_NAMES
 
     root = Path(__file__).resolve().parents[1] / "docs"
     runs = sorted(p.parent for p in (root / "time-to-quality").glob("*/levers.csv"))  # paper, heldout, ...
@@ -168,8 +169,7 @@ def test_the_lever_page_shows_the_table_its_records_make():
     page = (root / "time-to-quality.md").read_text()
     seeded = 0
     for folder in (root / "time-to-quality", *runs):  # the demo's, then each other run's
-        with open(folder / "levers.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = read_csv(folder / "levers.csv", FORMER_NAMES)[1]  # dated records: nodes, today's gradients_per_iteration
         made = table(rows)
         assert (folder / "levers.md").read_text() == made
         assert made.strip() in page
@@ -185,8 +185,8 @@ def test_the_seed_table_groups_replays_that_differ_only_in_the_seed():
     from analysis.experiments.time_to_quality import seed_table
 
     def row(lever, options, recovered, iterations="200"):
-        return {"lever": lever, "options": options, "iterations": iterations, "nodes": "3", "recovered": recovered,
-                "k": "32", "psnr": "15.0", "attack_seconds": "20.0"}  # fmt: skip
+        return {"lever": lever, "options": options, "iterations": iterations, "gradients_per_iteration": "3",
+                "recovered": recovered, "k": "32", "psnr": "15.0", "attack_seconds": "20.0"}  # fmt: skip
 
     rows = [row("a", "lr_images=0.3", "5"), row("a", "lr_images=0.3", "2"), row("b", "lr_images=0.3,seed=1", "4"),
             row("c", "lr_images=0.3", "9", iterations="1000")]  # fmt: skip

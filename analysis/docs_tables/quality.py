@@ -3,10 +3,11 @@ functions that write its levers.md and seeds.md (analysis.experiments.time_to_qu
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from analysis.experiments import time_to_quality
+from fl_attack.records import read_csv
+from fl_attack.schema import FORMER_NAMES
 
 from .core import ROOT, _head, _signed, _table
 
@@ -15,8 +16,8 @@ RECORDS = Path("docs/time-to-quality")
 
 
 def _rows(record: Path) -> list[dict]:
-    with open(ROOT / record, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    """The record's rows under today's column names (a dated levers.csv says nodes)."""
+    return read_csv(ROOT / record, FORMER_NAMES, time_to_quality.COLUMNS)[1]
 
 
 def _levers(folder: str):
@@ -69,7 +70,7 @@ def _arm(rows: list[dict], options: str, iterations: int, nodes: int | None = No
     arm: dict[int, list[dict]] = {}
     for r in rows:
         kept, seed = time_to_quality._setting(r["options"])
-        if kept == options and int(r["iterations"]) == iterations and nodes in (None, int(r["nodes"])):
+        if kept == options and int(r["iterations"]) == iterations and nodes in (None, int(r["gradients_per_iteration"])):
             arm.setdefault(seed, []).append(r)
     if not arm:
         raise ValueError(f"no rows of options {options!r} at {iterations} iterations")

@@ -42,7 +42,8 @@ FIXED = (7, 2)
 TOLERANCES = (0.1, 0.03)
 ESTIMATE_ORDERS = (1, 2, 3, 4, 5, 6, 7)
 # The victim, the adaptive rule's columns, then the scores and costs of ATTACK_ROW_COLUMNS.
-COLUMNS = ["dataset", "paper_T", "local_steps", "client", "seed", "method", "variant", "node_tolerance", "nodes"]
+COLUMNS = ["dataset", "paper_T", "local_steps", "partition_id", "seed", "method", "variant", "node_tolerance"]
+COLUMNS += ["gradients_per_iteration"]  # the mean m the attack used
 COLUMNS += ["nodes_schedule", "node_error", "iterations", *ATTACK_ROW_COLUMNS[ATTACK_ROW_COLUMNS.index("psnr") :]]
 
 
@@ -100,10 +101,10 @@ def _report(ctx: Context, rows: list[dict], estimates) -> None:
             [
                 T,
                 variant,
-                fmt(mean(cell, "nodes"), 2),
+                fmt(mean(cell, "gradients_per_iteration"), 2),
                 "; ".join(str(r.get("nodes_schedule") or "-") for r in cell),
                 fmt(mean(cell, "gradient_evaluations"), 0),
-                fmt(mean(cell, "seconds"), 0),
+                fmt(mean(cell, "attack_seconds"), 0),
                 pm(column(cell, "psnr")),
                 fmt(mean(cell, "ssim"), 3),
                 fmt(mean(cell, "lsim_honest"), 4),

@@ -43,7 +43,7 @@ METHODS = ("sme", "nlsme", "pisme")
 PAPER_MARGIN = {100: 0.8, 10: 4.2}  # PI-SME - NL-SME (dB), read from the paper's text
 COLUMNS = ["dataset", "paper_classes", "classes", "distinct_labels", "paper_T", *ATTACK_ROW_COLUMNS]
 GRID = ("classes", "labels")  # the axes --grid may set
-KEY = ("paper_classes", "client", "seed", "labels", "method")  # one row per key: what a rerun skips
+KEY = ("paper_classes", "partition_id", "seed", "labels", "method")  # one row per key: what a rerun skips
 
 
 def classes_used(paper_classes: int, samples: int) -> int:
@@ -67,7 +67,7 @@ def run(ctx: Context) -> None:
                 extra = partial(_columns, C, used)
                 for labels in label_sources:
                     for method in METHODS:
-                        key = dict(paper_classes=C, client=client, seed=seed, labels=labels, method=method)
+                        key = dict(paper_classes=C, partition_id=client, seed=seed, labels=labels, method=method)
                         tasks.append(Task(key, victim, method, labels, extra=extra))
     _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 

@@ -31,20 +31,21 @@ from fl_attack.attacker.quadrature import check_nodes
 from fl_attack.attacker.runtime.workers import Pipeline, make_workers, resolve_batch, run_job
 from fl_attack.audit.settings import usable_cpus
 from fl_attack.evaluation import victims as victims_module
-from fl_attack.evaluation.evaluator import RESULT_COLUMNS, Evaluator, results_row
+from fl_attack.evaluation.evaluator import Evaluator, results_row
 from fl_attack.evaluation.victims import Victim
 from fl_attack.federation.config import PRESETS, ClientOptimizer, Preset
 from fl_attack.federation.data import load_pool, num_partitions
 from fl_attack.records import CsvTable, write_text_atomic
+from fl_attack.schema import FORMER_NAMES, RESULT_COLUMNS
 
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
 ATTACK_ROW_COLUMNS = [
     "local_steps",
-    "client",
+    "partition_id",
     "seed",
     "method",
-    *RESULT_COLUMNS[RESULT_COLUMNS.index("nodes") : RESULT_COLUMNS.index("seconds") + 1],  # the results.csv row's
+    *RESULT_COLUMNS[RESULT_COLUMNS.index("gradients_per_iteration") : RESULT_COLUMNS.index("attack_seconds") + 1],
     "seconds_per_iteration",
     "gradient_evaluations",
 ]
@@ -315,7 +316,7 @@ def score_outcome(ctx: Context, victim: Victim, job, outcome) -> dict:
             nodes_schedule=_nodes_schedule(outcome.trace),
             node_error=float(outcome.trace[-1].get("node_error", math.nan)),
         )
-    nodes = outcome.nodes
+    nodes = outcome.gradients_per_iteration
     ctx.log(
         f"{victim.dataset} T={victim.local_steps} client {victim.partition} seed {victim.seed} {method}"
         f"{'' if nodes == 1 else f' m={nodes:.3g}'} x{config.iterations} {outcome.label_source}: "
@@ -392,8 +393,9 @@ def run_tasks(ctx: Context, columns: list[str], key: tuple, tasks: list[Task]) -
     the update, and the rows are scored here against the victims' private images. A failed
     attack is not recorded (a rerun retries it); RuntimeError names them after the others finish.
     Each row carries ``ctx.stamp()``, so a run resumed over several invocations knows its wall time.
+    A NAME.csv an older version began is read under today's column names (FORMER_NAMES).
     """
-    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", columns, key=key, identity=ctx.identity())
+    recorder = CsvTable(ctx.out / f"{ctx.name}.csv", columns, key=key, identity=ctx.identity(), former=FORMER_NAMES)
     todo = [t for t in tasks if not recorder.done(**t.key)]
     if len(todo) < len(tasks):
         ctx.log(f"{len(tasks) - len(todo)} of {len(tasks)} attacks already recorded in {recorder.path.name}")
@@ -437,7 +439,7 @@ def _gradient_evaluations(method: str, config, trace, iterations: int) -> float:
         counted = [r["gradient_evaluations"] for r in trace if "gradient_evaluations" in r]
         if counted:
             return float(counted[-1])
-    return float(get_attack(method).nodes_per_iteration(config, trace) * iterations)
+    return float(get_attack(method).gradients_per_iteration(config, trace) * iterations)
 
 
 # ----------------------------------------------------------------------------------- output
@@ -499,7 +501,9 @@ def pm(values, digits: int = 2) -> str:
     return fmt(average, digits) if n < 2 else f"{fmt(average, digits)} ± {fmt(var, digits)}"
 
 
-def paired_differences(rows: list[dict], a, b, metric: str, by=("client", "seed"), key: str = "method") -> list[float]:
+def paired_differences(
+    rows: list[dict], a, b, metric: str, by=("partition_id", "seed"), key: str = "method"
+) -> list[float]:
     """``metric`` of the row whose ``key`` (default: the method) is ``a`` minus that of the row whose
     ``key`` is ``b`` on the same victim (same ``by`` values), one difference per victim that has both;
     a margin whose spread is over victims, not methods."""
@@ -552,7 +556,7 @@ def recorded_clients(rows: list[dict]) -> str:
     """The clients the rows hold per dataset, for a caption: '3 femnist client(s), 2 cifar100 client(s)'.
     A resumed run's table holds the rows of every invocation, not only this one's --clients."""
     return ", ".join(
-        f"{len({r['client'] for r in cell})} {d} client(s)" for (d,), cell in group(rows, "dataset").items()
+        f"{len({r['partition_id'] for r in cell})} {d} client(s)" for (d,), cell in group(rows, "dataset").items()
     )
 
 
@@ -589,7 +593,7 @@ def write_markdown(
     else:
         text += [f"Command: `{command}`  ", f"Wall time: {ctx.elapsed():.0f} s on {ctx.environment()}."]
     if rows:
-        attack = sum(float(r["seconds"]) for r in rows if r.get("seconds") is not None)
+        attack = sum(float(r["attack_seconds"]) for r in rows if r.get("attack_seconds") is not None)
         text.append(
             f"Attack time over all {len(rows)} rows (summed over the attacks): {attack:.0f} s ({attack / 3600:.2f} h)."
         )

@@ -36,7 +36,7 @@ PAPER_T = 100
 MULTIPLES = (1, 5, 7)
 COLUMNS = ["dataset", "paper_T", "multiple", *ATTACK_ROW_COLUMNS]
 GRID = ("dataset", "paper_T", "labels")  # the axes --grid may set
-KEY = ("dataset", "paper_T", "client", "seed", "labels", "method", "iterations")  # what a rerun skips
+KEY = ("dataset", "paper_T", "partition_id", "seed", "labels", "method", "iterations")  # what a rerun skips
 
 
 def dataset_for(scale_name: str) -> str:
@@ -53,7 +53,7 @@ def run(ctx: Context) -> None:
         for labels in label_sources:
             for method, k in plan:
                 iterations = k * sc.iterations
-                key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels)
+                key = dict(dataset=dataset, paper_T=paper_T, partition_id=client, seed=seed, labels=labels)
                 key.update(method=method, iterations=iterations)
                 extra = {"multiple": k, "paper_T": paper_T}
                 tasks.append(Task(key, victim, method, labels, {"iterations": iterations}, extra))
@@ -90,7 +90,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                     dataset,
                     T,
                     labels,
-                    LABELS[method] + (f" (m={cell[0]['nodes']})" if method == "pisme" else ""),
+                    LABELS[method] + (f" (m={cell[0]['gradients_per_iteration']})" if method == "pisme" else ""),
                     iterations,
                     fmt(mean(cell, "gradient_evaluations"), 0),
                     pm(column(cell, "psnr")),
@@ -100,7 +100,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
                     fmt(honest, 4),
                     fmt(calibrated, 4),
                     fmt(honest - calibrated, 4),
-                    fmt(mean(cell, "seconds"), 0),
+                    fmt(mean(cell, "attack_seconds"), 0),
                     len(cell),
                 ]
             )

@@ -32,9 +32,9 @@ DATASET = "femnist"
 PAPER_T = 100
 NODES = (3, 4, 5, 7, 10, 12)
 PAPER_SPREAD_DB = 0.4
-COLUMNS = ["dataset", "paper_T", *ATTACK_ROW_COLUMNS]
+COLUMNS = ["dataset", "paper_T", "nodes", *ATTACK_ROW_COLUMNS]  # nodes: m, the sweep's axis
 GRID = ("dataset", "paper_T", "nodes", "labels")  # the axes --grid may set
-KEY = ("dataset", "paper_T", "client", "seed", "labels", "nodes")  # what a rerun skips
+KEY = ("dataset", "paper_T", "partition_id", "seed", "labels", "nodes")  # what a rerun skips
 
 
 def run(ctx: Context) -> None:
@@ -44,8 +44,8 @@ def run(ctx: Context) -> None:
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
         for labels in label_sources:
             for m in nodes:
-                key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, labels=labels, nodes=m)
-                tasks.append(Task(key, victim, "pisme", labels, {"nodes": m}, {"paper_T": paper_T}))
+                key = dict(dataset=dataset, paper_T=paper_T, partition_id=client, seed=seed, labels=labels, nodes=m)
+                tasks.append(Task(key, victim, "pisme", labels, {"nodes": m}, {"paper_T": paper_T, "nodes": m}))
     _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))
 
 

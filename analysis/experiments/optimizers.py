@@ -42,7 +42,7 @@ from .common import (
 LOCAL_STEPS = (10, 100)
 COLUMNS = ["regime", "optimizer", "client_lr", "optimizer_aware", *ATTACK_ROW_COLUMNS]
 GRID = ("regime", "local_steps")
-KEY = ("regime", "local_steps", "client", "seed", "method", "optimizer_aware")
+KEY = ("regime", "local_steps", "partition_id", "seed", "method", "optimizer_aware")
 
 
 def run(ctx: Context) -> None:
@@ -64,7 +64,7 @@ def run(ctx: Context) -> None:
                         partial(train_victim, ctx, "femnist", client, seed, T // per_epoch, lr=lr, optimizer=optimizer)
                     )
                     for aware in (True,) if optimizer.plain else (True, False):
-                        key = dict(regime=regime, local_steps=T, client=client, seed=seed, method="pisme")
+                        key = dict(regime=regime, local_steps=T, partition_id=client, seed=seed, method="pisme")
                         key["optimizer_aware"] = aware
                         extra = {"regime": regime, "optimizer": optimizer.describe(), "client_lr": lr or sc.lr}
                         extra["optimizer_aware"] = aware
@@ -126,7 +126,7 @@ def _report(ctx: Context, rows: list[dict]) -> None:
     epochs = sorted({(None, int(r["local_steps"]) // per_epoch) for r in rows})
     caption = "Client optimizers: optimizer-aware against naive PI-SME on the same updates. " + sc.caption(
         "femnist",
-        clients=f"{len({r['client'] for r in rows})} femnist client(s)",
+        clients=f"{len({r['partition_id'] for r in rows})} femnist client(s)",
         epochs=epochs,
         extra="lr: the SGD family at the scale's, Adam and AdamW at 1e-3 (the lr column); recovered labels",
     )

@@ -45,7 +45,7 @@ LOWERED = ("bf16",)  # the arms compared with fp32 by default (tf32 needs CUDA: 
 PAPER_T = 100
 COLUMNS = ["dataset", "paper_T", "precision", *ATTACK_ROW_COLUMNS]
 GRID = ("dataset", "precision")
-KEY = ("dataset", "client", "seed", "method", "precision")
+KEY = ("dataset", "partition_id", "seed", "method", "precision")
 
 
 def run(ctx: Context) -> None:
@@ -56,7 +56,7 @@ def run(ctx: Context) -> None:
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, (PAPER_T,)):
         for method in METHODS:
             for arm in ("fp32", *lowered):
-                key = dict(dataset=dataset, client=client, seed=seed, method=method, precision=arm)
+                key = dict(dataset=dataset, partition_id=client, seed=seed, method=method, precision=arm)
                 extra = {"dataset": dataset, "paper_T": paper_T, "precision": arm}
                 tasks.append(Task(key, victim, method, "recovered", {"precision": arm}, extra))
     _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))

@@ -59,7 +59,7 @@ PAPER_PSNR = {  # Table 1 of the paper (dB), 1000 iterations on a GPU; no FEMNIS
 PAPER_OTHER = {("cifar100", 100, "pisme"): {"ssim": 0.868, "lpips": 0.149}}
 COLUMNS = ["dataset", "paper_T", *ATTACK_ROW_COLUMNS, "paper_psnr"]
 GRID = ("dataset", "paper_T")  # the axes --grid may set
-KEY = ("dataset", "paper_T", "client", "seed", "method")  # what a rerun skips
+KEY = ("dataset", "paper_T", "partition_id", "seed", "method")  # what a rerun skips
 
 
 def paper_psnr(dataset: str, paper_T: int, method: str) -> float:
@@ -72,7 +72,7 @@ def run(ctx: Context) -> None:
     tasks = []
     for client, seed, dataset, paper_T, victim in victims(ctx, datasets, steps):
         for method in METHODS:
-            key = dict(dataset=dataset, paper_T=paper_T, client=client, seed=seed, method=method)
+            key = dict(dataset=dataset, paper_T=paper_T, partition_id=client, seed=seed, method=method)
             extra = {"paper_T": paper_T, "paper_psnr": paper_psnr(dataset, paper_T, method)}
             tasks.append(Task(key, victim, method, "recovered", {}, extra))
     _report(ctx, run_tasks(ctx, COLUMNS, KEY, tasks))

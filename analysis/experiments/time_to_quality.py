@@ -15,17 +15,17 @@ each seed's summed count and their mean), all rewritten from the records, never 
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
-from fl_attack.records import csv_text, write_text_atomic
+from fl_attack.records import csv_text, read_csv, write_text_atomic
+from fl_attack.schema import FORMER_NAMES
 
 COLUMNS = (
     "lever",
     "round",
     "client_id",
     "iterations",
-    "nodes",
+    "gradients_per_iteration",  # m: the replays are PI-SME's
     "recovered",
     "recovered_low",
     "recovered_high",
@@ -49,8 +49,7 @@ def collect(run_dir: Path, names: list[str]) -> list[dict]:
     rows = []
     for name in names:
         folder = run_dir / "replays" / name
-        with open(folder / "attacks.csv", newline="") as f:
-            attacks = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+        attacks = [r for r in read_csv(folder / "attacks.csv", FORMER_NAMES)[1] if r["status"] == "ok"]
         config = json.loads((folder / "config.json").read_text())
         options = config.get("run_config", {}).get("attack-options", "")
         for r in attacks:
@@ -76,7 +75,8 @@ def table(rows: list[dict]) -> str:
         psnr = sum(float(r["psnr"]) for r in mine) / n
         secs = sum(float(r["attack_seconds"]) for r in mine) / n
         lines.append(
-            f"| {lever} | `{mine[0]['options'] or '(defaults)'}` | {mine[0]['iterations']} | {mine[0]['nodes']} | "
+            f"| {lever} | `{mine[0]['options'] or '(defaults)'}` | {mine[0]['iterations']} | "
+            f"{mine[0]['gradients_per_iteration']} | "
             f"{sum(int(r['recovered']) for r in mine)} of {k} | {per} | "
             f"{sum(int(float(r['guess_recovered'])) for r in mine)} | {trends} | {psnr:.2f} | {secs:.1f} |"
         )
@@ -100,7 +100,7 @@ def seed_table(rows: list[dict]) -> str:
     groups: dict = {}
     for r in rows:
         options, seed = _setting(r["options"])
-        groups.setdefault((options, r["iterations"], r["nodes"]), {}).setdefault(seed, []).append(r)
+        groups.setdefault((options, r["iterations"], r["gradients_per_iteration"]), {}).setdefault(seed, []).append(r)
     for (options, iterations, nodes), by_seed in groups.items():
         seeds = sorted(by_seed)
         counts = [sum(int(r["recovered"]) for r in by_seed[s]) for s in seeds]

@@ -14,18 +14,18 @@ rewritten from the records, never by hand.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
-from fl_attack.records import csv_text, write_text_atomic
+from fl_attack.records import csv_text, read_csv, write_text_atomic
+from fl_attack.schema import FORMER_NAMES
 
 ROOT = Path(__file__).resolve().parents[2] / "docs" / "time-to-quality" / "trajectory"
 COLUMNS = (
     "set",
     "contender",
-    "client",
+    "partition_id",
     "local_steps",
-    "nodes",
+    "gradients_per_iteration",  # m: every contender is PI-SME
     "iterations",
     "lr_schedule",
     "k",
@@ -36,7 +36,7 @@ COLUMNS = (
     "psnr_recovered",
     "guess_psnr_recovered",
     "psnr",
-    "seconds",
+    "attack_seconds",
 )
 
 
@@ -49,11 +49,10 @@ def collect(root: Path = ROOT) -> list[dict]:
             continue
         contender, name = results.parent.name, results.parent.parent.name
         schedule = _schedule(results.parent / "settings.json")
-        with open(results, newline="") as f:
-            for r in csv.DictReader(f):
-                if r.get("recovered") not in (None, ""):
-                    row = {"set": name, "contender": contender, **{c: r.get(c, "") for c in COLUMNS[2:]}}
-                    rows.append(row | {"lr_schedule": row["lr_schedule"] or schedule})
+        for r in read_csv(results, FORMER_NAMES)[1]:  # older results.csv files: client, nodes, seconds
+            if r.get("recovered") not in (None, ""):
+                row = {"set": name, "contender": contender, **{c: r.get(c, "") for c in COLUMNS[2:]}}
+                rows.append(row | {"lr_schedule": row["lr_schedule"] or schedule})
     return rows
 
 
@@ -84,15 +83,16 @@ def table(rows: list[dict]) -> str:
     keys = dict.fromkeys((r["set"], r["contender"]) for r in rows)
     for name, contender in keys:
         mine = sorted(
-            (r for r in rows if (r["set"], r["contender"]) == (name, contender)), key=lambda r: int(r["client"])
+            (r for r in rows if (r["set"], r["contender"]) == (name, contender)), key=lambda r: int(r["partition_id"])
         )
         first = mine[0]
         k = sum(int(r["k"]) for r in mine)
         per = ", ".join(r["recovered"] for r in mine)
         guess = sum(int(float(r["guess_recovered"])) for r in mine)
-        seconds = sum(float(r["seconds"]) for r in mine)
+        seconds = sum(float(r["attack_seconds"]) for r in mine)
         lines.append(
-            f"| {name} | {first['local_steps']} | {contender} | {first['nodes']} | {first['iterations']} | "
+            f"| {name} | {first['local_steps']} | {contender} | {first['gradients_per_iteration']} | "
+            f"{first['iterations']} | "
             f"{first['lr_schedule'] or 'n/a'} | {sum(int(r['recovered']) for r in mine)} of {k} | {per} | {guess} | "
             f"{100 * _mean(mine, 'psnr_recovered'):.1f}% | {100 * _mean(mine, 'guess_psnr_recovered'):.1f}% | "
             f"{_mean(mine, 'psnr'):.2f} | {seconds:.0f} |"

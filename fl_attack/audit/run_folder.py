@@ -22,7 +22,7 @@ from fl_attack.records import (
     write_json_atomic,
     write_text_atomic,
 )
-from fl_attack.schema import ATTACK_COLUMNS, ROUND_COLUMNS, RUN_FILES
+from fl_attack.schema import ATTACK_COLUMNS, FORMER_NAMES, ROUND_COLUMNS, RUN_FILES
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +131,10 @@ class RunFolder:
     def cut_back(self, done: int) -> None:
         """Cut rounds.csv, attacks.csv and updates/index.csv back to rounds <= ``done``, atomically
         (a resume: the rounds after the checkpoint run again). Each is rewritten with this
-        version's columns, so a run recorded before a column was added gets it, empty; the
-        temporary files of atomic writes the killed process left are removed. ValueError before any
-        change when a file has columns this version does not write."""
+        version's columns, so a run recorded before a column was added gets it, empty, and one
+        recorded under a column's former name (``FORMER_NAMES``) gets today's; the temporary files
+        of atomic writes the killed process left are removed. ValueError before any change when a
+        file has columns this version does not write."""
         from fl_attack.federation.update import UPDATE_INDEX, UPDATE_INDEX_COLUMNS
 
         schema = {
@@ -141,7 +142,8 @@ class RunFolder:
             self.attacks_file: ATTACK_COLUMNS,
             self.updates / UPDATE_INDEX: UPDATE_INDEX_COLUMNS,
         }
-        found = {path: read_csv(path) for path in schema if path.exists()}
+        former = {self.attacks_file: FORMER_NAMES}  # an older run's attacks.csv is rewritten under today's names
+        found = {path: read_csv(path, former.get(path), schema[path]) for path in schema if path.exists()}
         for path, (header, _) in found.items():
             unknown = [c for c in header if c not in schema[path]]
             if unknown:

@@ -3,8 +3,8 @@
 The federation (strategies/), ``fl-attack replay``, ``fl-attack attack`` and the paper experiments
 all hand an ``AttackOutcome`` (fl_attack.attacker.runtime.workers) and the victim's truth to ``Evaluator.record``,
 which scores it and returns THE row (``attack_row``: the columns of attacks.csv, defined once in
-``fl_attack.schema.ATTACK_SCHEMA`` with where each value comes from; ``results_row`` renames it
-for results.csv and the experiments' CSVs).
+``fl_attack.schema.ATTACK_SCHEMA`` with where each value comes from; ``results_row`` selects
+``RESULT_COLUMNS`` of it, under the same names, for results.csv and the experiments' CSVs).
 
 * ``score``: PSNR after Hungarian matching, SSIM, FSIM, LPIPS-alex (one network, loaded once) and
   label-count accuracy;
@@ -34,6 +34,7 @@ from fl_attack.schema import (
     ATTACK_COLUMNS,
     ATTACK_SCHEMA,
     OUTCOME,
+    RESULT_COLUMNS,
     SCORE,
     TARGET,
     VERDICT,
@@ -47,13 +48,6 @@ __all__ = ["Evaluator", "score", "psnr_trace", "attack_row", "RESULT_COLUMNS", "
 
 _SCORES = attack_columns(SCORE)  # psnr, ssim, fsim, lpips, label_accuracy: ``score``'s
 _VERDICT = attack_columns(VERDICT)  # the verdict's (fl_attack.evaluation.verdict.VERDICT_COLUMNS)
-# results.csv (fl-attack attack; the experiments' CSVs take nodes..seconds): a view of attacks.csv, these of its
-# columns in this order, two of them renamed (older results.csv files and the experiments' CSVs carry these names).
-RESULT_RENAMES = {"partition_id": "client", "attack_seconds": "seconds"}
-RESULT_FROM = ("dataset", "partition_id", "method", "local_steps", "nodes", "iterations", "labels", "psnr", "ssim")
-RESULT_FROM += ("fsim", "lpips", "lsim_honest", "lsim_calibrated", "label_accuracy", "attack_seconds", *_VERDICT)
-RESULT_FROM += ("psnr_recovered", "lr_schedule")
-RESULT_COLUMNS = tuple(RESULT_RENAMES.get(c, c) for c in RESULT_FROM)
 
 
 # ----------------------------------------------------------------------------------- scoring
@@ -105,7 +99,8 @@ def attack_row(*, scores: dict | None = None, **columns) -> dict:
     """One attack's row, with exactly the columns ``ATTACK_COLUMNS`` (attacks.csv; each column's
     meaning and type in ``fl_attack.schema.ATTACKS``), in their order.
 
-    columns: values by column name; method, dataset, local_steps, nodes (``Attack.nodes_per_iteration``),
+    columns: values by column name; method, dataset, local_steps, gradients_per_iteration
+    (``Attack.gradients_per_iteration``),
     iterations, labels ("recovered" or "oracle"), partition_id and label_estimator are required, the
     others default to "" / "none" (defense) / "ok" (status) / NaN (lsim_*, attack_seconds) / None (an
     empty cell: round, node_id, lag_rounds, threads, epsilon without DP, parameters, unknowns).
@@ -124,10 +119,9 @@ def attack_row(*, scores: dict | None = None, **columns) -> dict:
 
 
 def results_row(row: dict, columns=RESULT_COLUMNS) -> dict:
-    """An ``attack_row`` as a results.csv row (fl-attack attack, the experiments): partition_id is
-    named ``client``, attack_seconds ``seconds``; only ``columns`` are kept, in their order."""
-    renamed = {RESULT_RENAMES.get(k, k): v for k, v in row.items()}
-    return {c: renamed.get(c) for c in columns}
+    """An ``attack_row`` as a results.csv row (fl-attack attack, the experiments): only ``columns``
+    (``fl_attack.schema.RESULT_COLUMNS``: attacks.csv's names) are kept, in their order."""
+    return {c: row.get(c) for c in columns}
 
 
 # ------------------------------------------------------------------------------- the evaluator

@@ -441,10 +441,10 @@ class Attack:
             self.prior_level = 0.0  # the last projection's noise level, a fraction of the diffusion steps
 
     @classmethod
-    def nodes_per_iteration(cls, config, trace: list | None = None) -> int | float:
-        """Gradient evaluations per iteration, the ``nodes`` column of a row: 1 for the
-        single-gradient attacks (IG, SME, NL-SME). config: an AttackConfig or its dict; trace: the
-        attack's trace rows (pisme-adaptive averages the m it used)."""
+    def gradients_per_iteration(cls, config, trace: list | None = None) -> int | float:
+        """Gradient evaluations per iteration, the ``gradients_per_iteration`` column of a row: 1 for
+        the single-gradient attacks (IG, SME, NL-SME), PI-SME's m (``AttackConfig.nodes``). config: an
+        AttackConfig or its dict; trace: the attack's trace rows (pisme-adaptive averages the m it used)."""
         return 1
 
     def path_surrogate(self, anchors, basis, coeffs, x, y, nodes=None) -> torch.Tensor:

@@ -287,7 +287,7 @@ class Dimitrov(Attack):
             raise ValueError(f"dimitrov has hyperparameters for {', '.join(DATASET_DEFAULTS)}, not {dataset!r}")
 
     @classmethod
-    def nodes_per_iteration(cls, config, trace=None):
+    def gradients_per_iteration(cls, config, trace=None):
         """The client steps unrolled per iteration, T (from the trace; 1 without one)."""
         steps = [r["unrolled_steps"] for r in trace or [] if "unrolled_steps" in r]
         return steps[-1] if steps else 1

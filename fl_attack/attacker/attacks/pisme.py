@@ -26,7 +26,7 @@ class PathIntegralSME(BezierMixin, Attack):
         self.basis = bezier_coefficients(self.nodes)  # (m, 3): weights of (w0, P1, wT) at each node
 
     @classmethod
-    def nodes_per_iteration(cls, config, trace=None):
+    def gradients_per_iteration(cls, config, trace=None):
         return config["nodes"] if isinstance(config, dict) else config.nodes
 
     def param_groups(self):

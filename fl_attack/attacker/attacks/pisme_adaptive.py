@@ -109,10 +109,10 @@ class AdaptivePathIntegralSME(PathIntegralSME):
         self.checks = []  # (iteration, m, error estimate)
 
     @classmethod
-    def nodes_per_iteration(cls, config, trace=None):
+    def gradients_per_iteration(cls, config, trace=None):
         """The mean m over the trace (the largest m, ``config.nodes``, without one)."""
         used = [r["nodes"] for r in trace or [] if "nodes" in r]
-        return sum(used) / len(used) if used else super().nodes_per_iteration(config)
+        return sum(used) / len(used) if used else super().gradients_per_iteration(config)
 
     def _set_nodes(self, m: int) -> None:
         t, c = gauss_legendre(m)

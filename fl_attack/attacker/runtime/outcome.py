@@ -59,14 +59,14 @@ class AttackJob:
             self.config = for_update(self.config, self.update.metadata)
 
     def described(self, trace: list | None = None) -> dict:
-        """The outcome fields that describe the attack itself (T, nodes per iteration, K, the label
+        """The outcome fields that describe the attack itself (T, gradient evaluations per iteration, K, the label
         estimator) and its problem (the update's size against the unknowns, the client's
         optimizer), the same whether it succeeded or not (None / "" for a job without an update)."""
         attack = ATTACKS.get(self.method.removesuffix(MEMORY_SUFFIX))
         u = self.update
         return dict(
             local_steps=u.metadata.local_steps if u is not None else None,
-            nodes=attack.nodes_per_iteration(self.config, trace) if attack else None,
+            gradients_per_iteration=attack.gradients_per_iteration(self.config, trace) if attack else None,
             iterations=self.config.iterations,
             lr_schedule=schedule_name(self.config),
             label_estimator=self.config.label_estimator,
@@ -142,7 +142,7 @@ class AttackOutcome:
     device: str = ""
     precision: str = ""  # the arithmetic the attack ran with (fl_attack.attacker.precision: fp32, bf16, tf32)
     local_steps: int | None = None  # T of the attacked update
-    nodes: int | float | None = None  # gradient evaluations per iteration (Attack.nodes_per_iteration)
+    gradients_per_iteration: int | float | None = None  # Attack.gradients_per_iteration (PI-SME: m)
     iterations: int | None = None  # K, the attack's iterations (its AttackConfig's)
     lr_schedule: str = ""  # X_hat's learning-rate schedule (fl_attack.attacker.attacks.schedule_name)
     label_estimator: str = ""  # the AttackConfig's (recorded even with oracle labels, where it is unused)
