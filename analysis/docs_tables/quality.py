@@ -70,7 +70,8 @@ def _arm(rows: list[dict], options: str, iterations: int, nodes: int | None = No
     arm: dict[int, list[dict]] = {}
     for r in rows:
         kept, seed = time_to_quality._setting(r["options"])
-        if kept == options and int(r["iterations"]) == iterations and nodes in (None, int(r["gradients_per_iteration"])):
+        m = int(r["gradients_per_iteration"])  # PI-SME's m
+        if kept == options and int(r["iterations"]) == iterations and nodes in (None, m):
             arm.setdefault(seed, []).append(r)
     if not arm:
         raise ValueError(f"no rows of options {options!r} at {iterations} iterations")
