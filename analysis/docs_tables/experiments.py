@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .core import _head, _read, _table, records_table
+from .core import ROOT, _head, _read, _table, records_table
 
 PAGE = Path("docs/results.md")
 EXP = Path("docs/experiments")
@@ -403,3 +403,37 @@ BLOCKS = {
     }
 }
 BLOCKS[PATH_PAGE] = {"path-consistency-table3": path_consistency_full, "path-consistency-acceptance": path_acceptance}
+
+
+# --- results.md's wall times: each study's own Command and Wall time lines (its committed .md) --------------
+
+WALL_RECORDS = [
+    *(EXP / "cpu" / f"{name}.md" for name in ("table1", "matched-compute", "node-sweep", "adaptive-nodes")),
+    *(EXP / "cpu" / f"{name}.md" for name in ("class-deficiency", "path-consistency")),
+    EXP / "paper" / "path-consistency.md",
+    EXP / "table1-fair" / "table1.md",
+]
+WALL_NOTES = {EXP / "table1-fair" / "table1.md": " (six rows, issue #41)"}
+
+
+def wall_times() -> str:
+    """Per study record: the command its .md names and the wall time it states (summed over its invocations
+    where a resumed study took several).
+
+    Raises ValueError when a record lacks either line."""
+    import re
+
+    rows = []
+    for record in WALL_RECORDS:
+        text = (ROOT / record).read_text(encoding="utf-8")
+        command = re.search(r"^Command[^`]*`([^`]+)`", text, re.M)
+        wall = re.search(r"^Wall time: (\d+) s", text, re.M)
+        if command is None or wall is None:
+            raise ValueError(f"{record} has no 'Command: `...`' or 'Wall time: N s' line")
+        runs = re.search(r"(\d+) invocation\(s\)", text)
+        where = f" ({runs.group(1)} invocations)" if runs and int(runs.group(1)) > 1 else ""
+        rows.append([f"`{command.group(1)}`{WALL_NOTES.get(record, '')}", f"{wall.group(1)} s{where}"])
+    return _head(*WALL_RECORDS, page=PAGE) + "\n" + _table(["command", "wall time"], rows)
+
+
+BLOCKS[PAGE]["results-wall-times"] = wall_times
