@@ -16,14 +16,38 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import audit, experiments, federations, leakage, memory, quality, results, verdict
+from . import (
+    audit,
+    experiments,
+    federations,
+    labels,
+    leakage,
+    memory,
+    performance,
+    quality,
+    reliability,
+    results,
+    verdict,
+)
 from .leakage import _epsilon, leakage_verdict, privacy_budget
 
 __all__ = ["BLOCKS", "blocks", "leakage_verdict", "privacy_budget", "_epsilon"]
 
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {}
 # each module: {page: {block: function}}
-_MODULES = (leakage, federations, verdict, audit, results, experiments, quality, memory)
+_MODULES = (
+    leakage,
+    federations,
+    verdict,
+    audit,
+    results,
+    experiments,
+    quality,
+    memory,
+    reliability,
+    labels,
+    performance,
+)
 for _module in _MODULES:
     for _page, _made in _module.BLOCKS.items():
         BLOCKS.setdefault(_page, {}).update(_made)

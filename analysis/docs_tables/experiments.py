@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .core import _head, _read, _table, records_table
+from .core import ROOT, _head, _read, _table, records_table
 
 PAGE = Path("docs/results.md")
 EXP = Path("docs/experiments")
@@ -300,37 +300,93 @@ PAPER_TABLE3 = {  # analysis.experiments.path_consistency.PAPER (Table 3 of the 
 }
 
 
+PATH_RECORD = EXP / "paper" / "path-consistency.csv"
+PATH_PAGE = Path("docs/path-consistency.md")
+
+
+def _path_ours(t: int, quantity: str, nodes=None, key: str = "lsim") -> float:
+    """The record's mean of ``key`` over its ``quantity`` rows at the paper's T (and m = ``nodes``).
+
+    Raises ValueError when it has none."""
+    rows = _read(PATH_RECORD)
+    keep = (rows["paper_T"] == t) & (rows["quantity"] == quantity)
+    if nodes is not None:
+        keep &= rows["nodes"] == nodes
+    if not keep.any():
+        raise ValueError(f"{PATH_RECORD} has no {quantity} rows at T={t}")
+    return rows.loc[keep, key].mean()
+
+
+def _path_line(label, quantity, nodes=None, paper=None, key="lsim", percent=False, digits=4) -> list[str]:
+    """One row of Table 3: ``label``, then ours and the paper's at each T ('-' where the paper gives none)."""
+    cells = [label]
+    for t in PAPER_TABLE3:
+        p = PAPER_TABLE3[t].get(paper) if paper is not None else None
+        v = _path_ours(t, quantity, nodes, key)
+        if percent:
+            cells += [f"{100 * v:.0f}%", "-" if p is None else f"{100 * p:.0f}%"]
+        else:
+            cells += [f"{v:.{digits}f}", "-" if p is None else f"{p:.4f}"]
+    return cells
+
+
+def _path_table(body: list[list[str]], page: Path, first: str = "honest Lsim vs delta_w") -> str:
+    header = [first, "T=100 ours", "T=100 paper", "T=250 ours", "T=250 paper"]
+    return _head(PATH_RECORD, page=page) + "\n" + _table(header, body)
+
+
 def path_consistency() -> str:
-    record = EXP / "paper" / "path-consistency.csv"
-    rows = _read(record)
-
-    def ours(t: int, quantity: str, nodes=None, key: str = "lsim") -> float:
-        keep = (rows["paper_T"] == t) & (rows["quantity"] == quantity)
-        if nodes is not None:
-            keep &= rows["nodes"] == nodes
-        if not keep.any():
-            raise ValueError(f"{record} has no {quantity} rows at T={t}")
-        return rows.loc[keep, key].mean()
-
-    def line(label, quantity, nodes=None, paper=None, key="lsim", percent=False):
-        cells = [label]
-        for t in PAPER_TABLE3:
-            p = PAPER_TABLE3[t].get(paper) if paper is not None else None
-            v = ours(t, quantity, nodes, key)
-            if percent:
-                cells += [f"{100 * v:.0f}%", "-" if p is None else f"{100 * p:.0f}%"]
-            else:
-                cells += [f"{v:.4f}", "-" if p is None else f"{p:.4f}"]
-        return cells
-
+    """results.md's key rows of Table 3 at the paper's scale."""
     body = [
-        line("delta_single (best true state)", "single", paper="single"),
-        line("best tau / T", "single", paper="tau_fraction", key="tau_fraction", percent=True),
-        *(line(f"delta_quad({m}), P1 fitted", "quad-fit", m, paper=m) for m in (2, 3, 5)),
-        line("delta_quad(2), P1 at the midpoint (no fit)", "quad-midpoint", 2),
+        _path_line("delta_single (best true state)", "single", paper="single"),
+        _path_line("best tau / T", "single", paper="tau_fraction", key="tau_fraction", percent=True),
+        *(_path_line(f"delta_quad({m}), P1 fitted", "quad-fit", m, paper=m) for m in (2, 3, 5)),
+        _path_line("delta_quad(2), P1 at the midpoint (no fit)", "quad-midpoint", 2),
     ]
-    header = ["honest Lsim vs delta_w", "T=100 ours", "T=100 paper", "T=250 ours", "T=250 paper"]
-    return _head(record, page=PAGE) + "\n" + _table(header, body)
+    return _path_table(body, PAGE)
+
+
+def _adam_steps(lr: str) -> int:
+    rows = _read(PATH_RECORD)
+    return int(rows.loc[rows["quantity"] == f"quad-fit-adam-{lr}", "steps"].max())
+
+
+def path_consistency_full() -> str:
+    """path-consistency.md's whole Table 3: every quantity of the record at both T, as the study writes it."""
+    nodes = (2, 3, 5)
+    body = [
+        _path_line("delta_single (best true state)", "single", paper="single"),
+        _path_line("best tau / T", "single", paper="tau_fraction", key="tau_fraction", percent=True),
+        *(_path_line(f"delta_quad({m}), P1 fitted", "quad-fit", m, paper=m) for m in nodes),
+        *(_path_line(f"delta_quad({m}), P1 at midpoint (no fit)", "quad-midpoint", m) for m in nodes),
+        *(_path_line(f"delta_quad({m}), P1 least-squares on the true states", "quad-true-path-p1", m) for m in nodes),
+        _path_line(
+            "fitted P1: shift from midpoint / ‖delta_w‖ (m=2)", "quad-fit", 2, key="control_point_shift", digits=2
+        ),
+        _path_line(
+            f"delta_quad(2), P1 by Adam lr 1e-3 (paper's setting), {_adam_steps('0.001')} steps",
+            "quad-fit-adam-0.001",
+            2,
+        ),
+        _path_line(f"delta_quad(2), P1 by Adam lr 1e-5, {_adam_steps('1e-05')} steps", "quad-fit-adam-1e-05", 2),
+        _path_line("true-path mean of full-batch gradients (oracle)", "true-path-mean"),
+        _path_line("SME: best point on the straight line", "sme-best-alpha"),
+        _path_line("IG: gradient at w0 (tau = 0)", "ig-w0"),
+        _path_line("minibatch-exact sum (sanity, should be ~0)", "minibatch-exact", digits=6),
+    ]
+    return _path_table(body, PATH_PAGE, "quantity (honest Lsim vs delta_w)")
+
+
+def path_acceptance() -> str:
+    """Per T: delta_single, delta_quad(2) with the fitted P1, and their ratio, ours and the paper's."""
+    rows = []
+    for t, paper in PAPER_TABLE3.items():
+        single, quad = _path_ours(t, "single"), _path_ours(t, "quad-fit", 2)
+        rows.append(
+            [f"T={t}", f"{single:.4f}", f"{quad:.4f}", f"{single / quad:.1f}x", f"{paper['single'] / paper[2]:.1f}x"]
+        )
+    header = ["", "delta_single", "delta_quad(2)", "ratio (ours)", "ratio (paper)"]
+    return _head(PATH_RECORD, page=PATH_PAGE) + "\n" + _table(header, rows)
 
 
 BLOCKS = {
@@ -346,3 +402,38 @@ BLOCKS = {
         "results-cpu-adaptive-nodes": cpu_adaptive_nodes,
     }
 }
+BLOCKS[PATH_PAGE] = {"path-consistency-table3": path_consistency_full, "path-consistency-acceptance": path_acceptance}
+
+
+# --- results.md's wall times: each study's own Command and Wall time lines (its committed .md) --------------
+
+WALL_RECORDS = [
+    *(EXP / "cpu" / f"{name}.md" for name in ("table1", "matched-compute", "node-sweep", "adaptive-nodes")),
+    *(EXP / "cpu" / f"{name}.md" for name in ("class-deficiency", "path-consistency")),
+    EXP / "paper" / "path-consistency.md",
+    EXP / "table1-fair" / "table1.md",
+]
+WALL_NOTES = {EXP / "table1-fair" / "table1.md": " (six rows, issue #41)"}
+
+
+def wall_times() -> str:
+    """Per study record: the command its .md names and the wall time it states (summed over its invocations
+    where a resumed study took several).
+
+    Raises ValueError when a record lacks either line."""
+    import re
+
+    rows = []
+    for record in WALL_RECORDS:
+        text = (ROOT / record).read_text(encoding="utf-8")
+        command = re.search(r"^Command[^`]*`([^`]+)`", text, re.M)
+        wall = re.search(r"^Wall time: (\d+) s", text, re.M)
+        if command is None or wall is None:
+            raise ValueError(f"{record} has no 'Command: `...`' or 'Wall time: N s' line")
+        runs = re.search(r"(\d+) invocation\(s\)", text)
+        where = f" ({runs.group(1)} invocations)" if runs and int(runs.group(1)) > 1 else ""
+        rows.append([f"`{command.group(1)}`{WALL_NOTES.get(record, '')}", f"{wall.group(1)} s{where}"])
+    return _head(*WALL_RECORDS, page=PAGE) + "\n" + _table(["command", "wall time"], rows)
+
+
+BLOCKS[PAGE]["results-wall-times"] = wall_times

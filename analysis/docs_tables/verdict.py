@@ -119,3 +119,68 @@ def cost() -> str:
 BLOCKS = {
     PAGE: {"verdict-readers": readers, "verdict-null-k32": null_k32, "verdict-null-k16": null_k16, "verdict-cost": cost}
 }
+
+
+DISTANCES = {"1 - SSIM": "1 − SSIM", "pixel L2": "pixel L2", "LPIPS": "LPIPS"}
+
+
+def distance() -> str:
+    """Per configuration and dataset: the mean fraction of the attack's images singled out at D = 2,000 under
+    each distance, the most any update-free output or the control reached under any of them, and the matched
+    chance at D = 250 and D = 2,000."""
+    records = [PAGE.parent / "verdict" / configuration / "distance.csv" for configuration in CONFIGURATIONS]
+
+    def attack(name: str):
+        def cell(group: pd.DataFrame) -> str:
+            mine = group[(group["distance"] == name) & (group["D"] == 2000) & (group["images"] == "attack")]
+            return f"{mine['singled_out'].iloc[0]:.3f}"
+
+        return cell
+
+    def others(group: pd.DataFrame) -> str:
+        mine = group[(group["D"] == 2000) & (group["images"] != "attack")]
+        return f"{mine['singled_out'].max():.3f}"
+
+    def chance(group: pd.DataFrame) -> str:
+        by_d = group.groupby("D")["chance"].first()
+        return " / ".join(f"{100 * by_d[d]:.1f}%" for d in (250, 2000))
+
+    return records_table(
+        PAGE,
+        records,
+        [
+            ("configuration", lambda group: CONFIGURATIONS[group["folder"].iloc[0]]),
+            ("dataset", lambda group: group["dataset"].iloc[0]),
+            *((f"the attack, {words}", attack(name)) for name, words in DISTANCES.items()),
+            ("any other output or the control, most (all three)", others),
+            ("chance at D = 250 / 2,000", chance),
+        ],
+        by=["folder", "dataset"],
+    )
+
+
+def counts() -> str:
+    """Per configuration, dataset and tracked client of overhead.csv: images recovered of its k with the exact
+    95% interval, the best update-free guess's count, the row's chance, the fraction singled out and the
+    attack's PSNR over the best guess."""
+    records = [PAGE.parent / "verdict" / configuration / "overhead.csv" for configuration in CONFIGURATIONS]
+    return records_table(
+        PAGE,
+        records,
+        [
+            ("configuration", lambda row: CONFIGURATIONS[row["folder"]]),
+            ("dataset", lambda row: row["dataset"]),
+            ("client", lambda row: str(row["client"])),
+            (
+                "recovered of k (95%)",
+                lambda row: f"{row['recovered']} ({row['recovered_low']}–{row['recovered_high']}) of {row['k']}",
+            ),
+            ("best guess", lambda row: str(row["guess_recovered"])),
+            ("chance", lambda row: f"{100 * row['reid_chance']:.1f}%"),
+            ("singled out", lambda row: f"{100 * row['reidentified']:.0f}%"),
+            ("PSNR over the guess (dB)", lambda row: f"{row['psnr_margin']:+.1f}".replace("-", "−")),
+        ],
+    )
+
+
+BLOCKS[PAGE].update({"verdict-distance": distance, "verdict-counts": counts})
