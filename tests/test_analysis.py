@@ -63,7 +63,7 @@ def attack_row(round_, partition, method="pisme", psnr=20.0, status="ok", image=
         method=method,
         dataset="femnist",
         local_steps=20,
-        nodes=4,
+        gradients_per_iteration=4,
         iterations=200,
         labels="recovered",
         status=status,

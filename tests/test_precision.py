@@ -420,7 +420,7 @@ def test_the_attack_row_has_the_precision_after_the_device():
         method="ig",
         dataset="femnist",
         local_steps=4,
-        nodes=1,
+        gradients_per_iteration=1,
         iterations=1,
         labels="recovered",
         partition_id=0,
