@@ -414,25 +414,32 @@ def frontier_block(record: Path) -> str:
 
 def study_calls(record: Path) -> list[str]:
     """Lines on how the recorded study ran, from ``record``/study.json (analysis.frontier.record_call): each
-    call's command, commit and wall time with its settings' times, and the grid's wall time (their sum);
-    none without the file."""
+    call's command (the same command again is said so), commit, start and wall time with the settings it
+    ran (a setting it found done, timed at 0.0 min, is left out), then each setting's time in the call that
+    finished it and their sum (the grid's wall time so far); none without the file."""
     path = record / "study.json"
     if not path.is_file():
         return []
     calls = json.loads(path.read_text(encoding="utf-8"))["calls"]
     lines = ["", "How it ran (study.json), one call after another on 2 cores:", ""]
-    for call in calls:
+    finished: dict[str, float] = {}
+    for i, call in enumerate(calls):
         took = (
-            "not ended when recorded (running then, or killed)"
+            "not ended when recorded (stopped, or running then)"
             if call.get("seconds") is None
             else f"{call['seconds'] / 60:.1f} min"
         )
-        each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in call.get("settings", {}).items())
-        lines.append(f"- `{call['command']}` at {call.get('commit') or 'an unknown commit'}, {call['started']}: {took}")
-        if each:
-            lines.append(f"  ({each})")
-    total = sum(c["seconds"] for c in calls if c.get("seconds") is not None)
-    lines += ["", f"The ended calls' wall time: {total / 3600:.1f} h of {len(calls)} call(s)."]
+        ran = {name: sec for name, sec in call.get("settings", {}).items() if sec >= 3.0}
+        finished.update(ran)
+        command = "the same command" if i and call["command"] == calls[i - 1]["command"] else f"`{call['command']}`"
+        each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in ran.items()) or "no setting finished"
+        lines.append(f"- {command} at {call.get('commit') or 'an unknown commit'}, {call['started']}: {took} ({each})")
+    if finished:
+        lines += [
+            "",
+            f"Each setting's time in the call that finished it: {len(finished)} setting(s), "
+            f"{sum(finished.values()) / 3600:.2f} h together.",
+        ]
     return lines
 
 

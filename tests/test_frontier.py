@@ -281,12 +281,15 @@ def test_the_study_records_each_call_and_the_docs_say_how_it_ran(tmp_path):
     first = {"command": "python -m analysis.defenses --grid frontier", "commit": "abc", "started": "t1"}
     record_call(tmp_path, {**first, "ended": None, "seconds": None, "settings": {}})
     record_call(tmp_path, {**first, "ended": "t2", "seconds": 1800.0, "settings": {"none": 1790.0}})
-    record_call(tmp_path, {**first, "started": "t3", "ended": None, "seconds": None, "settings": {}})
+    # the next call finds none done (0.0 s) and is stopped while topk runs, after finishing quantize
+    killed = {"none": 0.0, "quantize-1": 900.0}
+    record_call(tmp_path, {**first, "started": "t3", "ended": None, "seconds": None, "settings": killed})
     calls = json.loads((tmp_path / "study.json").read_text())["calls"]
     assert [c["started"] for c in calls] == ["t1", "t3"] and calls[0]["settings"] == {"none": 1790.0}
     text = "\n".join(docs.study_calls(tmp_path))
-    assert "at abc, t1: 30.0 min" in text and "(none 29.8 min)" in text and "not ended when recorded" in text
-    assert "ended calls' wall time: 0.5 h of 2 call(s)" in text
+    assert "at abc, t1: 30.0 min (none 29.8 min)" in text
+    assert "- the same command at abc, t3: not ended when recorded" in text and "(quantize-1 15.0 min)" in text
+    assert "2 setting(s), 0.75 h together" in text  # 1790 + 900 s: the done none not counted twice
 
 
 def test_frontier_record_names_the_studys_folder_out(tmp_path):
