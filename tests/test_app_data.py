@@ -87,6 +87,23 @@ class AppGrid(InProcessGrid):
         return replies
 
 
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """An app's dataset is registered for the process (fl_attack.federation.app_data): each test here gives
+    the registry back as it found it, so the rest of the suite sees the built-in datasets only."""
+    from fl_attack.federation import app_data as app_data_module
+    from fl_attack.federation import loading
+    from fl_attack.federation.pools import DATASETS
+
+    datasets, names = dict(DATASETS), set(app_data_module._APP_NAMES)
+    yield
+    DATASETS.clear()
+    DATASETS.update(datasets)
+    app_data_module._APP_NAMES.clear()
+    app_data_module._APP_NAMES.update(names)
+    loading._cached_pool.cache_clear()
+
+
 def app_data(**changes) -> AppData:
     fields = dict(
         name="digits16",

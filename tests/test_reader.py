@@ -92,7 +92,7 @@ def test_a_missing_weights_file_is_one_clear_line(monkeypatch):
     reader._cached_reader.cache_clear()
     try:
         with pytest.raises(
-            ValueError, match=r"reader_femnist\.pt.*python -m fl_attack\.audit\.reader --dataset femnist"
+            ValueError, match=r"reader_femnist\.pt.*python -m fl_attack\.evaluation\.reader --dataset femnist"
         ) as e:
             reader.load_reader("femnist")
         assert "\n" not in str(e.value)
