@@ -30,7 +30,7 @@ demo-docs: setup
 	$(PY) -m analysis.docs demo-record "$$(cat .last-run)"
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 lint: setup
 	$(VENV)/bin/ruff check .

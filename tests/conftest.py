@@ -11,6 +11,35 @@ import pytest
 
 from fl_attack.federation.data import load_bundled
 
+# --- two workers on two cores (make test: pytest -n 2 --dist loadgroup, pytest-xdist) ------------------
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the tests that start flwr, Ray or other processes (marked ``runtime``) run one
+    after another on one worker: two Ray heads or two SuperLinks on one machine contend for the same
+    ports (Ray's dashboard agent, 52365). Every other test goes with its module, so a module-scoped fixture
+    is built once."""
+    if not hasattr(config, "workerinput"):  # not an xdist worker
+        return
+    for item in items:
+        group = "runtime" if item.get_closest_marker("runtime") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_worker():
+    """Two workers on two cores: each worker's torch takes one thread (a test that asks for more sets
+    them itself), so the workers do not oversubscribe the cores."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+    yield
+
+
 # --- standard on-disk formats, written from the real bundled sample ------------------------------
 
 
