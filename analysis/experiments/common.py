@@ -41,10 +41,7 @@ from fl_attack.schema import FORMER_NAMES, RESULT_COLUMNS
 DATA_SEED = 0  # the bundled sample's partition draw; clients are partitions 0..N-1 of it
 # The columns every experiment's attack row has (victim, attack, scores, cost), after its own keys.
 ATTACK_ROW_COLUMNS = [
-    "local_steps",
-    "partition_id",
-    "seed",
-    "method",
+    *("local_steps", "partition_id", "seed", "method"),
     *RESULT_COLUMNS[RESULT_COLUMNS.index("gradients_per_iteration") : RESULT_COLUMNS.index("attack_seconds") + 1],
     "seconds_per_iteration",
     "gradient_evaluations",
@@ -501,9 +498,7 @@ def pm(values, digits: int = 2) -> str:
     return fmt(average, digits) if n < 2 else f"{fmt(average, digits)} ± {fmt(var, digits)}"
 
 
-def paired_differences(
-    rows: list[dict], a, b, metric: str, by=("partition_id", "seed"), key: str = "method"
-) -> list[float]:
+def paired_differences(rows: list[dict], a, b, metric: str, by=("partition_id", "seed"), key="method") -> list[float]:
     """``metric`` of the row whose ``key`` (default: the method) is ``a`` minus that of the row whose
     ``key`` is ``b`` on the same victim (same ``by`` values), one difference per victim that has both;
     a margin whose spread is over victims, not methods."""
