@@ -172,3 +172,19 @@ def test_bad_app_data_is_refused_before_any_round(tmp_path, changes, keys, messa
     with pytest.raises(ValueError, match=message):
         audit(FedAvg(), _context(tmp_path, **keys), model=net, dataset=app_data(**changes))
     assert not (tmp_path / "app").exists()  # no run folder: refused before anything was written
+
+
+def test_without_a_reader_the_control_counts_singled_out_and_no_recovered():
+    """Another client's images offered as this client's, under the app's verdict (no reader): the control
+    still counts how many were singled out against its chance, and gives no "recovered" count (a 0 would
+    read as "none recovered" where nothing read the images)."""
+    from fl_attack.evaluation.verdict import Verdict
+    from fl_attack.federation.app_data import register_app_data
+
+    name = register_app_data(app_data()).name
+    verdict = Verdict.from_data(name, seed=0, public=(IMAGES[PUBLIC], LABELS[PUBLIC]))
+    assert not verdict.has_reader
+    mine, theirs = (IMAGES[CLIENTS[p]] for p in (0, 1))
+    control = verdict.control(theirs, mine, LABELS[CLIENTS[0]], theirs, LABELS[CLIENTS[1]])
+    assert control["recovered"] is None and control["k"] == K
+    assert 0 <= control["singled"] <= K and not control["exceeds"]

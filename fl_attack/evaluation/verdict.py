@@ -437,7 +437,8 @@ class Verdict:
         attack, and ranked among its k originals and D distractors with the other client's originals
         ``other_truth`` left out (where they stay, the control is zero by construction). Needs k' >= k
         (the first k are used). other_labels: the labels the other attack recovered (k',), for the
-        label-aware chance. Returns {"k", "singled": count, "recovered": count, "chance": the larger of
+        label-aware chance. Returns {"k", "singled": count, "recovered": count (None without a reader:
+        nothing reads the images, and a 0 would read as "none recovered"), "chance": the larger of
         k/(k+D) and the label-aware chance, "exceeds": ``exceeds_chance`` of the count}: a sound
         verdict keeps "exceeds" False; a leak (an output or a matching that peeks at the truth) makes
         it True. ValueError for k' < k."""
@@ -460,7 +461,7 @@ class Verdict:
         return {
             "k": k,
             "singled": singled,
-            "recovered": int(judged["recovered"].sum()),
+            "recovered": int(judged["recovered"].sum()) if self.has_reader else None,
             "chance": chance,
             "exceeds": exceeds_chance(singled, k, chance),
         }
