@@ -125,10 +125,11 @@ def test_tiny_federation_end_to_end(tmp_path):
 
     assert numbers(timings) and all(math.isfinite(n) and n >= 0 for n in numbers(timings)), timings
     assert "where the time went" in proc.stdout
-    # A replay of the real run on Ray reproduces its rows: each attack with the threads it recorded.
+    # A replay of the real run reproduces its rows (round 2's; test_replay.py replays whole runs): each attack
+    # with the threads it recorded.
     assert all(r["threads"] == "2" for r in attacks)
     replay = subprocess.run(  # the run's attack-threads=2 is not what a replay would take by itself (1)
-        [sys.executable, "-m", "fl_attack.cli", "replay", str(run), "--name", "same"],
+        [sys.executable, "-m", "fl_attack.cli", "replay", str(run), "--name", "same", "--rounds", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -137,7 +138,8 @@ def test_tiny_federation_end_to_end(tmp_path):
     assert replay.returncode == 0, replay.stderr[-4000:]
     with open(run / "replays" / "same" / "attacks.csv") as f:
         replayed = {(r["round"], r["partition_id"], r["method"]): r for r in csv.DictReader(f)}
-    for row in attacks:
+    assert sorted(replayed) == sorted((r["round"], r["partition_id"], r["method"]) for r in attacks if r["round"] == "2")
+    for row in (r for r in attacks if r["round"] == "2"):  # round 2's 4 attacks, each method twice
         again = replayed[(row["round"], row["partition_id"], row["method"])]
         assert (again["psnr"], again["lsim_honest"], again["threads"], again["recovered"]) == (
             row["psnr"],
