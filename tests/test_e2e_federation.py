@@ -138,8 +138,9 @@ def test_tiny_federation_end_to_end(tmp_path):
     assert replay.returncode == 0, replay.stderr[-4000:]
     with open(run / "replays" / "same" / "attacks.csv") as f:
         replayed = {(r["round"], r["partition_id"], r["method"]): r for r in csv.DictReader(f)}
-    assert sorted(replayed) == sorted((r["round"], r["partition_id"], r["method"]) for r in attacks if r["round"] == "2")
-    for row in (r for r in attacks if r["round"] == "2"):  # round 2's 4 attacks, each method twice
+    round_2 = [r for r in attacks if r["round"] == "2"]  # its 4 attacks, each method twice
+    assert sorted(replayed) == sorted((r["round"], r["partition_id"], r["method"]) for r in round_2)
+    for row in round_2:
         again = replayed[(row["round"], row["partition_id"], row["method"])]
         assert (again["psnr"], again["lsim_honest"], again["threads"], again["recovered"]) == (
             row["psnr"],
