@@ -457,15 +457,28 @@ def write_frontier_figures(record: Path) -> list[Path]:
     ]
 
 
+FRONTIER_RUN_FILES = ("attacks.csv", "rounds.csv")  # each setting's rows behind its frontier.csv row
+
+
 def copy_frontier(study: Path, to: Path) -> None:
     """``study``/frontier.csv and study.json (its calls' commands, commits and wall times) copied into ``to``
-    (created): the record the frontier block is written from."""
+    (created): the record the frontier block is written from; with each recorded setting's attacks.csv and
+    rounds.csv (``FRONTIER_RUN_FILES``) under ``to``/runs/SETTING/, the per-attack rows a reader can check a
+    row against (its config.json names this machine's folders, its updates and images are large)."""
     source = study / "frontier.csv"
     if not source.is_file():
         raise ValueError(f"{study} holds no frontier.csv (python -m analysis.defenses --grid frontier writes it)")
     to.mkdir(parents=True, exist_ok=True)
     if source.resolve() != (to / "frontier.csv").resolve():
         shutil.copyfile(source, to / "frontier.csv")
+        from .frontier import read_frontier
+
+        for setting in read_frontier(source)["setting"]:
+            run = study / "runs" / setting
+            for name in FRONTIER_RUN_FILES:
+                if (run / name).is_file():
+                    (to / "runs" / setting).mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(run / name, to / "runs" / setting / name)
     if (study / "study.json").is_file() and study.resolve() != to.resolve():
         # the study's folder is this machine's: the recorded commands name it OUT (their --out)
         text = (study / "study.json").read_text(encoding="utf-8")

@@ -98,11 +98,13 @@ def test_compiled_equals_eager_on_the_structured_path_and_a_second_attack_does_n
 
 
 @pytest.mark.heavy
-def test_compiled_equals_eager_on_the_structured_path_batched():
+@pytest.mark.slow  # 40 s cold; CI keeps the structured path (..._and_a_second_attack_does_not_recompile) and batching
+def test_compiled_equals_eager_on_the_structured_path_batched():  # (..._on_the_generic_path_batched)
     _same(_run(_tiny_cnn(), "nlsme", True, "off"), _run(_tiny_cnn(), "nlsme", True, "on"), 2)
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # 28 s cold; CI keeps the generic path, batched (..._on_the_generic_path_batched)
 def test_compiled_equals_eager_on_the_generic_path():
     model = MaxPoolNet()
     _same(_run(model, "sme", False, "off"), _run(model, "sme", False, "on"), 1)

@@ -336,7 +336,7 @@ def test_ray_dispatch_does_not_block(tmp_path):
         ray.get(holder.ping.remote())
         dispatcher = RayWorkers(num_actors=1, threads=1, device="cpu")
         config = settings.attack_config()
-        config.iterations = 40
+        config.iterations = 5  # the submit, not the attack, is under test
         dispatcher.submit(AttackJob(1, update, "pisme", config, AttackTarget(1, (0,))))  # returns: no CPU is free
         assert dispatcher.in_flight == 1
         outcomes = dispatcher.drain(timeout=240)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import struct
 from pathlib import Path
 
@@ -303,3 +304,18 @@ def test_frontier_record_names_the_studys_folder_out(tmp_path):
     recorded = json.loads((tmp_path / "record" / "study.json").read_text())["calls"][0]["command"]
     assert recorded == "python -m analysis.defenses --grid frontier --out OUT --resume"
     assert (tmp_path / "record" / "frontier.csv").read_text() == (FIXTURE / "frontier.csv").read_text()
+
+
+def test_frontier_record_keeps_each_settings_attack_and_round_rows(tmp_path):
+    """A unit test: each recorded setting's attacks.csv and rounds.csv come with the record, nothing else of
+    its run folder (its config.json names this machine's folders)."""
+    study = tmp_path / "study"
+    shutil.copytree(FIXTURE, study)
+    (study / "runs" / "none" / "config.json").write_text('{"results-dir": "/somewhere/on/this/machine"}')
+    docs.copy_frontier(study, tmp_path / "record")
+    settings = sorted(read_frontier(FIXTURE / "frontier.csv")["setting"])
+    assert sorted(p.name for p in (tmp_path / "record" / "runs").iterdir()) == settings
+    for setting in settings:
+        kept = tmp_path / "record" / "runs" / setting
+        assert sorted(p.name for p in kept.iterdir()) == ["attacks.csv", "rounds.csv"]
+        assert (kept / "attacks.csv").read_bytes() == (FIXTURE / "runs" / setting / "attacks.csv").read_bytes()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.paper_values import PAPER_MARGIN, PAPER_OTHER
+
 from .core import ROOT, _head, _read, _table, records_table
 
 PAGE = Path("docs/results.md")
@@ -156,7 +158,6 @@ def prior_option() -> str:
 # --- the CPU-scale tables (docs/experiments/cpu, k=8, 100 iterations) ----------------------------------------
 
 CPU = EXP / "cpu"
-PAPER_OTHER = {("cifar100", 100, "pisme"): {"ssim": 0.868, "lpips": 0.149}}  # analysis.experiments.table1
 
 
 def cpu_table1() -> str:
@@ -207,9 +208,6 @@ def cpu_node_sweep() -> str:
         ],
         by="nodes",
     )
-
-
-PAPER_MARGIN = {100: 0.8, 10: 4.2}  # analysis.experiments.class_deficiency.PAPER_MARGIN (the paper's text)
 
 
 def cpu_class_deficiency() -> str:

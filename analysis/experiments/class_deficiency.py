@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from functools import partial
 
+from analysis.paper_values import PAPER_MARGIN
+
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
@@ -40,7 +42,6 @@ PAPER_T = 100
 CLASSES = (10, 20, 30, 60, 100)
 PAPER_K = 50
 METHODS = ("sme", "nlsme", "pisme")
-PAPER_MARGIN = {100: 0.8, 10: 4.2}  # PI-SME - NL-SME (dB), read from the paper's text
 COLUMNS = ["dataset", "paper_classes", "classes", "distinct_labels", "paper_T", *ATTACK_ROW_COLUMNS]
 GRID = ("classes", "labels")  # the axes --grid may set
 KEY = ("paper_classes", "partition_id", "seed", "labels", "method")  # one row per key: what a rerun skips

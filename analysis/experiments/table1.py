@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from analysis.paper_values import PAPER_OTHER, PAPER_PSNR
+
 from .common import (
     ATTACK_ROW_COLUMNS,
     Context,
@@ -50,13 +52,6 @@ LABELS = {
     "pisme-adaptive": "PI-SME adaptive",
     "dimitrov": "Dimitrov et al.",
 }
-PAPER_PSNR = {  # Table 1 of the paper (dB), 1000 iterations on a GPU; no FEMNIST rows for GI-NAS and DGGI
-    ("cifar100", 100): {"ig": 15.01, "ginas": 16.00, "dggi": 19.93, "sme": 21.88, "nlsme": 25.77, "pisme": 26.52},
-    ("cifar100", 250): {"ig": 12.28, "ginas": 12.70, "dggi": 18.60, "sme": 18.26, "nlsme": 20.29, "pisme": 23.20},
-    ("femnist", 100): {"ig": 17.09, "sme": 22.27, "nlsme": 24.06, "pisme": 25.34},
-    ("femnist", 250): {"ig": 13.64, "sme": 21.35, "nlsme": 23.14, "pisme": 24.37},
-}
-PAPER_OTHER = {("cifar100", 100, "pisme"): {"ssim": 0.868, "lpips": 0.149}}
 COLUMNS = ["dataset", "paper_T", *ATTACK_ROW_COLUMNS, "paper_psnr"]
 GRID = ("dataset", "paper_T")  # the axes --grid may set
 KEY = ("dataset", "paper_T", "partition_id", "seed", "method")  # what a rerun skips
