@@ -263,3 +263,29 @@ def test_the_blocked_ranking_is_the_whole_matrix_s(setup):
         got = verdict.singled_out(images, candidates)
         assert torch.equal(got, expected)
     assert 0 < int(verdict.singled_out(noisy, candidates).sum()) < K[dataset]  # both kinds of row present
+
+
+def test_a_verdict_built_again_on_the_same_pool_reuses_its_class_picks(monkeypatch):
+    """A unit test of ``_SHARED_PICKS``: a second verdict on the same public pool gives the same guesses
+    without the reader reading the pool again; a verdict on another pool reads its own."""
+    from fl_attack.evaluation import verdict as module
+
+    monkeypatch.setattr(module, "_SHARED_PICKS", {})
+    pool = load_bundled("femnist")
+    public = server_test_set(pool, 200, seed=0)
+    labels = torch.arange(10)
+    expected = Verdict.from_data("femnist", seed=0, public=(public.images, public.labels)).guesses(labels)
+
+    def reading(verdict, seen):
+        logits = verdict._logits
+        monkeypatch.setattr(verdict, "_logits", lambda images: seen.append(len(images)) or logits(images))
+        return verdict
+
+    seen = []
+    again = reading(Verdict.from_data("femnist", seed=0, public=(public.images, public.labels)), seen)
+    got = again.guesses(labels)
+    assert seen == [] and set(got) == set(expected) and all(torch.equal(got[n], expected[n]) for n in expected)
+    other = server_test_set(pool, 200, seed=1)
+    seen_other = []
+    reading(Verdict.from_data("femnist", seed=0, public=(other.images, other.labels)), seen_other).guesses(labels)
+    assert seen_other == [200]  # the reader over the other pool, once

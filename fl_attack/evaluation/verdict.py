@@ -88,6 +88,8 @@ FEW = 0.25  # below this fraction of the attacked images recovered, the summary 
 _SLACK = 512  # extra distractors drawn, so that D remain after dropping the client's own images
 NOISE_OUTPUTS = 2  # update-free random starts scored for the null (reid_noise); each costs an attack's ranking
 NOISE_SEED = 7919  # their draws: fixed, so that the same update gets the same null
+_SHARED_PICKS: dict = {}  # the shipped readers' class picks per public pool, for every verdict of the process
+_SHARED_PICKS_SIZE = 8  # pools kept (each: 3 x num_classes images)
 _BLOCK = 256  # candidates ranked at a time (singled_out stops an image at the first nearer one)
 GUESSES = ("pool mean", "class mean", "class medoid", "reader's pick")  # the update-free guesses
 # Every column the verdict adds to a row, NaN where there is no score: declared once, with its meaning and type,
@@ -206,6 +208,14 @@ class Verdict:
         self._warned: set = set()
         self._stats = None  # (candidates, their SSIM window statistics) of the attack being scored
         self._picks: dict = {}  # the guesses' per-class images, per set of public images left out
+        # The shipped reader (loaded on first use) is one module per process, so a verdict built again on the
+        # same pool (a replay, a test) reuses the class picks another computed: the reader over the whole pool.
+        self._pool_key = None
+        if self.reader is None and self.has_reader:
+            digest = hashlib.blake2b(digest_size=16)
+            for x in (self.public_images.detach().float(), torch.as_tensor(self.public_labels).long()):
+                digest.update(np.ascontiguousarray(x.cpu().numpy()).tobytes())
+            self._pool_key = (self.dataset, digest.digest())
 
     @classmethod
     def from_data(
@@ -341,8 +351,12 @@ class Verdict:
         the class medoid (the image whose mean 1 - SSIM to the others of its class is least) and the
         reader's pick (the image the reader gives the highest probability of that class); a class the
         kept pool lacks gets the pool mean, the pool image nearest it (pixel L2) and the reader's pick
-        over the whole kept pool. Cached per ``keep``."""
+        over the whole kept pool. Cached per ``keep``, and with the shipped reader per pool for the process
+        (``_SHARED_PICKS``: the same pixels and labels give the same picks)."""
         key = bytes(keep.numpy().tobytes())
+        shared = None if self._pool_key is None else (*self._pool_key, key)
+        if key not in self._picks and shared in _SHARED_PICKS:
+            self._picks[key] = _SHARED_PICKS[shared]
         if key in self._picks:
             return self._picks[key]
         images, labels = self.public_images[keep].float(), self.public_labels[keep]
@@ -366,6 +380,10 @@ class Verdict:
         if self.has_reader:
             out["reader's pick"] = torch.stack(picks)
         self._picks[key] = out
+        if shared is not None:
+            while len(_SHARED_PICKS) >= _SHARED_PICKS_SIZE:
+                _SHARED_PICKS.pop(next(iter(_SHARED_PICKS)))
+            _SHARED_PICKS[shared] = out
         return out
 
     def guesses(self, labels, truth: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
