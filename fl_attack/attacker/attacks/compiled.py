@@ -77,8 +77,8 @@ def resolve_compile(mode: str, device: torch.device | str) -> bool:
 
     "on": yes; "off": no; "auto": on CUDA yes (the step there is bound by kernel launches, which
     compiling fuses and a CUDA graph replays; docs/gpu-check/), on the CPU no. Measured on this
-    project's 2-core CPU with 1 thread (docs/performance.md, "Compiled step"; k=10, m=3 and k=16, m=5,
-    one client and N=4 batched): a compiled step ran 1.06-1.70x as fast as eager for the paper's CNNs
+    project's 2-core CPU with 1 thread (docs/performance-2026-12-05.md, "Compiled step"; k=10, m=3 and
+    k=16, m=5, one client and N=4 batched): a compiled step ran 1.06-1.70x as fast as eager for the paper's CNNs
     and 0.93-1.22x for a max-pooling user model (the generic path), but each compile took 32-84 s,
     repaid only after 70 to 15,000 steps of one problem shape in one process (for the user model
     often never), more than a short run or a test has. Long CPU runs of the paper's CNNs gain from

@@ -207,7 +207,8 @@ def _batched_path_gradient(model, shapes, anchors, basis, coeffs, x, y, create_g
     The outer autograd differentiates through the transforms (torch.func composes with it), so G
     keeps its graph to X_hat, the anchors and the basis whether or not ``create_graph`` is asked;
     ``path_gradient`` detaches it when not. Nothing is reduced over the clients. Vmapping the nodes
-    too (one pass over all N*m) was 1.3x slower on the CPU (docs/performance.md, "Batched attacks").
+    too (one pass over all N*m) was 1.3x slower on the CPU (docs/performance-2026-12-01.md, "Batched
+    attacks on the CPU").
     """
     stacked = torch.stack(list(anchors), dim=1)  # (N, J, P)
 
