@@ -117,6 +117,7 @@ def test_compiled_equals_eager_on_the_generic_path_batched():
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # 49 s cold; CI keeps the structured path (..._does_not_recompile) and the generic path, batched
 def test_compiled_equals_eager_for_a_momentum_client_with_weight_decay_and_a_sparse_update():
     """The optimizer-aware surrogate (momentum's weights along the path, the weight-decay term) and
     observed_only's mask, on the structured path (T = 2 local steps: k=2, B=1)."""

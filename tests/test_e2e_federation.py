@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy.stats import beta
 
+from analysis.report import main as report_main
 from fl_attack.evaluation.verdict import DEFAULT_DISTRACTORS
 from fl_attack.federation.participants import sample_participants
 from tests.gated import launch_gated
@@ -29,8 +30,11 @@ def _clopper_pearson(count: int, k: int) -> tuple[int, int]:
     return math.floor(low * k + 1e-9), math.ceil(high * k - 1e-9)
 
 
-@pytest.mark.runtime
-def test_tiny_federation_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory):
+    """The tiny federation through the launcher (flwr run, Ray, attacks); returns (its run folder, the
+    launcher's finished process, the folder holding run-dir)."""
+    tmp_path = tmp_path_factory.mktemp("e2e")
     results = tmp_path / "results"
     run_config = (
         f"num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=15 "
@@ -57,17 +61,15 @@ def test_tiny_federation_end_to_end(tmp_path):
     proc = launch_gated(command, env, results / "e2e", gate, timeout=900)
     log = proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0, log
-    run = results / "e2e"
+    return results / "e2e", proc, tmp_path
+
+
+@pytest.mark.runtime
+def test_tiny_federation_end_to_end(e2e_run):
+    run, proc, tmp_path = e2e_run
     assert (tmp_path / "run-dir").read_text().strip() == str(run)
-    # The report is analysis' job, after the run (make demo does both).
-    report = subprocess.run(
-        [sys.executable, "-m", "analysis.report", str(run), "--out", str(run / "report")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert report.returncode == 0, report.stderr[-4000:]
+    # The report is analysis' job, after the run (make demo does both; its command line: test_analysis.py).
+    assert report_main([str(run), "--out", str(run / "report")]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["run_config"]["attack-method"] == "pisme" and config["seed"] == 3
     assert config["versions"]["flwr"] == "1.42.0"
@@ -125,8 +127,15 @@ def test_tiny_federation_end_to_end(tmp_path):
 
     assert numbers(timings) and all(math.isfinite(n) and n >= 0 for n in numbers(timings)), timings
     assert "where the time went" in proc.stdout
-    # A replay of the real run reproduces its rows (round 2's; test_replay.py replays whole runs): each attack
-    # with the threads it recorded.
+
+
+@pytest.mark.runtime
+@pytest.mark.slow  # a second process attacking again (about a minute on 2 busy cores); CI replays in process:
+def test_a_replay_of_the_real_run_reproduces_its_rows_with_the_threads_it_recorded(e2e_run):  # test_replay.py
+    """Round 2's attacks replayed from the launcher's run folder by the CLI, each with the threads it recorded."""
+    run, _, _ = e2e_run
+    with open(run / "attacks.csv") as f:
+        attacks = list(csv.DictReader(f))
     assert all(r["threads"] == "2" for r in attacks)
     replay = subprocess.run(  # the run's attack-threads=2 is not what a replay would take by itself (1)
         [sys.executable, "-m", "fl_attack.cli", "replay", str(run), "--name", "same", "--rounds", "2"],

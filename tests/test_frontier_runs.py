@@ -38,6 +38,9 @@ def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.runtime
+# Two flwr runs, 95-207 s on 2 cores: slow for the suite's 15-minute budget. CI keeps the study's resume rule
+# (test_studies.py, plan_run), its launcher arguments (test_defenses.py) and flwr run (test_e2e_federation.py).
+@pytest.mark.slow
 def test_a_study_killed_before_its_first_checkpoint_completes_with_resume(tmp_path):
     """Before the fix the resumed study stopped at the killed folder: "run folder ... already holds a run".
     (That a finished run is kept as it is, not rerun, is test_studies.py's unit test of plan_run.)"""

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
-from torchvision.utils import make_grid
 
 from fl_attack.records import write_bytes_atomic
 
@@ -57,6 +56,8 @@ def save_comparison_grid(
     if both.shape[1] == 1:
         both = both.repeat(1, 3, 1, 1)
     truth, recon = both[:n], both[n:]
+    from torchvision.utils import make_grid  # here: importing torchvision costs every process that scores ~2 s
+
     bands = []
     for start in range(0, n, per_band):
         rows = [truth[start : start + per_band], recon[start : start + per_band]][alone:]
