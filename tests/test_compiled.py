@@ -98,26 +98,27 @@ def test_compiled_equals_eager_on_the_structured_path_and_a_second_attack_does_n
 
 
 @pytest.mark.heavy
-@pytest.mark.slow  # 40 s cold; CI keeps the structured path (..._and_a_second_attack_does_not_recompile) and batching
-def test_compiled_equals_eager_on_the_structured_path_batched():  # (..._on_the_generic_path_batched)
+@pytest.mark.slow  # 40 s cold; CI keeps the structured path (..._and_a_second_attack_does_not_recompile)
+def test_compiled_equals_eager_on_the_structured_path_batched():
     _same(_run(_tiny_cnn(), "nlsme", True, "off"), _run(_tiny_cnn(), "nlsme", True, "on"), 2)
 
 
 @pytest.mark.heavy
-@pytest.mark.slow  # 28 s cold; CI keeps the generic path, batched (..._on_the_generic_path_batched)
+@pytest.mark.slow  # 28 s cold; CI keeps the structured path
 def test_compiled_equals_eager_on_the_generic_path():
     model = MaxPoolNet()
     _same(_run(model, "sme", False, "off"), _run(model, "sme", False, "on"), 1)
 
 
 @pytest.mark.heavy
+@pytest.mark.slow  # 54 s cold on CI; CI keeps the structured path, the default models' (..._does_not_recompile)
 def test_compiled_equals_eager_on_the_generic_path_batched():
     model = MaxPoolNet()
     _same(_run(model, "pisme", True, "off"), _run(model, "pisme", True, "on"), 2)
 
 
 @pytest.mark.heavy
-@pytest.mark.slow  # 49 s cold; CI keeps the structured path (..._does_not_recompile) and the generic path, batched
+@pytest.mark.slow  # 49 s cold; CI keeps the structured path (..._does_not_recompile)
 def test_compiled_equals_eager_for_a_momentum_client_with_weight_decay_and_a_sparse_update():
     """The optimizer-aware surrogate (momentum's weights along the path, the weight-decay term) and
     observed_only's mask, on the structured path (T = 2 local steps: k=2, B=1)."""
