@@ -24,7 +24,7 @@ from tests.gated import launch_gated
 pytestmark = pytest.mark.runtime  # a local SuperLink and SuperNodes
 
 ROOT = Path(__file__).resolve().parent.parent
-ATTACK_ITERATIONS = 10  # short: the gate (GATE_ENV), not their length, keeps round 1's attacks in flight
+ATTACK_ITERATIONS = 5  # short: the gate (GATE_ENV), not their length, keeps round 1's attacks in flight
 
 
 def _read_csv(path: Path) -> list[dict]:

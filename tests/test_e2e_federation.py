@@ -37,7 +37,7 @@ def e2e_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("e2e")
     results = tmp_path / "results"
     run_config = (
-        f"num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=15 "
+        f"num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=6 "
         f'attack-nodes=2 attack-threads=2 attack-clients="all" attack-method="pisme" results-dir="{results}" '
         f'run-name="e2e" seed=3 fraction-train=0.5 attack-options="label_estimator=aux"'
     )

@@ -74,11 +74,11 @@ def test_keep_holds_the_best_fit_so_far_and_joint_fits_several_updates(watched):
     keep, joint = AttackMemory("keep"), AttackMemory("joint", "best:1,latest:1")
     held_fits = []
     for r, update in enumerate(updates, start=1):
+        alone = reconstruct(update, "pisme", config=CONFIG, device="cpu")
         for memory in (keep, joint):
             memory.observe("c", r, update)
             inputs = memory.inputs("c", r)
             candidates, memoryless = attack_with_memory(update, "pisme", inputs, config=CONFIG, device="cpu")
-            alone = reconstruct(update, "pisme", config=CONFIG, device="cpu")
             assert torch.equal(memoryless.images, alone.images) and torch.equal(candidates[0].images, alone.images)
             held = memory.remember("c", candidates)
             assert held.fit == min(c.fit for c in memory.clients["c"].history)
