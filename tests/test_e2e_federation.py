@@ -20,6 +20,7 @@ from fl_attack.federation.participants import sample_participants
 from tests.gated import launch_gated
 
 ROOT = Path(__file__).resolve().parent.parent
+K = 6  # images per client (k), in 2 local steps of B = 3
 
 
 def _clopper_pearson(count: int, k: int) -> tuple[int, int]:
@@ -37,8 +38,8 @@ def e2e_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("e2e")
     results = tmp_path / "results"
     run_config = (
-        f"num-server-rounds=2 samples-per-client=10 batch-size=5 local-epochs=1 attack-iterations=6 "
-        f'attack-nodes=2 attack-threads=2 attack-clients="all" attack-method="pisme" results-dir="{results}" '
+        f"num-server-rounds=2 samples-per-client={K} batch-size=3 local-epochs=1 attack-iterations=6 "
+        f'attack-nodes=2 attack-threads=1 attack-clients="all" attack-method="pisme" results-dir="{results}" '
         f'run-name="e2e" seed=3 fraction-train=0.5 attack-options="label_estimator=aux"'
     )
     gate = tmp_path / "attacks-may-end"  # every attack waits for it (GATE_ENV), opened once round 2 started
@@ -94,13 +95,13 @@ def test_tiny_federation_end_to_end(e2e_run):
             assert math.isfinite(float(row[metric])), (metric, row)
         assert (run / row["image"]).is_file()
         # the verdict (fl_attack.evaluation.verdict): k images, how many recovered, singled out against chance
-        assert row["k"] == "10" and 0 <= int(row["recovered"]) <= 10
-        assert float(row["reid_chance_uniform"]) == pytest.approx(1 / (10 + DEFAULT_DISTRACTORS))
-        assert float(row["reid_chance"]) >= 10 / (10 + DEFAULT_DISTRACTORS)  # the matched null, at least k/(k+D)
+        assert row["k"] == str(K) and 0 <= int(row["recovered"]) <= K
+        assert float(row["reid_chance_uniform"]) == pytest.approx(1 / (K + DEFAULT_DISTRACTORS))
+        assert float(row["reid_chance"]) >= K / (K + DEFAULT_DISTRACTORS)  # the matched null, at least k/(k+D)
         # the exact (Clopper-Pearson) 95% interval of the row's own count, in images, rounded outwards
-        assert (int(row["recovered_low"]), int(row["recovered_high"])) == _clopper_pearson(int(row["recovered"]), 10)
+        assert (int(row["recovered_low"]), int(row["recovered_high"])) == _clopper_pearson(int(row["recovered"]), K)
         assert set(json.loads(row["guesses"])) == {"pool mean", "class mean", "class medoid", "reader's pick"}
-        assert int(row["recovered"]) <= round(float(row["reidentified"]) * 10)
+        assert int(row["recovered"]) <= round(float(row["reidentified"]) * K)
         assert float(row["psnr_margin"]) == pytest.approx(float(row["psnr"]) - float(row["guess_psnr"]))
     report_html = (run / "report" / "report.html").read_text()
     assert 0 < report_html.index('id="verdict"') < report_html.index('id="summary"')  # the first screen
@@ -132,12 +133,13 @@ def test_tiny_federation_end_to_end(e2e_run):
 @pytest.mark.runtime
 @pytest.mark.slow  # a second process attacking again (about a minute on 2 busy cores); CI replays in process:
 def test_a_replay_of_the_real_run_reproduces_its_rows_with_the_threads_it_recorded(e2e_run):  # test_replay.py
-    """Round 2's attacks replayed from the launcher's run folder by the CLI, each with the threads it recorded."""
+    """Round 2's attacks replayed from the launcher's run folder by the CLI, each with the threads it recorded
+    (that a replay takes a row's recorded threads over this process's: test_replay.py, in CI)."""
     run, _, _ = e2e_run
     with open(run / "attacks.csv") as f:
         attacks = list(csv.DictReader(f))
-    assert all(r["threads"] == "2" for r in attacks)
-    replay = subprocess.run(  # the run's attack-threads=2 is not what a replay would take by itself (1)
+    assert all(r["threads"] == "1" for r in attacks)
+    replay = subprocess.run(
         [sys.executable, "-m", "fl_attack.cli", "replay", str(run), "--name", "same", "--rounds", "2"],
         cwd=ROOT,
         capture_output=True,

@@ -208,6 +208,25 @@ def test_missing_completes_exactly_the_attacks_a_run_left_undone(copy_of, capsys
     assert "nothing to attack" in capsys.readouterr().err and len(read_csv(copy_of / "attacks.csv")[1]) == 2
 
 
+def test_without_threads_each_attack_runs_with_the_threads_its_row_recorded(copy_of):
+    """A run whose attacks ran on 2 torch threads (attacks.csv's threads column) is replayed, without
+    --threads, on 2 (not this process's 1): the threads are part of what reproduces a row's floats."""
+    columns, rows = read_csv(copy_of / "attacks.csv")
+    with open(copy_of / "attacks.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({**r, "threads": "2"} for r in rows)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["replay", str(copy_of), "--rounds", "1", "--device", "cpu", "--name", "recorded"]) == 0
+        assert torch.get_num_threads() == 1  # given back
+    finally:
+        torch.set_num_threads(before)
+    _, replayed = read_csv(copy_of / "replays" / "recorded" / "attacks.csv")
+    assert [(r["round"], r["threads"]) for r in replayed] == [("1", "2")]
+
+
 def test_missing_refuses_a_record_with_other_columns_before_any_attack(copy_of, capsys):
     """A run recorded before a column was added: appending would misalign every cell."""
     columns, rows = read_csv(copy_of / "attacks.csv")
