@@ -88,6 +88,55 @@ def test_a_study_killed_before_its_first_checkpoint_completes_with_resume(tmp_pa
     assert all("--grid frontier" in c["command"] for c in calls)
 
 
+@pytest.mark.runtime
+@pytest.mark.slow  # a flwr run started and stopped: about a minute on 2 cores (the suite's 15-minute budget)
+def test_a_sigterm_stops_the_study_and_everything_its_setting_started(tmp_path):
+    """SIGTERM to the study while its first setting's federation runs (what `kill` or a job's stop sends, and
+    the only stop a study started in the background by a non-interactive shell hears, since such a shell has
+    it ignore SIGINT): the study exits 130 saying how to resume, starts no next setting, and leaves no process
+    of its setting behind (the launcher's SuperLink and flwr run included)."""
+    env, out = _env(tmp_path), tmp_path / "study"
+    log = tmp_path / "study.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            _study(out, "quantize-1,none", "--resume"),
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    run = out / "runs" / "quantize-1"
+    try:
+        while not (run / "config.json").exists():  # the event: the setting's ServerApp is running
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.02)
+        started = _tree(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=600)  # a hang guard, not a bound: a study that ignored it would run on
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 130, text[-3000:]
+    assert "interrupted; what finished is kept: rerun with --resume" in text
+    assert "running none" not in text and not (out / "runs" / "none").exists()
+    # The SuperLink's own child (flwr-simulation) ends a moment after the SuperLink: wait for every process
+    # the setting had started to end by itself (a guard against a leak, not a bound), then look.
+    guard = time.monotonic() + 300
+    while (left := [pid for pid in started if _state(pid) == "alive"]) and time.monotonic() < guard:
+        time.sleep(0.2)
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in left]
+
+
+def _state(pid: int) -> str:
+    """ "alive", or "gone" for an ended process (a zombie waiting for its parent included)."""
+    try:
+        return "gone" if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z" else "alive"
+    except OSError:
+        return "gone"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
