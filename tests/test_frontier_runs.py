@@ -37,6 +37,19 @@ def _run(command: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
 
 
+def _start(tmp_path: Path, out: Path, only: str, log: Path) -> subprocess.Popen:
+    """The study on ``only`` with --resume, started in a session of its own, its output in ``log``."""
+    with open(log, "w") as sink:
+        return subprocess.Popen(
+            _study(out, only, "--resume"),
+            cwd=ROOT,
+            env=_env(tmp_path),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @pytest.mark.runtime
 # Two flwr runs, 95-207 s on 2 cores: slow for the suite's 15-minute budget. CI keeps the study's resume rule
 # (test_studies.py, plan_run), its launcher arguments (test_defenses.py) and flwr run (test_e2e_federation.py).
@@ -47,15 +60,7 @@ def test_a_study_killed_before_its_first_checkpoint_completes_with_resume(tmp_pa
     env, out = _env(tmp_path), tmp_path / "study"
     log = tmp_path / "killed.log"
     run = out / "runs" / "quantize-1"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            _study(out, "quantize-1", "--resume"),
-            cwd=ROOT,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _start(tmp_path, out, "quantize-1", log)
     try:
         while not (run / "config.json").exists():  # the event: the ServerApp has written the run's config
             assert proc.poll() is None, log.read_text()[-3000:]
@@ -95,17 +100,8 @@ def test_a_sigterm_stops_the_study_and_everything_its_setting_started(tmp_path):
     the only stop a study started in the background by a non-interactive shell hears, since such a shell has
     it ignore SIGINT): the study exits 130 saying how to resume, starts no next setting, and leaves no process
     of its setting behind (the launcher's SuperLink and flwr run included)."""
-    env, out = _env(tmp_path), tmp_path / "study"
-    log = tmp_path / "study.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            _study(out, "quantize-1,none", "--resume"),
-            cwd=ROOT,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    out, log = tmp_path / "study", tmp_path / "study.log"
+    proc = _start(tmp_path, out, "quantize-1,none", log)
     run = out / "runs" / "quantize-1"
     try:
         while not (run / "config.json").exists():  # the event: the setting's ServerApp is running
