@@ -56,7 +56,7 @@ def save_comparison_grid(
     if both.shape[1] == 1:
         both = both.repeat(1, 3, 1, 1)
     truth, recon = both[:n], both[n:]
-    from torchvision.utils import make_grid  # here: importing torchvision costs every process that scores ~2 s
+    from torchvision.utils import make_grid  # here: torchvision cost every scoring process ~3 s
 
     bands = []
     for start in range(0, n, per_band):
