@@ -321,7 +321,8 @@ def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None 
     """``--grid frontier``: run the grid (analysis.frontier.run_grid), then frontier.md and its figures
     from frontier.csv. --rounds, --supernodes, --samples, --iterations and --seed change the regime
     for a quick look (a test, a fixture): such a run is not the study, and says so."""
-    from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, commit_of, frontier_grid, record_call, run_grid
+    from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, frontier_grid, run_grid
+    from .studies import commit_of, record_call
 
     rounds = args.rounds or REGIME_ROUNDS
     supernodes = args.supernodes or REGIME_SUPERNODES

@@ -7,6 +7,8 @@ Usage (from the project root):
     python -m analysis.docs demo-record RUN_DIR # copy a `make demo` run's record to docs/demo-record/, then demo-block
     python -m analysis.docs frontier            # docs/defenses.md's frontier block and figures, from docs/frontier/
     python -m analysis.docs frontier-record DIR # copy a study's DIR/frontier.csv to docs/frontier/, then frontier
+    python -m analysis.docs rounds              # docs/leakage-over-rounds.md's block and figure, from its record
+    python -m analysis.docs rounds-record DIR   # copy a leakage study's DIR/study.csv there, then rounds
     python -m analysis.docs trajectory          # docs/time-to-quality.md's trajectory block and its records
     python -m analysis.docs records             # the tables of measured figures (analysis/docs_tables/)
     python -m analysis.docs all                 # every one of the above
@@ -16,7 +18,8 @@ run-config reads the settings dataclasses (their fields, types and the checks in
 pyproject.toml's [tool.flwr.app.config] (defaults and comments); run-folder reads fl_attack.schema;
 demo-block reads a run folder's summary.json (the verdict lines, the timings), config.json and rounds.csv;
 frontier reads docs/frontier/frontier.csv (analysis/frontier.py), and writes its figures beside it (only their
-text is compared: --check asks that they exist); records reads the CSV files each block names
+text is compared: --check asks that they exist); rounds does the same with docs/leakage-over-rounds/study.csv
+(analysis/leakage_study.py); records reads the CSV files each block names
 (analysis/docs_tables BLOCKS).
 tests/test_docs.py fails when a committed page or block differs from what this writes.
 """
@@ -412,11 +415,11 @@ def frontier_block(record: Path) -> str:
     )
 
 
-def study_calls(record: Path) -> list[str]:
-    """Lines on how the recorded study ran, from ``record``/study.json (analysis.frontier.record_call): each
-    call's command (the same command again is said so), commit, start and wall time with the settings it
-    ran (a setting it found done, timed at 0.0 min, is left out), then each setting's time in the call that
-    finished it and their sum (the grid's wall time so far); none without the file."""
+def study_calls(record: Path, unit: str = "setting") -> list[str]:
+    """Lines on how the recorded study ran, from ``record``/study.json (analysis.studies.record_call): each
+    call's command (the same command again is said so), commit, start and wall time with the ``unit``s
+    (settings, runs) it ran (one it found done, timed at 0.0 min, is left out), then each one's time in the
+    call that finished it and their sum (the study's wall time so far); none without the file."""
     path = record / "study.json"
     if not path.is_file():
         return []
@@ -432,12 +435,12 @@ def study_calls(record: Path) -> list[str]:
         ran = {name: sec for name, sec in call.get("settings", {}).items() if sec >= 3.0}
         finished.update(ran)
         command = "the same command" if i and call["command"] == calls[i - 1]["command"] else f"`{call['command']}`"
-        each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in ran.items()) or "no setting finished"
+        each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in ran.items()) or f"no {unit} finished"
         lines.append(f"- {command} at {call.get('commit') or 'an unknown commit'}, {call['started']}: {took} ({each})")
     if finished:
         lines += [
             "",
-            f"Each setting's time in the call that finished it: {len(finished)} setting(s), "
+            f"Each {unit}'s time in the call that finished it: {len(finished)} {unit}(s), "
             f"{sum(finished.values()) / 3600:.2f} h together.",
         ]
     return lines
@@ -457,47 +460,118 @@ def write_frontier_figures(record: Path) -> list[Path]:
     ]
 
 
-FRONTIER_RUN_FILES = ("attacks.csv", "rounds.csv")  # each setting's rows behind its frontier.csv row
+FRONTIER_RUN_FILES = ("attacks.csv", "rounds.csv")  # each run's rows behind a study's table rows
 
 
 def copy_frontier(study: Path, to: Path) -> None:
-    """``study``/frontier.csv and study.json (its calls' commands, commits and wall times) copied into ``to``
-    (created): the record the frontier block is written from; with each recorded setting's attacks.csv and
-    rounds.csv (``FRONTIER_RUN_FILES``) under ``to``/runs/SETTING/, the per-attack rows a reader can check a
-    row against (its config.json names this machine's folders, its updates and images are large)."""
+    """``study``/frontier.csv and study.json copied into ``to`` (``copy_study``), with each recorded setting's
+    attacks.csv and rounds.csv under ``to``/runs/SETTING/."""
     source = study / "frontier.csv"
     if not source.is_file():
         raise ValueError(f"{study} holds no frontier.csv (python -m analysis.defenses --grid frontier writes it)")
-    to.mkdir(parents=True, exist_ok=True)
-    if source.resolve() != (to / "frontier.csv").resolve():
-        shutil.copyfile(source, to / "frontier.csv")
-        from .frontier import read_frontier
+    from .frontier import read_frontier
 
-        for setting in read_frontier(source)["setting"]:
-            run = study / "runs" / setting
+    copy_study(study, to, "frontier.csv", list(read_frontier(source)["setting"]))
+
+
+def copy_study(study: Path, to: Path, table: str, runs: list[str]) -> None:
+    """A study's record copied into ``to`` (created): its ``table`` (frontier.csv, study.csv) and study.json
+    (its calls' commands, commits and wall times, analysis.studies.record_call), with each run's attacks.csv
+    and rounds.csv (``FRONTIER_RUN_FILES``) of ``runs`` (paths under ``study``/runs/) under ``to``/runs/, the
+    per-attack rows a reader can check a table row against (its config.json names this machine's folders,
+    its updates and images are large). The recorded commands name the study's folder OUT."""
+    from fl_attack.records import write_text_atomic
+
+    to.mkdir(parents=True, exist_ok=True)
+    if (study / table).resolve() != (to / table).resolve():
+        shutil.copyfile(study / table, to / table)
+        for run in runs:
             for name in FRONTIER_RUN_FILES:
-                if (run / name).is_file():
-                    (to / "runs" / setting).mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(run / name, to / "runs" / setting / name)
+                if (study / "runs" / run / name).is_file():
+                    (to / "runs" / run).mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(study / "runs" / run / name, to / "runs" / run / name)
     if (study / "study.json").is_file() and study.resolve() != to.resolve():
-        # the study's folder is this machine's: the recorded commands name it OUT (their --out)
         text = (study / "study.json").read_text(encoding="utf-8")
         for spelling in {str(study.resolve()), str(study)}:
             text = text.replace(json.dumps(spelling)[1:-1], "OUT")
-        from fl_attack.records import write_text_atomic
-
         write_text_atomic(to / "study.json", text)
+
+
+# --- docs/leakage-over-rounds.md: the rounds study's block and figure ---------------------------------------
+
+ROUNDS_PAGE = Path("docs/leakage-over-rounds.md")
+ROUNDS_RECORD = Path("docs/leakage-over-rounds")  # the rounds study's study.csv and the figure written from it
+ROUNDS_FIGURE = "leakage-over-rounds.png"
+
+
+def copy_rounds(study: Path, to: Path) -> None:
+    """``study``/study.csv (analysis/leakage_study.py) and study.json copied into ``to`` (``copy_study``), with
+    each run's and replay's attacks.csv and rounds.csv (a replay RUN/REPLAY under runs/RUN/replays/REPLAY/)."""
+    source = study / "study.csv"
+    if not source.is_file():
+        raise ValueError(f"{study} holds no study.csv (python -m analysis.leakage_study writes it)")
+    from .leakage_figure import read_study
+
+    names = dict.fromkeys(read_study(source)["run"])
+    copy_study(study, to, "study.csv", [n.replace("/", "/replays/", 1) for n in names])
+
+
+def rounds_block(record: Path) -> str:
+    """The rounds block of docs/leakage-over-rounds.md from ``record``/study.csv: its tables
+    (analysis.leakage_figure.rounds_markdown), its figure and how it ran; while no rerun is recorded there,
+    a line saying so and how to record one."""
+    from .leakage_figure import read_study, rounds_markdown
+
+    where = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
+    rel = Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where  # from docs/
+    head = [_generated("rounds")]
+    if not (record / "study.csv").is_file():
+        return "\n".join(
+            head
+            + [
+                f"No study of today's code is recorded in `{where}/` yet: run the command above, then "
+                f"`{COMMAND} rounds-record DIR` copies its study.csv here and writes this block from it."
+            ]
+        )
+    table = read_study(record / "study.csv")
+    return "\n".join(
+        head
+        + [
+            f"From [{where}/study.csv]({rel}/study.csv) (per run, attack and round; columns: "
+            "`analysis.leakage_study.COLUMN_MEANINGS`).",
+            "",
+            rounds_markdown(table).rstrip("\n"),
+            "",
+            f"![leakage over rounds, in images recovered]({rel}/{ROUNDS_FIGURE})",
+            *study_calls(record, unit="run"),
+        ]
+    )
+
+
+def write_rounds_figure(record: Path) -> list[Path]:
+    """``record``/ROUNDS_FIGURE written from its study.csv (none without one); returns it."""
+    if not (record / "study.csv").is_file():
+        return []
+    from .leakage_figure import plot_rounds_study, read_study
+    from .plots import save_figure
+
+    return [save_figure(plot_rounds_study(read_study(record / "study.csv")), record / ROUNDS_FIGURE)]
 
 
 # --- the command ------------------------------------------------------------------------------------------
 
 
-def outputs(what: str, record: Path = DEMO_RECORD, frontier: Path = FRONTIER_RECORD) -> dict[Path, str]:
+def outputs(
+    what: str, record: Path = DEMO_RECORD, frontier: Path = FRONTIER_RECORD, rounds: Path = ROUNDS_RECORD
+) -> dict[Path, str]:
     """{file relative to the root: the text it should hold} for ``what``."""
     out = {}
     if what in ("frontier", "frontier-record", "all"):
         page = (ROOT / DEFENSES_PAGE).read_text(encoding="utf-8")
         out[DEFENSES_PAGE] = with_blocks(page, {"frontier": frontier_block(ROOT / frontier)}, str(DEFENSES_PAGE))
+    if what in ("rounds", "rounds-record", "all"):
+        page = (ROOT / ROUNDS_PAGE).read_text(encoding="utf-8")
+        out[ROUNDS_PAGE] = with_blocks(page, {"rounds": rounds_block(ROOT / rounds)}, str(ROUNDS_PAGE))
     if what in ("run-config", "all"):
         out[RUN_CONFIG_PAGE] = run_config_page()
     if what in ("run-folder", "all"):
@@ -556,20 +630,26 @@ def main(argv: list[str] | None = None) -> int:
             "records",
             "frontier",
             "frontier-record",
+            "rounds",
+            "rounds-record",
             "all",
         ),
     )
     parser.add_argument(
-        "run_dir", nargs="?", help="demo-record: the `make demo` run folder; frontier-record: the study's --out folder"
+        "run_dir",
+        nargs="?",
+        help="demo-record: the `make demo` run folder; frontier-record, rounds-record: the study's --out folder",
     )
     parser.add_argument("--check", action="store_true", help="compare, write nothing; exit 1 when a file differs")
     args = parser.parse_args(argv)
-    if args.what in ("demo-record", "frontier-record") and not args.run_dir:
+    if args.what in ("demo-record", "frontier-record", "rounds-record") and not args.run_dir:
         parser.error(f'{args.what} needs its folder, e.g. "$(cat .last-run)" or the study\'s --out DIR')
     if args.what == "demo-record":
         copy_record(Path(args.run_dir), ROOT / DEMO_RECORD)
     if args.what == "frontier-record":
         copy_frontier(Path(args.run_dir), ROOT / FRONTIER_RECORD)
+    if args.what == "rounds-record":
+        copy_rounds(Path(args.run_dir), ROOT / ROUNDS_RECORD)
     stale = []
     if args.what in ("frontier", "frontier-record", "all"):
         if not args.check:
@@ -577,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path.relative_to(ROOT)}")
         elif (ROOT / FRONTIER_RECORD / "frontier.csv").is_file():
             stale += [str(FRONTIER_RECORD / n) for n in FRONTIER_FIGURES if not (ROOT / FRONTIER_RECORD / n).is_file()]
+    if args.what in ("rounds", "rounds-record", "all"):
+        if not args.check:
+            for path in write_rounds_figure(ROOT / ROUNDS_RECORD):
+                print(f"wrote {path.relative_to(ROOT)}")
+        elif (ROOT / ROUNDS_RECORD / "study.csv").is_file() and not (ROOT / ROUNDS_RECORD / ROUNDS_FIGURE).is_file():
+            stale.append(str(ROUNDS_RECORD / ROUNDS_FIGURE))
     for path, text in outputs(args.what).items():
         current = (ROOT / path).read_text(encoding="utf-8") if (ROOT / path).exists() else None
         if current == text:

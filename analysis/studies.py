@@ -6,6 +6,7 @@ killed before its first checkpoint), so a stopped study picks up where it stoppe
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -80,27 +81,50 @@ def launch_run(folder: Path, config: dict, supernodes: int, log=print, reuse: bo
     return code == 0
 
 
-def run_study(out: Path, runs, replays, only: set[str] | None, with_replays: bool, log=print) -> list[Path]:
+def run_study(
+    out: Path,
+    runs,
+    replays,
+    only: set[str] | None,
+    with_replays: bool,
+    log=print,
+    timings: dict | None = None,
+    on_run=None,
+) -> list[Path]:
     """Launch every missing run of ``runs`` [(name, run config, supernodes)] into out/runs/<name>
     (an interrupted one resumed), then every missing replay of ``replays`` [(run name, fl-attack
-    replay arguments with --name)]; ``only``: the run names to do (None: all). Returns the folders
-    of the runs and replays that finished, in order."""
+    replay arguments with --name)]; ``only``: the run names to do (None: all). ``timings`` gets each
+    run's and replay's wall time in this call (seconds, under its name, a replay's as RUN/REPLAY; one
+    kept as finished takes about 0) and ``on_run()`` is called after each (the study records its call
+    there). Returns the folders of the runs and replays that finished, in order."""
     from fl_attack.cli import main as fl_attack_main
 
     results, folders = out / "runs", []
+
+    def timed(name: str, started: float) -> None:
+        if timings is not None:
+            timings[name] = round(time.time() - started, 1)
+        if on_run is not None:
+            on_run()
+
     for name, config, supernodes in runs:
-        if not (only and name not in only) and launch_run(results / name, config, supernodes, log):
+        if only and name not in only:
+            continue
+        started = time.time()
+        if launch_run(results / name, config, supernodes, log):
             folders.append(results / name)
+        timed(name, started)
     for name, args in replays if with_replays else []:
         folder = results / name
         if (only and name not in only) or not finished(folder):
             continue
         replay = folder / "replays" / args[args.index("--name") + 1]
+        started = time.time()
         if not finished(replay):
             log(f"replay {name} {' '.join(args)}")
-            started = time.time()
             code = fl_attack_main(["replay", str(folder), *args, "--threads", "2"])
             log(f"replay exited {code} after {time.time() - started:.0f} s")
+        timed(f"{name}/{replay.name}", started)
         if finished(replay):
             folders.append(replay)
     return folders
@@ -108,13 +132,15 @@ def run_study(out: Path, runs, replays, only: set[str] | None, with_replays: boo
 
 def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs) -> int:
     """The command line of a study: --out DIR, --only NAME,..., --skip-replays. Runs ``run_study``,
+    recording the call (its command, commit, wall time and each run's) in DIR/study.json (``record_call``),
     then ``outputs(out, folders)`` (which writes the tables and returns the study table); 2 for an
     unknown run name. ``label`` prefixes every line it prints ("leakage study: ...")."""
     import argparse
+    import shlex
     import sys
 
     parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, report/)")
+    parser.add_argument("--out", required=True, help="study folder (runs/, study.csv, study.md, study.json, report/)")
     names = [name for name, _, _ in runs]
     parser.add_argument(
         "--only", default="", help="comma-separated run names (default: all of " + ", ".join(names) + ")"
@@ -127,12 +153,73 @@ def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs)
         print(f"{label}: error: unknown run(s) {sorted(unknown)}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     started = time.time()
 
     def log(message: str) -> None:
         print(f"{label}: {message}", flush=True)
 
-    folders = run_study(out, runs, replays, only, not args.skip_replays, log=log)
+    call = {
+        "command": shlex.join(["python", "-m", prog.split()[-1], *(argv if argv is not None else sys.argv[1:])]),
+        "commit": commit_of(Path(__file__).resolve().parents[1]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "ended": None,
+        "seconds": None,
+        "settings": {},
+    }
+    record_call(out, call)
+    folders = run_study(
+        out,
+        runs,
+        replays,
+        only,
+        not args.skip_replays,
+        log=log,
+        timings=call["settings"],
+        on_run=lambda: record_call(out, call),
+    )
+    call.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(time.time() - started, 1))
+    record_call(out, call)
     table = outputs(out, folders)
     log(f"{len(folders)} run(s) and replay(s), {len(table)} table rows, {time.time() - started:.0f} s; {out}")
     return 0
+
+
+# --- a study's own record: its commands, commit and wall times ------------------------------------------------
+
+STUDY_FILE = "study.json"
+
+
+def record_call(out: Path, call: dict) -> Path:
+    """out/study.json with ``call`` (one invocation of the study: its command, the commit it ran at, when it
+    started and ended, its wall time and each setting's or run's) in place of the entry of the same ``started``, or
+    appended; written atomically, at the start of a call and again at its end, so a killed call is seen as
+    one that never ended. The study's wall time is the sum of its calls' ``seconds``."""
+    from fl_attack.records import write_text_atomic
+
+    path = out / STUDY_FILE
+    try:
+        calls = json.loads(path.read_text(encoding="utf-8"))["calls"]
+    except (OSError, ValueError, KeyError, TypeError):
+        calls = []
+    calls = [c for c in calls if c.get("started") != call["started"]] + [call]
+    return write_text_atomic(path, json.dumps({"calls": calls}, indent=2) + "\n")
+
+
+def commit_of(folder: Path) -> str:
+    """The git commit ``folder``'s checkout is at (with "+changes" when its tracked files differ from it),
+    or "" outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")

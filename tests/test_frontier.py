@@ -277,7 +277,7 @@ def test_a_submission_waits_for_the_clusters_job_agent():
 def test_the_study_records_each_call_and_the_docs_say_how_it_ran(tmp_path):
     """A unit test (no run): record_call keeps one entry per call (rewritten at its end), and the generated
     block lists each call's command, commit and times, a killed one as never ended."""
-    from analysis.frontier import record_call
+    from analysis.studies import record_call
 
     first = {"command": "python -m analysis.defenses --grid frontier", "commit": "abc", "started": "t1"}
     record_call(tmp_path, {**first, "ended": None, "seconds": None, "settings": {}})

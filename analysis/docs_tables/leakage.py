@@ -10,7 +10,7 @@ import pandas as pd
 from .core import _frac, _head, _read, _signed, _table, _two
 
 LEAKAGE_PAGE = Path("docs/leakage-over-rounds-2026-12-01.md")
-LEAKAGE = Path("docs/leakage-over-rounds")  # the study's study.csv and the paper-size replays' rows
+LEAKAGE = Path("docs/leakage-over-rounds-2026-12-01")  # the study's study.csv and the paper-size replays' rows
 MEMORY_VERDICT = Path("docs/attacker-memory/verdict/attacks.csv")  # seed-0 keep+aux federation with the verdict
 MEMORY_SEED0 = Path("docs/attacker-memory/seed0-keep-aux/attacks.csv")  # the same federation before the verdict
 DEFENSES_2026_PAGE = Path("docs/defenses-2026-12.md")
