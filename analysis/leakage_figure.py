@@ -113,11 +113,12 @@ def rounds_markdown(table: pd.DataFrame) -> str:
         for t in titles:
             rows = made[t]
             if rows["recovered"].notna().all():
-                totals.append(f"{t} {int(rows['recovered'].sum())} of {int(rows['images'].sum())}")
+                rounds_n = f"{len(rows)} round" + ("" if len(rows) == 1 else "s")
+                totals.append(f"{t} {int(rows['recovered'].sum())} of {int(rows['images'].sum())} ({rounds_n})")
         guess = first["guess_recovered"]
         if guess.notna().all():
             totals.append(f"the best guess {int(guess.sum())} of {int(first['images'].sum())}")
-        lines += ["", f"Over the {len(rounds)} rounds: " + "; ".join(totals) + "."]
+        lines += ["", "In all: " + "; ".join(totals) + "."]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
@@ -140,7 +141,7 @@ def plot_rounds_study(table: pd.DataFrame) -> Figure:
                     x, y, yerr=np.nan_to_num(err), color=color, linestyle=dashes, marker="o", capsize=3, label=title
                 )
             else:
-                ax.plot(x, y, color=color, linestyle=dashes, marker=".", label=title)
+                ax.plot(x, y, color=color, linestyle=dashes, marker="s", markersize=4, label=title)
         if made:
             first = next(iter(made.values()))
             x = first.index.to_numpy(float)
@@ -157,6 +158,6 @@ def plot_rounds_study(table: pd.DataFrame) -> Figure:
         ax.set_ylim(bottom=-0.02)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="best")
     fig.suptitle("Leakage over rounds, in images recovered (the verdict's count)", fontsize=10)
     return fig

@@ -231,7 +231,7 @@ def test_unknown_preset_file():
 
 def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():
     """The study's runs are the presets' keys as written (the regime of docs/leakage-over-rounds.md), with
-    the attack left to the audit's defaults: no attack-iterations, -nodes, -lr-schedule or -options pinned."""
+    the attack left to the audit's rule: no attack-iterations, -nodes or -lr-schedule pinned."""
     from analysis.leakage_study import RUNS
 
     learning = {
@@ -242,6 +242,7 @@ def test_the_leakage_study_reads_its_runs_from_the_files_unchanged():
         "lr": 0.05,
         "attack-method": "pisme",
         "attack-memory": "keep",
+        "attack-options": "label_estimator=aux",
         "server-test-samples": 1000,
         "seed": 0,
     }
