@@ -319,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """``--grid frontier``: run the grid (analysis.frontier.run_grid), then frontier.md and its figures
-    from frontier.csv. --rounds, --supernodes, --samples, --iterations and --seed change the regime
-    for a quick look (a test, a fixture): such a run is not the study, and says so."""
+    from frontier.csv. --seed alone runs the study's second configuration (the same regime at another seed,
+    to check its findings); --rounds, --supernodes, --samples and --iterations change the regime for a quick
+    look (a test, a fixture): such a run is not the study, and says so."""
     from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, frontier_grid, run_grid
     from .studies import commit_of, record_call
 
@@ -348,7 +349,9 @@ def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None 
     def log(message):
         print(f"analysis.defenses: {message}", flush=True)
 
-    if overrides or args.rounds or args.supernodes:
+    if set(overrides) == {"seed"} and not (args.rounds or args.supernodes):
+        log(f"the study's second configuration: the regime at seed {args.seed} (docs: frontier-second-record)")
+    elif overrides or args.rounds or args.supernodes:
         changed = f"{overrides or ''} {rounds} rounds, {supernodes} clients"
         log(f"a quick look, not the study: the regime changed by {changed}")
     by_name = {s.name: s for s in grid}

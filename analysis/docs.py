@@ -7,6 +7,7 @@ Usage (from the project root):
     python -m analysis.docs demo-record RUN_DIR # copy a `make demo` run's record to docs/demo-record/, then demo-block
     python -m analysis.docs frontier            # docs/defenses.md's frontier block and figures, from docs/frontier/
     python -m analysis.docs frontier-record DIR # copy a study's DIR/frontier.csv to docs/frontier/, then frontier
+    python -m analysis.docs frontier-second-record DIR # the same for the study at a second seed (docs/frontier-second/)
     python -m analysis.docs rounds              # docs/leakage-over-rounds.md's block and figure, from its record
     python -m analysis.docs rounds-record DIR   # copy a leakage study's DIR/study.csv there, then rounds
     python -m analysis.docs trajectory          # docs/time-to-quality.md's trajectory block and its records
@@ -49,6 +50,7 @@ RECORD_FILES = ("config.json", "summary.json", "rounds.csv", "attacks.csv")  # n
 DEFENSES_PAGE = Path("docs/defenses.md")
 FRONTIER_RECORD = Path("docs/frontier")  # the frontier study's frontier.csv and the figures written from it
 FRONTIER_FIGURES = ("frontier.png", "frontier-rounds.png")
+FRONTIER_SECOND_RECORD = Path("docs/frontier-second")  # the same study at another seed: its findings' check
 COMMAND = "python -m analysis.docs"
 PREFIX = "invalid run config: "
 
@@ -379,10 +381,10 @@ def copy_record(run_dir: Path, to: Path) -> None:
 # --- docs/defenses.md's frontier block ---------------------------------------------------------------------
 
 
-def frontier_block(record: Path) -> str:
+def frontier_block(record: Path, second: Path | None = None) -> str:
     """The frontier block of docs/defenses.md from ``record``/frontier.csv (analysis/frontier.py): its
-    table (analysis.frontier_figure.frontier_markdown) and figures; while no study is recorded there,
-    a line saying so and how to record one."""
+    table (analysis.frontier_figure.frontier_markdown), figures and the findings' check on ``second`` (default:
+    FRONTIER_SECOND_RECORD); while no study is recorded there, a line saying so and how to record one."""
     from .frontier_figure import frontier_markdown
 
     where = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
@@ -411,8 +413,47 @@ def frontier_block(record: Path) -> str:
             "",
             f"![leakage over rounds, per defense]({rel}/frontier-rounds.png)",
             *study_calls(record),
+            *second_configuration(table, record, ROOT / FRONTIER_SECOND_RECORD if second is None else second),
         ]
     )
+
+
+def record_seed(record: Path) -> int:
+    """The seed a recorded frontier study ran at: its calls' ``--seed`` (study.json), else the regime's."""
+    from .frontier import REGIME
+
+    path = record / "study.json"
+    calls = json.loads(path.read_text(encoding="utf-8"))["calls"] if path.is_file() else []
+    for call in calls:
+        words = call.get("command", "").split()
+        if "--seed" in words[:-1]:
+            return int(words[words.index("--seed") + 1])
+    return int(REGIME["seed"])
+
+
+def second_configuration(table, record: Path, second: Path) -> list[str]:
+    """Lines of the frontier block on its second configuration (``second``/frontier.csv, the study at another
+    seed, copied by frontier-second-record): the findings checked at both seeds
+    (analysis.frontier_figure.findings_markdown), or a line saying the check has not run."""
+    from .frontier import read_frontier
+    from .frontier_figure import findings_markdown
+
+    where = second.resolve().relative_to(ROOT) if second.resolve().is_relative_to(ROOT) else second
+    head = ["", "**The findings, checked on a second configuration** (the same regime at another seed):", ""]
+    if not (second / "frontier.csv").is_file():
+        return head + [
+            f"Not run yet: `python -m analysis.defenses --grid frontier --seed 1 --out DIR --resume` runs it, and "
+            f"`{COMMAND} frontier-second-record DIR` copies its frontier.csv to `{where}/` and writes this from it."
+        ]
+    rel = Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where
+    seeds = (record_seed(record), record_seed(second))
+    return head + [
+        f'From [{where}/frontier.csv]({rel}/frontier.csv) beside the rows above; "at the floor": neither the '
+        "count at the end nor the best round's is above the best guess's.",
+        "",
+        findings_markdown(table, read_frontier(second / "frontier.csv"), seeds).rstrip("\n"),
+        *study_calls(second),
+    ]
 
 
 def study_calls(record: Path, unit: str = "setting") -> list[str]:
@@ -566,7 +607,7 @@ def outputs(
 ) -> dict[Path, str]:
     """{file relative to the root: the text it should hold} for ``what``."""
     out = {}
-    if what in ("frontier", "frontier-record", "all"):
+    if what in ("frontier", "frontier-record", "frontier-second-record", "all"):
         page = (ROOT / DEFENSES_PAGE).read_text(encoding="utf-8")
         out[DEFENSES_PAGE] = with_blocks(page, {"frontier": frontier_block(ROOT / frontier)}, str(DEFENSES_PAGE))
     if what in ("rounds", "rounds-record", "all"):
@@ -630,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
             "records",
             "frontier",
             "frontier-record",
+            "frontier-second-record",
             "rounds",
             "rounds-record",
             "all",
@@ -642,12 +684,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="compare, write nothing; exit 1 when a file differs")
     args = parser.parse_args(argv)
-    if args.what in ("demo-record", "frontier-record", "rounds-record") and not args.run_dir:
+    if args.what in ("demo-record", "frontier-record", "frontier-second-record", "rounds-record") and not args.run_dir:
         parser.error(f'{args.what} needs its folder, e.g. "$(cat .last-run)" or the study\'s --out DIR')
     if args.what == "demo-record":
         copy_record(Path(args.run_dir), ROOT / DEMO_RECORD)
     if args.what == "frontier-record":
         copy_frontier(Path(args.run_dir), ROOT / FRONTIER_RECORD)
+    if args.what == "frontier-second-record":
+        copy_frontier(Path(args.run_dir), ROOT / FRONTIER_SECOND_RECORD)
     if args.what == "rounds-record":
         copy_rounds(Path(args.run_dir), ROOT / ROUNDS_RECORD)
     stale = []

@@ -214,3 +214,75 @@ def _curve(counts_json: str) -> tuple[list[int], list[float]]:
     """(rounds, fractions recovered) of a {round: [recovered, images]} JSON cell."""
     counts = json.loads(counts_json or "{}")
     return [int(r) for r in counts], [c[0] / c[1] if c[1] else math.nan for c in counts.values()]
+
+
+# --- the findings, checked on a second configuration --------------------------------------------------------
+
+
+def at_floor(row) -> bool | None:
+    """Whether the setting held this server at its floor: neither the remembering server's count at the end
+    nor the best round's memoryless count is above the best update-free guess's count on the same images
+    (None when a count is missing)."""
+    counts = [float(row.recovered), float(row.best_recovered), float(row.guess_recovered)]
+    if not all(math.isfinite(c) for c in counts):
+        return None
+    return counts[0] <= counts[2] and counts[1] <= counts[2]
+
+
+def accuracy_cost(table: pd.DataFrame) -> pd.Series:
+    """Each setting's final test accuracy below ``none``'s of the same table, in points (NaN without none)."""
+    none = table[table["setting"] == "none"]["final_accuracy"]
+    base = float(none.iloc[0]) if len(none) else math.nan
+    return 100 * (base - table["final_accuracy"].astype(float))
+
+
+def _words(names: list[str]) -> str:
+    return ", ".join(names) if names else "no setting"
+
+
+def findings_markdown(first: pd.DataFrame, second: pd.DataFrame, seeds: tuple[int, int]) -> str:
+    """The frontier's findings, each checked on the second configuration (``second``, the regime at another
+    seed): per setting the two seeds' accuracy cost, counts and whether each held the server at its floor
+    (``at_floor``), then the findings in words: the settings at the floor at both seeds with their costs, those
+    above it at both, those whose seeds disagree (no finding), and those not run at the second seed yet."""
+    a, b = (t.set_index("setting") for t in (first, second))
+    cost_a, cost_b = (accuracy_cost(t).set_axis(t["setting"]) for t in (first, second))
+    s0, s1 = seeds
+    lines = [
+        f"| setting | accuracy cost, seed {s0} / {s1} | recovered at the end | best round | best guess "
+        f"| at the floor, seed {s0} / {s1} |",
+        "|---|---|---|---|---|---|",
+    ]
+    both, above, differ = [], [], []
+
+    def floor_word(value) -> str:
+        return "n/a" if value is None else "yes" if value else "no"
+
+    for name in [n for n in a.index if n in b.index]:
+        x, y = a.loc[name], b.loc[name]
+        fx, fy = at_floor(x), at_floor(y)
+        costs = f"{_number(cost_a[name], '.1f')} / {_number(cost_b[name], '.1f')} points"
+        if name == "none":
+            costs = f"- (accuracy {_pct(x.final_accuracy)} / {_pct(y.final_accuracy)})"
+        lines.append(
+            f"| {name} | {costs} | {_count(x.recovered, x.images)} / {_count(y.recovered, y.images)} | "
+            f"{_count(x.best_recovered, x.best_images)} / {_count(y.best_recovered, y.best_images)} | "
+            f"{_count(x.guess_recovered, x.images)} / {_count(y.guess_recovered, y.images)} | "
+            f"{floor_word(fx)} / {floor_word(fy)} |"
+        )
+        if fx is None or fy is None or fx != fy:
+            differ.append(name)
+        elif fx and name != "none":
+            both.append(f"{name} ({_number(cost_a[name], '.1f')} / {_number(cost_b[name], '.1f')} points)")
+        elif not fx:
+            above.append(name)
+    missing = [n for n in a.index if n not in b.index]
+    lines += [
+        "",
+        f"- **At the floor at both seeds** (no attacked round beat the best update-free guess), with the accuracy "
+        f"each cost (seed {s0} / {s1}): {_words(both)}.",
+        f"- **Above the floor at both seeds**: {_words(above)}.",
+        f"- **The seeds disagree** (no finding): {_words(differ)}.",
+        f"- **Not run at seed {s1} yet**: {_words(missing)}.",
+    ]
+    return "\n".join(lines) + "\n"

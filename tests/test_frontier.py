@@ -319,3 +319,39 @@ def test_frontier_record_keeps_each_settings_attack_and_round_rows(tmp_path):
         kept = tmp_path / "record" / "runs" / setting
         assert sorted(p.name for p in kept.iterdir()) == ["attacks.csv", "rounds.csv"]
         assert (kept / "attacks.csv").read_bytes() == (FIXTURE / "runs" / setting / "attacks.csv").read_bytes()
+
+
+def test_the_findings_are_checked_on_the_second_seed(tmp_path):
+    """A unit test on the fixture's rows: a setting is a finding only when both seeds agree on whether it held
+    the server at its floor (neither count above the best guess's); one that flips, or is missing at the
+    second seed, is said so; the accuracy cost is against none of the same seed. The block names the second
+    record's seed from its study.json."""
+    from analysis.frontier_figure import accuracy_cost, at_floor, findings_markdown
+
+    first = read_frontier(FIXTURE / "frontier.csv")
+    second = first[first["setting"] != "secagg-2"].copy()
+    second.loc[second["setting"] == "local-dp-eps1", "best_recovered"] = 2.0  # above its best guess of 0
+    assert [at_floor(r) for r in first.itertuples()] == [False, True, False]
+    assert [at_floor(r) for r in second.itertuples()] == [False, False]
+    assert list(accuracy_cost(first).round(1)) == [0.0, 6.4, 5.4]  # none at 9.0%
+    text = findings_markdown(first, second, (0, 1))
+    assert (
+        "| local-dp-eps1 | 6.4 / 6.4 points | 0 of 24 / 0 of 24 | 0 of 24 / 2 of 24 | 0 of 24 / 0 of 24 | yes / no |"
+        in text
+    )
+    assert (
+        "- **At the floor at both seeds** (no attacked round beat the best update-free guess), with the accuracy "
+        "each cost (seed 0 / 1): no setting." in text
+    )
+    assert "- **Above the floor at both seeds**: none." in text
+    assert "- **The seeds disagree** (no finding): local-dp-eps1." in text
+    assert "- **Not run at seed 1 yet**: secagg-2." in text
+    record = tmp_path / "second"
+    record.mkdir()
+    write_frontier(record / "frontier.csv", second.to_dict("records"))
+    command = "python -m analysis.defenses --grid frontier --seed 1 --out OUT --resume"
+    (record / "study.json").write_text(json.dumps({"calls": [{"command": command, "started": "t", "settings": {}}]}))
+    assert docs.record_seed(record) == 1 and docs.record_seed(FIXTURE) == 0
+    block = docs.frontier_block(FIXTURE, second=record)
+    assert "accuracy cost, seed 0 / 1" in block and text.rstrip("\n") in block
+    assert "Not run yet" in docs.frontier_block(FIXTURE, second=tmp_path / "nothing")
