@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import signal
 import sys
 import time
@@ -323,7 +322,7 @@ def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None 
     to check its findings); --rounds, --supernodes, --samples and --iterations change the regime for a quick
     look (a test, a fixture): such a run is not the study, and says so."""
     from .frontier import REGIME_ROUNDS, REGIME_SUPERNODES, frontier_grid, run_grid
-    from .studies import commit_of, record_call
+    from .studies import end_call, record_call, start_call
 
     rounds = args.rounds or REGIME_ROUNDS
     supernodes = args.supernodes or REGIME_SUPERNODES
@@ -357,15 +356,7 @@ def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None 
     by_name = {s.name: s for s in grid}
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    call = {
-        "command": shlex.join(["python", "-m", "analysis.defenses", *(argv if argv is not None else sys.argv[1:])]),
-        "commit": commit_of(Path(__file__).resolve().parents[1]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-        "ended": None,
-        "seconds": None,
-        "settings": {},
-    }
-    record_call(out, call)
+    call = start_call(out, "analysis.defenses", argv, started)
     rows, failed = run_grid(
         out,
         [by_name[n] for n in chosen],  # in --only's order: the rows stay in the grid's
@@ -380,8 +371,7 @@ def frontier_main(args, parser: argparse.ArgumentParser, argv: list[str] | None 
         timings=call["settings"],
         on_setting=lambda: record_call(out, call),  # each setting's time kept, even if the call is killed later
     )
-    call.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(time.time() - started, 1))
-    record_call(out, call)
+    end_call(out, call, started)
     if rows:
         write_frontier_outputs(out)
     if failed:

@@ -136,7 +136,6 @@ def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs)
     then ``outputs(out, folders)`` (which writes the tables and returns the study table); 2 for an
     unknown run name. ``label`` prefixes every line it prints ("leakage study: ...")."""
     import argparse
-    import shlex
     import sys
 
     parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,15 +158,7 @@ def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs)
     def log(message: str) -> None:
         print(f"{label}: {message}", flush=True)
 
-    call = {
-        "command": shlex.join(["python", "-m", prog.split()[-1], *(argv if argv is not None else sys.argv[1:])]),
-        "commit": commit_of(Path(__file__).resolve().parents[1]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-        "ended": None,
-        "seconds": None,
-        "settings": {},
-    }
-    record_call(out, call)
+    call = start_call(out, prog.split()[-1], argv, started)
     folders = run_study(
         out,
         runs,
@@ -178,8 +169,7 @@ def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs)
         timings=call["settings"],
         on_run=lambda: record_call(out, call),
     )
-    call.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(time.time() - started, 1))
-    record_call(out, call)
+    end_call(out, call, started)
     table = outputs(out, folders)
     log(f"{len(folders)} run(s) and replay(s), {len(table)} table rows, {time.time() - started:.0f} s; {out}")
     return 0
@@ -223,3 +213,28 @@ def commit_of(folder: Path) -> str:
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def start_call(out: Path, module: str, argv: list[str] | None, started: float) -> dict:
+    """This call of study ``module`` ("analysis.defenses"), started at ``started`` (time.time()), recorded in
+    out/study.json (``record_call``): its command (``argv``, default sys.argv's), commit and start; its
+    "settings" dict is for each setting's or run's time, recorded again with ``record_call``."""
+    import shlex
+    import sys
+
+    call = {
+        "command": shlex.join(["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]),
+        "commit": commit_of(Path(__file__).resolve().parents[1]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "ended": None,
+        "seconds": None,
+        "settings": {},
+    }
+    record_call(out, call)
+    return call
+
+
+def end_call(out: Path, call: dict, started: float) -> None:
+    """``call`` (``start_call``) ended now: its end and wall time recorded in out/study.json."""
+    call.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(time.time() - started, 1))
+    record_call(out, call)
