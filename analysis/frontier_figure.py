@@ -4,8 +4,8 @@
 - ``frontier_markdown(table)``: one line per setting, the Pareto front marked;
 - ``plot_frontier(table)``: x = final test accuracy, y = the fraction of the attacked images the
   server recovered (the remembering server at the end) with its exact 95% interval, one line per
-  family through its strengths, the best update-free guess (the floor) and the matched chance as
-  lines, the Pareto front ringed and joined;
+  family through its strengths, each setting's best update-free guess (its floor) and matched chance
+  marked at its accuracy, the Pareto front ringed and joined;
 - ``plot_rounds(table)``: leakage over rounds, one panel per family: the memoryless attacks'
   fraction recovered in each attacked round, one line per strength, the remembering server's dashed.
 
@@ -147,11 +147,15 @@ def plot_frontier(table: pd.DataFrame) -> Figure:
         for xi, yi, s in zip(x, y, rows["strength"].to_numpy(float)):
             if math.isfinite(s):
                 ax.annotate(f"{s:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
-    floor, chance = table["guess_fraction"].astype(float), table["chance"].astype(float)
-    if np.isfinite(floor).any():
-        ax.axhline(np.nanmax(floor), color="0.4", linestyle="--", linewidth=1, label="best update-free guess (floor)")
-    if np.isfinite(chance).any():
-        ax.axhline(np.nanmax(chance), color="0.6", linestyle=":", linewidth=1, label="matched chance")
+    # each setting's own floor and chance (its images, its guesses): a mark at its accuracy, not one line for all
+    x = table["final_accuracy"].astype(float)
+    for column, marker, color, label in (
+        ("guess_fraction", "_", "0.3", "best update-free guess (the setting's floor)"),
+        ("chance", "x", "0.6", "matched chance of singling out an image (the setting's)"),
+    ):
+        y = table[column].astype(float)
+        if (np.isfinite(x) & np.isfinite(y)).any():
+            ax.scatter(x, y, marker=marker, s=120 if marker == "_" else 25, color=color, linewidths=1.5, label=label)
     front = table[pareto(table)].sort_values("final_accuracy")
     if not front.empty:
         ax.plot(front["final_accuracy"], front["fraction"], color="gold", linewidth=4, alpha=0.5, zorder=0)
