@@ -147,7 +147,14 @@ def plot_rounds_study(table: pd.DataFrame) -> Figure:
             x = first.index.to_numpy(float)
             guess = (first["guess_recovered"] / first["images"]).to_numpy(float)
             ax.step(x, guess, where="mid", color="0.4", linestyle="--", linewidth=1, label="best update-free guess")
-            ax.plot(x, first["chance"].to_numpy(float), color="0.6", linestyle=":", linewidth=1, label="matched chance of singling out an image")
+            ax.plot(
+                x,
+                first["chance"].to_numpy(float),
+                color="0.6",
+                linestyle=":",
+                linewidth=1,
+                label="matched chance of singling out an image",
+            )
             twin = ax.twinx()
             twin.plot(x, first["global_accuracy"].to_numpy(float), color="black", linewidth=0.8, alpha=0.5)
             twin.set_ylabel("test accuracy (thin black)")
