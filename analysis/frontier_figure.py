@@ -99,7 +99,8 @@ def _number(value, fmt: str = ".3g") -> str:
 
 def frontier_markdown(table: pd.DataFrame) -> str:
     """The frontier table in Markdown: per setting its strength, final test accuracy, what the
-    remembering server recovered at the end (count, fraction, exact 95% interval), the best round's,
+    remembering server recovered at the end (count, fraction, exact 95% interval; the round, when the
+    attacks after it failed, and how many failed), the best round's,
     the best guess and the matched chance, the ε spent and the ReRo bound; **bold** setting names are
     on the Pareto front."""
     front = pareto(table)
@@ -113,6 +114,10 @@ def frontier_markdown(table: pd.DataFrame) -> str:
         end = (
             f"{_count(row.recovered, row.images)}: {_pct(row.fraction)}{_interval(row.fraction_low, row.fraction_high)}"
         )
+        if math.isfinite(float(row.end_round)) and float(row.end_round) < float(row.rounds):
+            end += f", at round {int(row.end_round)}"  # the later attacks failed: the end is the last scored
+        if float(row.attacks_ok) < float(row.attacks):
+            end += f" ({int(row.attacks - row.attacks_ok)} of {int(row.attacks)} attacks failed)"
         best = (
             f"round {int(row.best_round)}: {_count(row.best_recovered, row.best_images)}"
             if math.isfinite(float(row.best_round))

@@ -355,3 +355,17 @@ def test_the_findings_are_checked_on_the_second_seed(tmp_path):
     block = docs.frontier_block(FIXTURE, second=record)
     assert "accuracy cost, seed 0 / 1" in block and text.rstrip("\n") in block
     assert "Not run yet" in docs.frontier_block(FIXTURE, second=tmp_path / "nothing")
+
+
+def test_a_setting_whose_later_attacks_failed_says_so_in_its_end_cell():
+    """A unit test on the fixture's rows: when the last scored attacks are before the last round (the later
+    ones failed, e.g. a diverged model's non-finite updates), the table names that round and the failures."""
+    table = read_frontier(FIXTURE / "frontier.csv")
+
+    def cell(name: str) -> str:
+        return next(li for li in frontier_markdown(table).splitlines() if li.startswith(f"| {name} |")).split(" | ")[3]
+
+    assert cell("**none**") == "6 of 24: 25.0% (10–47%)"  # scored in every attacked round up to the last
+    assert cell("**local-dp-eps1**") == "0 of 24: 0.0% (0–14%), at round 1"  # its run attacked round 1 only
+    table.loc[table["setting"] == "none", ["end_round", "attacks_ok", "attacks"]] = [1.0, 6.0, 14.0]
+    assert cell("**none**") == "6 of 24: 25.0% (10–47%), at round 1 (8 of 14 attacks failed)"
