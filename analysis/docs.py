@@ -381,14 +381,19 @@ def copy_record(run_dir: Path, to: Path) -> None:
 # --- docs/defenses.md's frontier block ---------------------------------------------------------------------
 
 
+def _record_paths(record: Path) -> tuple[Path, Path]:
+    """(``record`` relative to the root when inside it, the same relative to docs/ for a page's links)."""
+    where = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
+    return where, Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where
+
+
 def frontier_block(record: Path, second: Path | None = None) -> str:
     """The frontier block of docs/defenses.md from ``record``/frontier.csv (analysis/frontier.py): its
     table (analysis.frontier_figure.frontier_markdown), figures and the findings' check on ``second`` (default:
     FRONTIER_SECOND_RECORD); while no study is recorded there, a line saying so and how to record one."""
     from .frontier_figure import frontier_markdown
 
-    where = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
-    rel = Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where  # from docs/
+    where, rel = _record_paths(record)
     head = [_generated("frontier")]
     if not (record / "frontier.csv").is_file():
         return "\n".join(
@@ -438,14 +443,13 @@ def second_configuration(table, record: Path, second: Path) -> list[str]:
     from .frontier import read_frontier
     from .frontier_figure import findings_markdown
 
-    where = second.resolve().relative_to(ROOT) if second.resolve().is_relative_to(ROOT) else second
+    where, rel = _record_paths(second)
     head = ["", "**The findings, checked on a second configuration** (the same regime at another seed):", ""]
     if not (second / "frontier.csv").is_file():
         return head + [
             f"Not run yet: `python -m analysis.defenses --grid frontier --seed 1 --out DIR --resume` runs it, and "
             f"`{COMMAND} frontier-second-record DIR` copies its frontier.csv to `{where}/` and writes this from it."
         ]
-    rel = Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where
     seeds = (record_seed(record), record_seed(second))
     return head + [
         f'From [{where}/frontier.csv]({rel}/frontier.csv) beside the rows above; "at the floor": neither the '
@@ -563,8 +567,7 @@ def rounds_block(record: Path) -> str:
     a line saying so and how to record one."""
     from .leakage_figure import read_study, rounds_markdown
 
-    where = record.resolve().relative_to(ROOT) if record.resolve().is_relative_to(ROOT) else record
-    rel = Path(*where.parts[1:]) if where.parts and where.parts[0] == "docs" else where  # from docs/
+    where, rel = _record_paths(record)
     head = [_generated("rounds")]
     if not (record / "study.csv").is_file():
         return "\n".join(
