@@ -177,13 +177,20 @@ def _run_config(overrides: list[str], federation: str | None, folder: Path) -> t
 def _processes():
     """(pid, command line) of every live process that can be read in /proc (zombies left out: they
     have exited and only wait to be reaped)."""
+    for pid, _, cmd in _process_table():
+        yield pid, cmd
+
+
+def _process_table():
+    """(pid, parent pid, command line) of every live process that can be read in /proc (zombies left out)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] in ("Z", "X"):
                     continue
-                yield int(proc.name), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, IndexError):
+                yield int(proc.name), int(fields[1]), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
                 continue
 
 
@@ -194,15 +201,32 @@ def _session_of(pid: int) -> int | None:
         return None
 
 
+def _with_descendants(roots: list[int]) -> set[int]:
+    """``roots`` and every live process under them (by parent pid, read now: a process whose parent has
+    exited is reparented and no longer found)."""
+    children: dict[int, list[int]] = {}
+    for pid, parent, _ in _process_table():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
 def _stop_superlink(control_port: str, grace: float = 10.0) -> None:
     """Stop the SuperLink this launcher started (found by its control-API port) and every process
-    of its session. ``flwr run`` starts the SuperLink in a session of its own, and the simulation
-    process it spawns (``flwr-simulation``, which runs the ServerApp and its attacker) outlives a
-    SIGTERM of the SuperLink alone: an abandoned run's ServerApp went on attacking for 25 minutes
-    after its launcher had exited. SIGTERM to the session, SIGKILL to what is left after ``grace``
-    seconds; never this launcher's own session."""
+    of its session and of the sessions under it. ``flwr run`` starts the SuperLink in a session of its
+    own, and the SuperLink starts the SuperExec in another (Flower 1.42: ``flower-superexec
+    --parent-pid``), whose simulation process (``flwr-simulation``: the ServerApp, its attacker, Ray)
+    outlives a SIGTERM of the SuperLink alone: an abandoned run's ServerApp went on attacking for 25
+    minutes after its launcher had exited, and one outlived a stopped study by 25 s. The sessions are
+    read before any signal (once the SuperLink is gone its children are reparented); SIGTERM to them
+    all, SIGKILL to what is left after ``grace`` seconds; never this launcher's own session."""
     ours = [pid for pid, cmd in _processes() if "flower-superlink" in cmd and f":{control_port}" in cmd]
-    sessions = {_session_of(pid) for pid in ours} - {None, os.getsid(0)}
+    sessions = {_session_of(pid) for pid in _with_descendants(ours)} - {None, os.getsid(0)}
     if not sessions:
         return
 

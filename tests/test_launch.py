@@ -149,14 +149,22 @@ def test_a_flwr_that_ignores_sigterm_is_killed_with_sigkill(fake_flwr, capsys):
 
 
 # A stand-in for the SuperLink flwr run starts: named like it (found by the launcher's control port),
-# in a session of its own, with a child (the simulation that runs the ServerApp) that ignores SIGTERM.
-SUPERLINK = (
+# in a session of its own. As in Flower 1.42, it starts the SuperExec in another session of its own
+# (ps: flower-superexec --parent-pid SUPERLINK has its own sid), and the SuperExec starts the simulation
+# (flwr-simulation: the ServerApp, its attacker and Ray) in that session; the simulation ignores SIGTERM.
+SIMULATION = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)"
+SUPEREXEC = (
     "import subprocess, sys, time\n"
-    "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)'], "
-    "stdout=subprocess.PIPE, text=True)\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {SIMULATION!r}], stdout=subprocess.PIPE, text=True)\n"
     "child.stdout.readline()\n"
     "print('simulation', child.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+SUPERLINK = (
+    "import subprocess, sys, time\n"
+    f"superexec = subprocess.Popen([sys.executable, '-c', {SUPEREXEC!r}], start_new_session=True, "
+    "stdout=subprocess.PIPE, text=True)\n"
+    "print(superexec.stdout.readline().strip(), 'superexec', superexec.pid, flush=True)\n"
     "time.sleep(600)\n"
 )
 DETACHED_SUPERLINK = f"""
@@ -174,18 +182,20 @@ def test_an_abandoned_run_stops_the_superlinks_whole_session(fake_flwr, capsys):
     """flwr run starts the SuperLink in a session of its own, and the SuperLink's simulation process
     (the ServerApp and its attacker) outlived a SIGTERM of the SuperLink alone: a real run abandoned by
     --timeout went on attacking for 25 minutes after its launcher had exited. The launcher now ends the
-    SuperLink's whole session, with SIGKILL after the grace period."""
+    SuperLink's whole session and the sessions of the processes under it (the SuperExec's, which holds the
+    simulation and Ray: one outlived a stopped study by 25 s), with SIGKILL after the grace period."""
     fake_flwr(DETACHED_SUPERLINK)
     assert launch.main(["--silence-timeout", "2"]) == 1
     out = capsys.readouterr().out
-    found = re.search(r"simulation (\d+) superlink (\d+)", out)
+    found = re.search(r"simulation (\d+) superexec (\d+) superlink (\d+)", out)
     assert found, out
-    simulation, superlink = int(found.group(1)), int(found.group(2))
+    simulation, superexec, superlink = (int(found.group(i)) for i in (1, 2, 3))
     deadline = time.monotonic() + 30  # a wait for the event (the launcher waits for them itself)
-    while (_alive(simulation) or _alive(superlink)) and time.monotonic() < deadline:
+    while any(map(_alive, (simulation, superexec, superlink))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(superlink), "the SuperLink survived the launcher"
-    assert not _alive(simulation), "the SuperLink's simulation process survived the launcher"
+    assert not _alive(superexec), "the SuperExec (a session of its own under the SuperLink) survived the launcher"
+    assert not _alive(simulation), "the SuperExec's simulation process survived the launcher"
 
 
 @pytest.mark.parametrize(
