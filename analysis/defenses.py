@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 import time
 from pathlib import Path
@@ -397,17 +396,7 @@ def write_frontier_outputs(out: Path) -> None:
     print(f"analysis.defenses: {out / 'frontier.csv'}, {out / 'frontier.md'}, {out / 'frontier.png'}", flush=True)
 
 
-def _stop(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 if __name__ == "__main__":
-    # SIGTERM unwinds like Ctrl-C: the running setting's launcher stops what it started (its finally blocks)
-    # and the study stops, where a SystemExit would read as that setting's failure and go on with the next.
-    # A study started in the background by a non-interactive shell ignores SIGINT (POSIX): stop it with SIGTERM.
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("analysis.defenses: interrupted; what finished is kept: rerun with --resume", file=sys.stderr)
-        sys.exit(130)
+    from .studies import command_line
+
+    command_line(main, "analysis.defenses", "rerun with --resume")

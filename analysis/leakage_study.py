@@ -28,7 +28,6 @@ docs/leakage-over-rounds.md's tables and figure from it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -175,4 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .studies import command_line
+
+    command_line(main, "leakage study", "rerun the same command (finished runs are kept, an interrupted one resumed)")

@@ -175,6 +175,27 @@ def study_main(argv, *, label: str, prog: str, doc: str, runs, replays, outputs)
     return 0
 
 
+def command_line(main, label: str, again: str) -> None:
+    """Run a study's ``main()`` as a command and exit with its code. SIGTERM unwinds like Ctrl-C: the running
+    launcher stops what it started (its finally blocks: the SuperLink and the sessions under it) and the study
+    stops, where a SystemExit would read as that run's failure and go on with the next. A study started in
+    the background by a non-interactive shell ignores SIGINT (POSIX): stop it with SIGTERM. ``again`` says
+    how to pick up where it stopped ("rerun with --resume")."""
+    import signal
+    import sys
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print(f"{label}: interrupted; what finished is kept: {again}", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
 # --- a study's own record: its commands, commit and wall times ------------------------------------------------
 
 STUDY_FILE = "study.json"
