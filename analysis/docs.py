@@ -446,9 +446,14 @@ def second_configuration(table, record: Path, second: Path) -> list[str]:
     where, rel = _record_paths(second)
     head = ["", "**The findings, checked on a second configuration** (the same regime at another seed):", ""]
     if not (second / "frontier.csv").is_file():
+        from .frontier_figure import seed_findings_markdown
+
         return head + [
             f"Not run yet: `python -m analysis.defenses --grid frontier --seed 1 --out DIR --resume` runs it, and "
-            f"`{COMMAND} frontier-second-record DIR` copies its frontier.csv to `{where}/` and writes this from it."
+            f"`{COMMAND} frontier-second-record DIR` copies its frontier.csv to `{where}/` and writes this from it. "
+            "Until then, what the rows above say at their one seed, a finding of this seed only:",
+            "",
+            seed_findings_markdown(table, record_seed(record)).rstrip("\n"),
         ]
     seeds = (record_seed(record), record_seed(second))
     return head + [

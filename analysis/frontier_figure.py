@@ -249,6 +249,44 @@ def _words(names: list[str]) -> str:
     return ", ".join(names) if names else "no setting"
 
 
+def seed_findings_markdown(table: pd.DataFrame, seed: int) -> str:
+    """The frontier's findings at one seed, in words, before any second configuration has checked them: the
+    settings that held the server at its floor (``at_floor``), cheapest first with their accuracy cost against
+    ``none``, those above it, those without a count, and how far ``none`` itself is above its floor (a defense
+    can show no more than that margin)."""
+    cost = accuracy_cost(table).set_axis(table["setting"])
+    held, above, unknown = [], [], []
+    for row in table.itertuples():
+        if row.setting == "none":
+            continue
+        floor = at_floor(row)
+        if floor is None:
+            unknown.append(row.setting)
+        elif floor:
+            held.append((float(cost[row.setting]), row.setting))
+        else:
+            above.append(row.setting)
+    held.sort(key=lambda pair: (not math.isfinite(pair[0]), pair[0]))
+    costs = [f"{name} ({_number(points, '.1f')} points)" for points, name in held]
+    lines = [
+        f"- **At the floor at seed {seed}** (neither the count at the end nor the best round's above the best "
+        f"guess's), cheapest first, with the accuracy each cost against `none`: {_words(costs)}.",
+        f"- **Above the floor at seed {seed}**: {_words(above)}.",
+    ]
+    if unknown:
+        lines.append(f"- **No count to judge**: {_words(unknown)}.")
+    none = table[table["setting"] == "none"]
+    if len(none):
+        n = none.iloc[0]
+        lines.append(
+            f"- **The margin a defense can show**: without a defense the server recovers "
+            f"{_count(n.recovered, n.images)} at the end and {_count(n.best_recovered, n.best_images)} in its best "
+            f"round, against a best guess of {_count(n.guess_recovered, n.images)}; a setting at the floor removed "
+            "that margin, no more."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def findings_markdown(first: pd.DataFrame, second: pd.DataFrame, seeds: tuple[int, int]) -> str:
     """The frontier's findings, each checked on the second configuration (``second``, the regime at another
     seed): per setting the two seeds' accuracy cost, counts and whether each held the server at its floor

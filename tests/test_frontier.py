@@ -357,6 +357,27 @@ def test_the_findings_are_checked_on_the_second_seed(tmp_path):
     assert "Not run yet" in docs.frontier_block(FIXTURE, second=tmp_path / "nothing")
 
 
+def test_before_a_second_seed_the_block_gives_this_seeds_findings_cheapest_first(tmp_path):
+    """A unit test on the fixture's rows: without a second record the block still answers "which setting
+    holds the floor, at what cost", labelled as one seed's: the settings at the floor sorted by their accuracy
+    cost against none (a made-up cheaper one goes first), those above it, and none's own margin."""
+    from analysis.frontier_figure import seed_findings_markdown
+
+    table = read_frontier(FIXTURE / "frontier.csv")
+    extra = table[table["setting"] == "local-dp-eps1"].copy()
+    extra["setting"], extra["final_accuracy"] = "quantize-1", table["final_accuracy"].iloc[0] - 0.01
+    text = seed_findings_markdown(pd.concat([table, extra], ignore_index=True), 0)
+    assert (
+        "- **At the floor at seed 0** (neither the count at the end nor the best round's above the best guess's), "
+        "cheapest first, with the accuracy each cost against `none`: quantize-1 (1.0 points), "
+        "local-dp-eps1 (6.4 points)." in text
+    )
+    assert "- **Above the floor at seed 0**: secagg-2." in text
+    assert "recovers 6 of 24 at the end and 6 of 24 in its best round, against a best guess of 0 of 24" in text
+    block = docs.frontier_block(FIXTURE, second=tmp_path / "nothing")
+    assert "a finding of this seed only" in block and seed_findings_markdown(table, 0).rstrip("\n") in block
+
+
 def test_a_setting_whose_later_attacks_failed_says_so_in_its_end_cell():
     """A unit test on the fixture's rows: when the last scored attacks are before the last round (the later
     ones failed, e.g. a diverged model's non-finite updates), the table names that round and the failures."""
