@@ -403,16 +403,32 @@ def frontier_block(record: Path, second: Path | None = None) -> str:
                 f"`{COMMAND} frontier-record DIR` copies its frontier.csv here and writes this block from it."
             ]
         )
-    from .frontier import read_frontier
+    from .frontier import frontier_grid, read_frontier
 
     table = read_frontier(record / "frontier.csv")
+    missing = [s.name for s in frontier_grid() if s.name not in set(table["setting"])]
     return "\n".join(
         head
         + [
             f"From [{where}/frontier.csv]({rel}/frontier.csv), {len(table)} setting(s); **bold**: on the Pareto "
-            "front (no other setting has both a higher accuracy and fewer images recovered).",
+            "front (no other setting is at least as good on both axes and better on one: a higher accuracy or a "
+            "smaller fraction recovered).",
             "",
             frontier_markdown(table).rstrip("\n"),
+            "",
+            "*Recovered*: singled out among the client's images and distractors and read as its original "
+            "([verdict.md](verdict.md)). *Best guess*: update-free outputs scored the same way, the floor a count "
+            "must beat. *Chance*: how often update-free outputs are singled out at all (the verdict's matched "
+            "chance), which bounds recovery by chance from above; it is not the floor.",
+            *(
+                [
+                    "",
+                    f"Not run yet ({len(missing)} of the grid's {len(table) + len(missing)} settings): "
+                    f"{', '.join(missing)}.",
+                ]
+                if missing
+                else []
+            ),
             "",
             f"![the privacy-utility frontier]({rel}/frontier.png)",
             "",
@@ -446,6 +462,7 @@ def second_configuration(table, record: Path, second: Path) -> list[str]:
     where, rel = _record_paths(second)
     head = ["", "**The findings, checked on a second configuration** (the same regime at another seed):", ""]
     if not (second / "frontier.csv").is_file():
+        head[1] = "**The findings** (not yet checked on a second configuration):"
         from .frontier_figure import seed_findings_markdown
 
         return head + [

@@ -282,7 +282,8 @@ def seed_findings_markdown(table: pd.DataFrame, seed: int) -> str:
             f"- **The margin a defense can show**: without a defense the server recovers "
             f"{_count(n.recovered, n.images)} at the end and {_count(n.best_recovered, n.best_images)} in its best "
             f"round, against a best guess of {_count(n.guess_recovered, n.images)}; a setting at the floor removed "
-            "that margin, no more."
+            "that margin, no more. Differences of a few images are inside the intervals: these labels sort the "
+            "settings at one seed, they do not separate them."
         )
     return "\n".join(lines) + "\n"
 
