@@ -153,14 +153,25 @@ def plot_frontier(table: pd.DataFrame) -> Figure:
             if math.isfinite(s):
                 ax.annotate(f"{s:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
     # each setting's own floor and chance (its images, its guesses): a mark at its accuracy, not one line for all
-    x = table["final_accuracy"].astype(float)
+    x = table["final_accuracy"].astype(float).to_numpy()
+    # the y axis fits what was recovered and the floors; a chance above it is drawn at the top edge, labelled
+    fitted = np.concatenate([table[c].astype(float).to_numpy() for c in ("fraction_high", "guess_fraction")])
+    top = 1.15 * np.nanmax(fitted) + 0.01 if np.isfinite(fitted).any() else 1.0
     for column, marker, color, label in (
         ("guess_fraction", "_", "0.3", "best update-free guess (the setting's floor)"),
-        ("chance", "x", "0.6", "matched chance of singling out an image (the setting's)"),
+        ("chance", "x", "0.6", "matched chance of singling out an image (the setting's; ^: above the axis)"),
     ):
-        y = table[column].astype(float)
+        y = table[column].astype(float).to_numpy()
         if (np.isfinite(x) & np.isfinite(y)).any():
-            ax.scatter(x, y, marker=marker, s=120 if marker == "_" else 25, color=color, linewidths=1.5, label=label)
+            shown = np.minimum(y, top)
+            ax.scatter(
+                x, shown, marker=marker, s=120 if marker == "_" else 25, color=color, linewidths=1.5, label=label
+            )
+            for xi, yi in zip(x, y):
+                if np.isfinite(xi) and yi > top:
+                    ax.annotate(
+                        f"^ {yi:.0%}", (xi, top), textcoords="offset points", xytext=(-6, -10), fontsize=7, color=color
+                    )
     front = table[pareto(table)].sort_values("final_accuracy")
     if not front.empty:
         ax.plot(front["final_accuracy"], front["fraction"], color="gold", linewidth=4, alpha=0.5, zorder=0)
@@ -170,7 +181,7 @@ def plot_frontier(table: pd.DataFrame) -> Figure:
         ax.plot([], [], color="gold", linewidth=4, alpha=0.5, label="Pareto front")
     ax.set_xlabel("final test accuracy (the server's held-out samples)")
     ax.set_ylabel("fraction of the attacked images recovered\n(the remembering server at the end; 95% exact)")
-    ax.set_ylim(bottom=-0.02)
+    ax.set_ylim(-0.04 * top, top)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title("Privacy-utility frontier: each defense through its strengths (labels: the strength)", fontsize=9)
