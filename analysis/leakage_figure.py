@@ -118,7 +118,10 @@ def rounds_markdown(table: pd.DataFrame) -> str:
         guess = first["guess_recovered"]
         if guess.notna().all():
             totals.append(f"the best guess {int(guess.sum())} of {int(first['images'].sum())}")
-        lines += ["", "In all: " + "; ".join(totals) + "."]
+        lines += [
+            "",
+            "Summed over the rounds (each round attacks the same clients' images again): " + "; ".join(totals) + ".",
+        ]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 

@@ -88,7 +88,10 @@ def test_the_page_block_and_figure_are_written_from_study_csv(tmp_path):
     assert lines[0] == "| round | test acc. | PI-SME | remembering server | best guess | chance |"
     round1 = next(line for line in lines if line.startswith("| 1 |"))
     assert "| 6 of 24 (" in round1  # 1 + 4 + 1 of 3 x 8
-    assert "In all: PI-SME 8 of 72 (3 rounds); remembering server 18 of 72 (3 rounds); the best guess 0 of 72." in block
+    assert (
+        "each round attacks the same clients' images again): PI-SME 8 of 72 (3 rounds); "
+        "remembering server 18 of 72 (3 rounds); the best guess 0 of 72." in block
+    )
     width, height = struct.unpack(">II", save_figure(plot_rounds_study(read), tmp_path / "f.png").read_bytes()[16:24])
     assert width >= 400 and height >= 250
 
