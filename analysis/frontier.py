@@ -20,7 +20,7 @@ middle and the last (``attack_rounds``) by the audit's default attack (PI-SME at
 iterations, nodes and schedule pyproject.toml's run config holds: none of them is pinned here), with
 labels recovered by the ``aux`` estimator (the demo's) and a server that remembers
 (``attack-memory="keep"``: "pisme+memory" rows). Under SecAgg+ the server sees one aggregate a round,
-so every round's aggregate is attacked (``attack-clients="all"``) without memory (refused there),
+so the aggregate of each attacked round is attacked (``attack-clients="all"``) without memory (refused there),
 and the secagg settings train 2 or 5 writers a round: the aggregate's images are what is attacked,
 and its size is the defense's strength.
 
@@ -140,7 +140,7 @@ def frontier_grid(supernodes: int = REGIME_SUPERNODES) -> list[Setting]:
 
 
 def _secagg(participants: int, supernodes: int) -> dict:
-    """SecAgg+ over ``participants`` writers a round: every round's aggregate attacked, no memory."""
+    """SecAgg+ over ``participants`` writers a round: the aggregate of each attacked round attacked (attack-clients="all"), no memory."""
     return {
         "defense": "secagg",
         "fraction-train": participants_fraction(participants, supernodes),
