@@ -140,7 +140,8 @@ def frontier_grid(supernodes: int = REGIME_SUPERNODES) -> list[Setting]:
 
 
 def _secagg(participants: int, supernodes: int) -> dict:
-    """SecAgg+ over ``participants`` writers a round: the aggregate of each attacked round attacked (attack-clients="all"), no memory."""
+    """SecAgg+ over ``participants`` writers a round: the aggregate of each attacked round attacked
+    (attack-clients="all"), no memory."""
     return {
         "defense": "secagg",
         "fraction-train": participants_fraction(participants, supernodes),
