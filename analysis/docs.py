@@ -460,9 +460,14 @@ def second_configuration(table, record: Path, second: Path) -> list[str]:
     from .frontier_figure import findings_markdown
 
     where, rel = _record_paths(second)
-    head = ["", "**The findings, checked on a second configuration** (the same regime at another seed):", ""]
-    if not (second / "frontier.csv").is_file():
-        head[1] = "**The findings** (not yet checked on a second configuration):"
+    checked = (second / "frontier.csv").is_file()
+    heading = (
+        "**The findings, checked on a second configuration** (the same regime at another seed):"
+        if checked
+        else "**The findings** (not yet checked on a second configuration):"
+    )
+    head = ["", heading, ""]
+    if not checked:
         from .frontier_figure import seed_findings_markdown
 
         return head + [
