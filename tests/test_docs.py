@@ -75,7 +75,7 @@ def test_leakage_verdict_table_reads_its_record():
 
 
 def test_privacy_budget_table_reads_its_record():
-    """defenses.md's privacy-budget table has one row per setting of its record, its ε written as the page
+    """The privacy-budget page's table has one row per setting of its record, its ε written as the page
     reads it (central-dp z = 1: 11.5 spent after 10 rounds; z = 0.01: 5.5·10⁴)."""
     from analysis import docs_tables
 

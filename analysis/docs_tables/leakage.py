@@ -1,4 +1,4 @@
-"""The leakage-over-rounds study of 2026-12-01 (its dated page) and defenses.md's privacy-budget table."""
+"""The leakage-over-rounds study of 2026-12-01 and the privacy-budget study of 2026-12-02, each on its dated page."""
 
 from __future__ import annotations
 
@@ -144,9 +144,9 @@ def leakage_paper_size() -> str:
     return _head(*records, page=LEAKAGE_PAGE) + "\n" + table
 
 
-# --- docs/defenses.md: the privacy-budget study of 2026-12-02 ------------------------------------------------
+# --- docs/privacy-budget-2026-12-02.md: the privacy-budget study of 2026-12-02 ----------------------------------
 
-DEFENSES_PAGE = Path("docs/defenses.md")
+PRIVACY_BUDGET_PAGE = Path("docs/privacy-budget-2026-12-02.md")  # its dated page
 PRIVACY_BUDGET = Path("docs/privacy-budget/defenses.csv")  # analysis.defenses --grid privacy, seed 0
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -195,11 +195,11 @@ def privacy_budget() -> str:
             for r in rows.itertuples()
         ],
     )
-    return _head(PRIVACY_BUDGET, page=DEFENSES_PAGE) + "\n" + table
+    return _head(PRIVACY_BUDGET, page=PRIVACY_BUDGET_PAGE) + "\n" + table
 
 
 BLOCKS: dict[Path, dict[str, Callable[[], str]]] = {
-    DEFENSES_PAGE: {"privacy-budget": privacy_budget},
+    PRIVACY_BUDGET_PAGE: {"privacy-budget": privacy_budget},
     LEAKAGE_PAGE: {
         "leakage-femnist": leakage_femnist,
         "leakage-verdict": leakage_verdict,
