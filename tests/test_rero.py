@@ -144,7 +144,7 @@ def test_the_local_dp_bound_uses_the_mechanisms_exact_epsilon_and_picks_the_tigh
 
 def test_the_bound_is_vacuous_at_large_epsilon_and_not_at_small():
     kappa = kappa_upper(0, 32)
-    for epsilon in (100.0, 1e3, 1e4):  # the privacy-budget study's per-round settings
+    for epsilon in (100.0, 1e3, 1e4):  # per-round settings of the frontier and the 2026-12-02 study
         got = local_dp_rero_bound(clip_norm=0.5, epsilon=epsilon, delta=DELTA, compositions=1, kappa=kappa)
         assert got.vacuous and got.bound == 1.0
     one = local_dp_rero_bound(clip_norm=0.5, epsilon=1.0, delta=DELTA, compositions=1, kappa=kappa)
