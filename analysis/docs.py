@@ -491,7 +491,8 @@ def study_calls(record: Path, unit: str = "setting") -> list[str]:
     """Lines on how the recorded study ran, from ``record``/study.json (analysis.studies.record_call): each
     call's command (the same command again is said so), commit, start and wall time with the ``unit``s
     (settings, runs) it ran (one it found done, timed at 0.0 min, is left out), then each one's time in the
-    call that finished it and their sum (the study's wall time so far); none without the file."""
+    call that finished it and their sum (the study's wall time so far), naming any that every call found
+    done (run before the record began: not in the sum); none without the file."""
     path = record / "study.json"
     if not path.is_file():
         return []
@@ -509,11 +510,19 @@ def study_calls(record: Path, unit: str = "setting") -> list[str]:
         command = "the same command" if i and call["command"] == calls[i - 1]["command"] else f"`{call['command']}`"
         each = ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in ran.items()) or f"no {unit} finished"
         lines.append(f"- {command} at {call.get('commit') or 'an unknown commit'}, {call['started']}: {took} ({each})")
+    # found done by every call that lists it: it finished before this record began, so the sum lacks it
+    untimed = [name for name in dict.fromkeys(n for c in calls for n in c.get("settings", {})) if name not in finished]
     if finished:
         lines += [
             "",
             f"Each {unit}'s time in the call that finished it: {len(finished)} {unit}(s), "
-            f"{sum(finished.values()) / 3600:.2f} h together.",
+            f"{sum(finished.values()) / 3600:.2f} h together"
+            + (
+                f"; not in the sum, found done by these calls (run before this record): "
+                f"{', '.join(f'`{name}`' for name in untimed)}."
+                if untimed
+                else "."
+            ),
         ]
     return lines
 

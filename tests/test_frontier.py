@@ -290,7 +290,11 @@ def test_the_study_records_each_call_and_the_docs_say_how_it_ran(tmp_path):
     text = "\n".join(docs.study_calls(tmp_path))
     assert "at abc, t1: 30.0 min (none 29.8 min)" in text
     assert "- the same command at abc, t3: not ended when recorded" in text and "(quantize-1 15.0 min)" in text
-    assert "2 setting(s), 0.75 h together" in text  # 1790 + 900 s: the done none not counted twice
+    assert "2 setting(s), 0.75 h together." in text  # 1790 + 900 s: the done none not counted twice
+    # a setting that every call found done ran before the record began: named, not summed
+    record_call(tmp_path, {**first, "started": "t4", "ended": "t5", "seconds": 5.0, "settings": {"secagg-2": 0.0}})
+    text = "\n".join(docs.study_calls(tmp_path))
+    assert "0.75 h together; not in the sum, found done by these calls (run before this record): `secagg-2`." in text
 
 
 def test_frontier_record_names_the_studys_folder_out(tmp_path):
