@@ -5,7 +5,8 @@
 - ``plot_frontier(table)``: x = final test accuracy, y = the fraction of the attacked images the
   server recovered (the remembering server at the end) with its exact 95% interval, one line per
   family through its strengths, each setting's best update-free guess (its floor) and matched chance
-  marked at its accuracy, the Pareto front ringed and joined;
+  marked at its accuracy, the Pareto front ringed and joined; beside it the same zoomed on the settings
+  within ZOOM_POINTS accuracy points of ``none``;
 - ``plot_rounds(table)``: leakage over rounds, one panel per family: the memoryless attacks'
   fraction recovered in each attacked round, one line per strength, the remembering server's dashed.
 
@@ -135,10 +136,35 @@ def frontier_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+ZOOM_POINTS = 6.0  # the right panel: the settings within this many accuracy points of none's
+
+
 def plot_frontier(table: pd.DataFrame) -> Figure:
-    """The frontier (module docstring): accuracy against the fraction recovered."""
-    fig = Figure(figsize=(8.5, 5.5), layout="constrained")
-    ax = fig.add_subplot()
+    """The frontier (module docstring): accuracy against the fraction recovered; left every setting, right
+    (when ``none`` has an accuracy) the same drawing zoomed on the settings within ZOOM_POINTS of it, where
+    the settings that keep the model crowd together."""
+    none = table.loc[table["setting"] == "none", "final_accuracy"].astype(float)
+    base = float(none.iloc[0]) if len(none) and math.isfinite(float(none.iloc[0])) else math.nan
+    zoom = math.isfinite(base)
+    fig = Figure(figsize=(13.0 if zoom else 8.5, 5.5), layout="constrained")
+    axes = fig.subplots(1, 2 if zoom else 1, squeeze=False)[0]
+    for ax in axes:
+        _draw_frontier(ax, table)
+    axes[0].legend(fontsize=7, loc="upper left")
+    axes[0].set_title("Privacy-utility frontier: each defense through its strengths (labels: the strength)", fontsize=9)
+    if zoom:
+        acc = table["final_accuracy"].astype(float)
+        near = acc[acc >= base - ZOOM_POINTS / 100]
+        axes[1].set_xlim(near.min() - 0.005, near.max() + 0.005)
+        axes[1].set_title(
+            f"The same, zoomed: the settings within {ZOOM_POINTS:g} points of none's accuracy", fontsize=9
+        )
+    return fig
+
+
+def _draw_frontier(ax, table: pd.DataFrame) -> None:
+    """One frontier panel: each family's line through its strengths with interval bars, each setting's floor
+    and chance, the Pareto front."""
     order = families(table)
     for family in order:
         rows = table[table["family"] == family].sort_values("strength", na_position="first")
@@ -183,9 +209,6 @@ def plot_frontier(table: pd.DataFrame) -> Figure:
     ax.set_ylabel("fraction of the attacked images recovered\n(the remembering server at the end; 95% exact)")
     ax.set_ylim(-0.04 * top, top)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    ax.set_title("Privacy-utility frontier: each defense through its strengths (labels: the strength)", fontsize=9)
-    return fig
 
 
 def plot_rounds(table: pd.DataFrame) -> Figure:
