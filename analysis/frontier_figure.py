@@ -326,7 +326,8 @@ def findings_markdown(first: pd.DataFrame, second: pd.DataFrame, seeds: tuple[in
     """The frontier's findings, each checked on the second configuration (``second``, the regime at another
     seed): per setting the two seeds' accuracy cost, counts and whether each held the server at its floor
     (``at_floor``), then the findings in words: the settings at the floor at both seeds with their costs, those
-    above it at both, those whose seeds disagree (no finding), and those not run at the second seed yet."""
+    above it at both, those whose seeds disagree (no finding), ``none``'s margin at both seeds, and the settings
+    not run at the second seed yet with the first seed's reading of them (labelled as that seed's only)."""
     a, b = (t.set_index("setting") for t in (first, second))
     cost_a, cost_b = (accuracy_cost(t).set_axis(t["setting"]) for t in (first, second))
     s0, s1 = seeds
@@ -352,11 +353,13 @@ def findings_markdown(first: pd.DataFrame, second: pd.DataFrame, seeds: tuple[in
             f"{_count(x.guess_recovered, x.images)} / {_count(y.guess_recovered, y.images)} | "
             f"{floor_word(fx)} / {floor_word(fy)} |"
         )
+        if name == "none":
+            continue  # the baseline: its margin is said below, it is no finding
         if fx is None or fy is None or fx != fy:
             differ.append(name)
-        elif fx and name != "none":
+        elif fx:
             both.append(f"{name} ({_number(cost_a[name], '.1f')} / {_number(cost_b[name], '.1f')} points)")
-        elif not fx:
+        else:
             above.append(name)
     missing = [n for n in a.index if n not in b.index]
     lines += [
@@ -365,6 +368,24 @@ def findings_markdown(first: pd.DataFrame, second: pd.DataFrame, seeds: tuple[in
         f"each cost (seed {s0} / {s1}): {_words(both)}.",
         f"- **Above the floor at both seeds**: {_words(above)}.",
         f"- **The seeds disagree** (no finding): {_words(differ)}.",
-        f"- **Not run at seed {s1} yet**: {_words(missing)}.",
     ]
+    if "none" in a.index and "none" in b.index:
+        x, y = a.loc["none"], b.loc["none"]
+        lines.append(
+            f"- **The margin a defense can show** (seed {s0} / {s1}): without a defense the server recovers "
+            f"{_count(x.recovered, x.images)} / {_count(y.recovered, y.images)} at the end and "
+            f"{_count(x.best_recovered, x.best_images)} / {_count(y.best_recovered, y.best_images)} in its best "
+            f"round, against a best guess of {_count(x.guess_recovered, x.images)} / "
+            f"{_count(y.guess_recovered, y.images)}; a setting at the floor removed that margin, no more."
+        )
+    if missing:
+        held = sorted((n for n in missing if n != "none" and at_floor(a.loc[n])), key=lambda n: (cost_a[n], n))
+        held_words = [f"{n} ({_number(cost_a[n], '.1f')} points)" for n in held]
+        rest = [n for n in missing if n not in held and n != "none"]
+        lines.append(
+            f"- **Not run at seed {s1} yet**, seed {s0}'s reading only: at its floor, cheapest first: "
+            f"{_words(held_words)}; above it or without a count: {_words(rest)}."
+        )
+    else:
+        lines.append(f"- **Not run at seed {s1} yet**: no setting.")
     return "\n".join(lines) + "\n"

@@ -214,7 +214,7 @@ def test_the_docs_block_and_figures_are_written_from_the_fixture(tmp_path):
     """The generator's frontier block from the fixture: one table line per setting with its count and
     interval, the Pareto front in bold, the figures linked; the figures are PNGs."""
     table, _ = _fixture_settings()
-    block = docs.frontier_block(FIXTURE)
+    block = docs.frontier_block(FIXTURE, second=tmp_path / "no-second")  # the repo's second record aside
     assert block.startswith(docs._generated("frontier"))
     lines = [line for line in block.splitlines() if line.startswith("|")]
     assert len(lines) == 2 + len(table)
@@ -347,9 +347,18 @@ def test_the_findings_are_checked_on_the_second_seed(tmp_path):
         "- **At the floor at both seeds** (no attacked round beat the best update-free guess), with the accuracy "
         "each cost (seed 0 / 1): no setting." in text
     )
-    assert "- **Above the floor at both seeds**: none." in text
+    assert "- **Above the floor at both seeds**: no setting." in text  # none is the baseline, not a finding
     assert "- **The seeds disagree** (no finding): local-dp-eps1." in text
-    assert "- **Not run at seed 1 yet**: secagg-2." in text
+    assert "the server recovers 6 of 24 / 6 of 24 at the end and 6 of 24 / 6 of 24 in its best round" in text
+    assert (
+        "- **Not run at seed 1 yet**, seed 0's reading only: at its floor, cheapest first: no setting; "
+        "above it or without a count: secagg-2." in text
+    )
+    # a setting not run at the second seed keeps the first seed's reading, labelled as that seed's
+    only_first = findings_markdown(first, first[first["setting"] == "none"], (0, 1))
+    assert "at its floor, cheapest first: local-dp-eps1 (6.4 points); above it or without a count: secagg-2." in (
+        only_first
+    )
     record = tmp_path / "second"
     record.mkdir()
     write_frontier(record / "frontier.csv", second.to_dict("records"))
